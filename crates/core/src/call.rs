@@ -1,0 +1,240 @@
+//! Calls as they move through the pipeline: proposed by the model, prepared (or rejected) by the
+//! kernel.
+
+use crate::identity::Fingerprint;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The arguments exactly as the provider delivered them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ProposedArguments {
+    /// A JSON value (Anthropic `input`, MCP `arguments`).
+    Value(Value),
+    /// JSON text (OpenAI `arguments` strings), parsed during preparation so that malformed text
+    /// becomes a structured rejection instead of a parse failure of the whole turn.
+    Text(String),
+}
+
+/// One tool call as the model proposed it. Untrusted in every field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProposedCall {
+    /// Position in the model's output (source order).
+    pub index: usize,
+    /// The provider's call id: evidence for matching results, never identity.
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: ProposedArguments,
+}
+
+/// Everything the model proposed in one turn.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Round {
+    pub calls: Vec<ProposedCall>,
+    /// Text the model produced besides its calls, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// A call that passed preparation: validated, defaulted, rewritten by policy, authorized, with its
+/// conflict key resolved. Ordering, repeat detection and the journal all use these arguments —
+/// the same the executor receives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PreparedCall {
+    pub index: usize,
+    pub call_id: String,
+    pub tool: String,
+    pub args: Value,
+    /// RFC 8785 canonical text of `args`.
+    pub canonical_args: String,
+    pub fingerprint: Fingerprint,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conflict_key: Option<String>,
+}
+
+/// Why a call was not run. Serialized as the `status` of the rejection envelope the model sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionKind {
+    UnknownTool,
+    InvalidJson,
+    ValidationError,
+    LimitExceeded,
+    PolicyDenied,
+    ApprovalRequired,
+    ApprovalDenied,
+    ApprovalTimeout,
+    /// Refused by the round overseer; call again next round.
+    StrategyConflict,
+    RunsAlone,
+    RepeatTerminated,
+    ToolChoiceViolation,
+    /// The same intent is already in flight; wait for it.
+    DuplicateInFlight,
+    /// Intent id bound to a different semantic key, or another canonicalizer version.
+    IntentConflict,
+    BlockedByUncertainWrite,
+    Cancelled,
+    JournalUnavailable,
+    RoundLimit,
+    Unsettled,
+}
+
+impl RejectionKind {
+    pub fn as_str(self) -> &'static str {
+        // Must agree with the serde names above; a test checks every variant.
+        match self {
+            Self::UnknownTool => "unknown_tool",
+            Self::InvalidJson => "invalid_json",
+            Self::ValidationError => "validation_error",
+            Self::LimitExceeded => "limit_exceeded",
+            Self::PolicyDenied => "policy_denied",
+            Self::ApprovalRequired => "approval_required",
+            Self::ApprovalDenied => "approval_denied",
+            Self::ApprovalTimeout => "approval_timeout",
+            Self::StrategyConflict => "strategy_conflict",
+            Self::RunsAlone => "runs_alone",
+            Self::RepeatTerminated => "repeat_terminated",
+            Self::ToolChoiceViolation => "tool_choice_violation",
+            Self::DuplicateInFlight => "duplicate_in_flight",
+            Self::IntentConflict => "intent_conflict",
+            Self::BlockedByUncertainWrite => "blocked_by_uncertain_write",
+            Self::Cancelled => "cancelled",
+            Self::JournalUnavailable => "journal_unavailable",
+            Self::RoundLimit => "round_limit",
+            Self::Unsettled => "unsettled",
+        }
+    }
+
+    /// What the model should do about it.
+    pub fn advice(self) -> &'static str {
+        match self {
+            Self::UnknownTool => "call one of the listed tools instead",
+            Self::InvalidJson | Self::ValidationError => "correct the arguments and call again",
+            Self::LimitExceeded => "send smaller arguments",
+            Self::PolicyDenied | Self::ApprovalDenied => "do not retry this call",
+            Self::ApprovalRequired => "wait for a person's decision",
+            Self::ApprovalTimeout => "no decision was made in time; ask the user before retrying",
+            Self::StrategyConflict | Self::RunsAlone => "call it again in the next round",
+            Self::RepeatTerminated => "stop repeating this call",
+            Self::ToolChoiceViolation => "follow the requested tool choice",
+            Self::DuplicateInFlight => "the same call is already running; wait for its result",
+            Self::IntentConflict => "do not retry; the intent differs from the one recorded",
+            Self::BlockedByUncertainWrite => {
+                "an earlier write has an unknown outcome; wait until it is settled"
+            }
+            Self::Cancelled => "the round was cancelled",
+            Self::JournalUnavailable => "the call was not run; try again later",
+            Self::RoundLimit => "send fewer calls per round",
+            Self::Unsettled => "the outcome is being settled; do not retry",
+        }
+    }
+}
+
+/// One problem with one argument, located by a JSON pointer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FieldError {
+    /// JSON pointer into the arguments (`""` is the whole object).
+    pub loc: String,
+    /// The offending value, truncated.
+    pub input_value: Value,
+    /// Machine-readable kind: `missing`, `type`, `additional_properties`, `enum`, …
+    pub error_type: String,
+    pub message: String,
+    /// What would be accepted, when the schema says (type, enum values, bounds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_domain: Option<Value>,
+}
+
+/// A structured, model-correctable refusal of one call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rejection {
+    pub status: RejectionKind,
+    pub tool_name: String,
+    pub call_id: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
+    /// Errors beyond the envelope's bound, counted rather than dropped silently.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub errors_omitted: usize,
+    /// Closest known tool names, for `unknown_tool`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suggestions: Vec<String>,
+    pub advice: String,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl Rejection {
+    pub fn new(
+        status: RejectionKind,
+        tool_name: impl Into<String>,
+        call_id: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            tool_name: tool_name.into(),
+            call_id: call_id.into(),
+            message: message.into(),
+            errors: Vec::new(),
+            errors_omitted: 0,
+            suggestions: Vec::new(),
+            advice: status.advice().to_string(),
+        }
+    }
+
+    pub fn with_errors(mut self, errors: Vec<FieldError>, omitted: usize) -> Self {
+        self.errors = errors;
+        self.errors_omitted = omitted;
+        self
+    }
+
+    pub fn with_suggestions(mut self, suggestions: Vec<String>) -> Self {
+        self.suggestions = suggestions;
+        self
+    }
+
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).expect("rejection serializes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejection_kind_names_match_their_serialized_form() {
+        use RejectionKind::*;
+        for k in [
+            UnknownTool,
+            InvalidJson,
+            ValidationError,
+            LimitExceeded,
+            PolicyDenied,
+            ApprovalRequired,
+            ApprovalDenied,
+            ApprovalTimeout,
+            StrategyConflict,
+            RunsAlone,
+            RepeatTerminated,
+            ToolChoiceViolation,
+            DuplicateInFlight,
+            IntentConflict,
+            BlockedByUncertainWrite,
+            Cancelled,
+            JournalUnavailable,
+            RoundLimit,
+            Unsettled,
+        ] {
+            assert_eq!(
+                serde_json::to_value(k).unwrap(),
+                Value::String(k.as_str().into())
+            );
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Journal records and the messages that change them.
+
+use ring0_core::receipt::TimelineEntry;
+use ring0_core::{IntentState, Receipt, SemanticKey};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// An intent's id: a UUIDv7 (time-ordered), chosen by the journal unless the host supplies one.
+pub type IntentId = Uuid;
+
+/// A proposal to record one intent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// A host-supplied id. Re-proposing it with a different semantic key is a conflict.
+    pub intent_id: Option<IntentId>,
+    pub semantic_key: SemanticKey,
+    pub scope: String,
+    pub attempt_epoch: u64,
+    pub tool: String,
+    /// RFC 8785 text of the prepared arguments.
+    pub canonical_args: String,
+    /// The provider's call id: evidence, stored for inspection, never used for identity.
+    pub call_id: String,
+    /// Mutating intents are deduplicated by semantic key. Reads are recorded for the audit trail
+    /// only: running the same read twice is not a second effect, and must not replay stale data.
+    pub mutating: bool,
+}
+
+/// A compare-and-set state change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Transition {
+    pub id: IntentId,
+    pub expected_fence: u64,
+    pub to: IntentState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Stored with the record (the final receipt on ACKED, FAILED, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<Receipt>,
+    /// The pre-dispatch snapshot a reconciliation probe compares against (on DISPATCHED).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Value>,
+}
+
+impl Transition {
+    pub fn to(record: &IntentRecord, to: IntentState) -> Self {
+        Self {
+            id: record.id,
+            expected_fence: record.fence,
+            to,
+            note: None,
+            receipt: None,
+            snapshot: None,
+        }
+    }
+
+    pub fn note(mut self, note: impl Into<String>) -> Self {
+        self.note = Some(note.into());
+        self
+    }
+
+    pub fn receipt(mut self, receipt: Receipt) -> Self {
+        self.receipt = Some(receipt);
+        self
+    }
+
+    pub fn snapshot(mut self, snapshot: Option<Value>) -> Self {
+        self.snapshot = snapshot;
+        self
+    }
+}
+
+/// One intent as the journal holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IntentRecord {
+    pub id: IntentId,
+    pub semantic_key: SemanticKey,
+    pub scope: String,
+    pub attempt_epoch: u64,
+    pub tool: String,
+    pub canonical_args: String,
+    /// Every call id that proposed this intent, in order (bounded).
+    pub call_ids: Vec<String>,
+    /// Derived from the semantic key and epoch; stored before dispatch.
+    pub idempotency_key: String,
+    pub mutating: bool,
+    /// Incremented by every transition; transitions must name the current value.
+    pub fence: u64,
+    /// Number of times it was dispatched.
+    pub attempts: u32,
+    pub state: IntentState,
+    pub timeline: Vec<TimelineEntry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<Receipt>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Value>,
+}
+
+/// Most call ids remembered per record.
+pub const CALL_IDS_PER_RECORD_MAX: usize = 32;
+
+/// The journal's answer to a proposal.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProposeDecision {
+    /// New intent, now RECORDED: the caller may dispatch it.
+    Recorded(IntentRecord),
+    /// The same intent is RECORDED, DISPATCHED, UNKNOWN or RECONCILING: wait, never dispatch.
+    Duplicate(IntentRecord),
+    /// The same intent was ACKED: here is its stored receipt, nothing runs.
+    Replay(IntentRecord),
+    /// The intent cannot be recorded: a host id bound to another key, another canonicalizer
+    /// version, or a settled state that a re-proposal may not reopen.
+    Conflict {
+        reason: String,
+        existing: Option<IntentRecord>,
+    },
+}
