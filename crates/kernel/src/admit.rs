@@ -1,0 +1,203 @@
+//! Admit: which prepared calls of a round may run.
+//!
+//! Three checks, in order:
+//! - **tool choice** (`auto | required | none | named`), enforced on what the model returned,
+//!   not only requested;
+//! - the **round overseer**: the ordered strategy compatibility matrix over the calls accepted
+//!   before each candidate (exploration → exploitation refused, unknown runs alone);
+//! - the **exact-repeat guard**: consecutive identical calls (tool + canonical prepared
+//!   arguments) counted across the turns of a run; advisory at 3, termination at 8 by default.
+
+use ring0_core::call::RejectionKind;
+use ring0_core::{Fingerprint, ProposedCall, Rejection, StrategySet};
+use serde::{Deserialize, Serialize};
+
+/// Default repeat count that triggers an advisory.
+pub const REPEAT_ADVISORY_DEFAULT: u32 = 3;
+/// Default repeat count that terminates the loop.
+pub const REPEAT_TERMINATE_DEFAULT: u32 = 8;
+/// Longest policy message appended to the next model request.
+pub const POLICY_MESSAGE_BYTES_MAX: usize = 512;
+
+/// What the model was asked to do about tools in this turn.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    #[default]
+    Auto,
+    Required,
+    None,
+    Named(String),
+}
+
+/// Outcome of the tool-choice check for a whole turn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolChoiceCheck {
+    /// Per call, in source order: `Some` if the call violates the choice.
+    pub rejections: Vec<Option<Rejection>>,
+    /// The choice required a call and none came back.
+    pub missing_call: bool,
+}
+
+pub fn check_tool_choice(choice: &ToolChoice, calls: &[ProposedCall]) -> ToolChoiceCheck {
+    let reject = |c: &ProposedCall, msg: String| {
+        Some(Rejection::new(
+            RejectionKind::ToolChoiceViolation,
+            &c.tool,
+            &c.call_id,
+            msg,
+        ))
+    };
+    let rejections = calls
+        .iter()
+        .map(|c| match choice {
+            ToolChoice::None => reject(c, "tool_choice is none: no tool may be called".into()),
+            ToolChoice::Named(name) if &c.tool != name => reject(
+                c,
+                format!("tool_choice names {name:?}; {:?} may not be called", c.tool),
+            ),
+            _ => None,
+        })
+        .collect();
+    let missing_call = match choice {
+        ToolChoice::Required => calls.is_empty(),
+        ToolChoice::Named(name) => !calls.iter().any(|c| &c.tool == name),
+        _ => false,
+    };
+    ToolChoiceCheck {
+        rejections,
+        missing_call,
+    }
+}
+
+/// The round overseer. `candidates` are `(tool, call_id, strategy)` in source order; returns,
+/// per candidate, `Some(rejection)` if it may not share this round with the calls accepted
+/// before it.
+pub fn oversee(candidates: &[(&str, &str, StrategySet)]) -> Vec<Option<Rejection>> {
+    let mut accepted: Vec<(&str, StrategySet)> = Vec::new();
+    candidates
+        .iter()
+        .map(|&(tool, call_id, strategy)| {
+            let blocker = accepted.iter().find(|(_, earlier)| !earlier.admits_after(&strategy));
+            match blocker {
+                None => {
+                    accepted.push((tool, strategy));
+                    None
+                }
+                Some((earlier_tool, earlier)) => {
+                    let (kind, why) = if strategy.is_unknown() || earlier.is_unknown() {
+                        (
+                            RejectionKind::RunsAlone,
+                            format!(
+                                "a tool with unknown strategy runs alone in its round ({:?} was accepted first)",
+                                earlier_tool
+                            ),
+                        )
+                    } else {
+                        (
+                            RejectionKind::StrategyConflict,
+                            format!(
+                                "{tool:?} ({}) cannot use the result of {earlier_tool:?} ({}) \
+                                 from the same round; call it again next round",
+                                strategy.render(),
+                                earlier.render()
+                            ),
+                        )
+                    };
+                    Some(Rejection::new(kind, tool, call_id, why))
+                }
+            }
+        })
+        .collect()
+}
+
+/// Thresholds of the exact-repeat guard. Zero disables the corresponding action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepeatLimits {
+    pub advisory: u32,
+    pub terminate: u32,
+}
+
+impl Default for RepeatLimits {
+    fn default() -> Self {
+        Self {
+            advisory: REPEAT_ADVISORY_DEFAULT,
+            terminate: REPEAT_TERMINATE_DEFAULT,
+        }
+    }
+}
+
+/// The guard's verdict on one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepeatVerdict {
+    Proceed,
+    Advisory { count: u32 },
+    Terminate { count: u32 },
+}
+
+/// Consecutive identical calls across the turns of one run.
+#[derive(Debug, Default)]
+pub struct RepeatGuard {
+    limits: RepeatLimits,
+    last: Option<Fingerprint>,
+    count: u32,
+    pub advisories: u64,
+    pub terminations: u64,
+}
+
+impl RepeatGuard {
+    pub fn new(limits: RepeatLimits) -> Self {
+        Self {
+            limits,
+            ..Self::default()
+        }
+    }
+
+    /// Counts one call. An exempt (`tracked = false`) call neither advances nor resets the
+    /// sequence.
+    pub fn observe(&mut self, fingerprint: Fingerprint, tracked: bool) -> RepeatVerdict {
+        if !tracked {
+            return RepeatVerdict::Proceed;
+        }
+        if self.last == Some(fingerprint) {
+            self.count = self.count.saturating_add(1);
+        } else {
+            self.last = Some(fingerprint);
+            self.count = 1;
+        }
+        let c = self.count;
+        if self.limits.terminate > 0 && c >= self.limits.terminate {
+            self.terminations += 1;
+            RepeatVerdict::Terminate { count: c }
+        } else if self.limits.advisory > 0 && c == self.limits.advisory {
+            self.advisories += 1;
+            RepeatVerdict::Advisory { count: c }
+        } else {
+            RepeatVerdict::Proceed
+        }
+    }
+
+    /// A genuine new user or steering message: the model has new evidence.
+    pub fn reset(&mut self) {
+        self.last = None;
+        self.count = 0;
+    }
+}
+
+/// The bounded policy message for the next model request after an advisory. It names the tool,
+/// never the arguments.
+pub fn advisory_message(tool: &str, count: u32) -> String {
+    let mut msg = format!(
+        "ring0 policy: {tool:?} was called {count} times in a row with identical arguments and \
+         its result will not change. Use the result you have or try a different approach; \
+         further identical calls will end the run."
+    );
+    if msg.len() > POLICY_MESSAGE_BYTES_MAX {
+        let mut cut = POLICY_MESSAGE_BYTES_MAX;
+        while !msg.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        msg.truncate(cut);
+    }
+    msg
+}

@@ -1,0 +1,257 @@
+//! Compatibility preparation of schemas (at registration) and arguments (at call time).
+//!
+//! Real-world tool schemas are loose: `"type": "dict"`, `"float"`, `"tuple"`, `"any"`, Java and
+//! JavaScript type names, no `additionalProperties`. At registration they are normalized once to
+//! JSON Schema 2020-12 and closed (`additionalProperties: false` wherever properties are declared,
+//! unless the spec opts out). At call time arguments that arrive double-encoded as a JSON string
+//! are decoded once, and defaults are applied. Nothing else is coerced: a string `"5"` for an
+//! integer stays a validation error the model can correct.
+
+use ring0_core::canonical::parse_strict;
+use serde_json::{Map, Value};
+
+/// A schema that cannot be normalized.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("schema at {path}: {why}")]
+pub struct SchemaError {
+    pub path: String,
+    pub why: String,
+}
+
+/// Maps a loose type name to a JSON Schema type; `Ok(None)` means "no type constraint".
+fn normalize_type_name(name: &str) -> Result<Option<&'static str>, ()> {
+    Ok(Some(match name {
+        "string" | "String" | "str" | "char" | "Character" | "text" => "string",
+        "integer" | "int" | "Integer" | "long" | "Long" | "short" | "Short" | "byte" | "Byte"
+        | "bigint" | "BigInteger" => "integer",
+        "number" | "float" | "Float" | "double" | "Double" | "BigDecimal" => "number",
+        "boolean" | "bool" | "Boolean" => "boolean",
+        "object" | "dict" | "Dict" | "HashMap" | "Map" | "map" | "Object" | "Hashtable"
+        | "TreeMap" => "object",
+        "array" | "Array" | "ArrayList" | "List" | "list" | "tuple" | "Tuple" | "Set"
+        | "HashSet" | "LinkedList" => "array",
+        "null" | "None" => "null",
+        "any" | "Any" | "" => return Ok(None),
+        _ => return Err(()),
+    }))
+}
+
+/// Normalizes a tool's input schema. `close` adds `additionalProperties: false` where an object
+/// declares properties and says nothing about extras.
+pub fn normalize_schema(schema: &Value, close: bool) -> Result<Value, SchemaError> {
+    let mut out = schema.clone();
+    if let Value::Object(map) = &mut out
+        && !map.contains_key("type")
+    {
+        map.insert("type".into(), Value::String("object".into()));
+    }
+    normalize_node(&mut out, "#", close)?;
+    match out.get("type") {
+        Some(Value::String(t)) if t == "object" => Ok(out),
+        _ => Err(SchemaError {
+            path: "#".into(),
+            why: "a tool's input schema must describe an object".into(),
+        }),
+    }
+}
+
+fn normalize_node(node: &mut Value, path: &str, close: bool) -> Result<(), SchemaError> {
+    let Value::Object(map) = node else {
+        // Boolean schemas are valid 2020-12; anything else is not a schema.
+        return match node {
+            Value::Bool(_) => Ok(()),
+            _ => Err(SchemaError {
+                path: path.into(),
+                why: "expected a schema object".into(),
+            }),
+        };
+    };
+    if let Some(t) = map.get("type").cloned() {
+        let normalized = match t {
+            Value::String(name) => normalize_type_name(&name)
+                .map_err(|_| SchemaError {
+                    path: format!("{path}/type"),
+                    why: format!("unknown type name {name:?}"),
+                })?
+                .map(|s| Value::String(s.into())),
+            Value::Array(names) => {
+                let mut out = Vec::new();
+                for n in names {
+                    let name = n.as_str().unwrap_or_default();
+                    match normalize_type_name(name) {
+                        Ok(Some(s)) => {
+                            if !out.contains(&Value::String(s.into())) {
+                                out.push(Value::String(s.into()));
+                            }
+                        }
+                        Ok(None) => {
+                            out.clear();
+                            break;
+                        }
+                        Err(()) => {
+                            return Err(SchemaError {
+                                path: format!("{path}/type"),
+                                why: format!("unknown type name {name:?}"),
+                            });
+                        }
+                    }
+                }
+                (!out.is_empty()).then_some(Value::Array(out))
+            }
+            _ => {
+                return Err(SchemaError {
+                    path: format!("{path}/type"),
+                    why: "type must be a string or an array of strings".into(),
+                });
+            }
+        };
+        match normalized {
+            Some(t) => {
+                map.insert("type".into(), t);
+            }
+            None => {
+                map.remove("type");
+            }
+        }
+    }
+    // Draft-07 tuple form `items: [..]` is `prefixItems` in 2020-12.
+    if let Some(Value::Array(items)) = map.remove("items") {
+        map.insert("prefixItems".into(), Value::Array(items));
+    }
+    let declares_properties = map.get("properties").is_some_and(Value::is_object);
+    if close && declares_properties && !map.contains_key("additionalProperties") {
+        map.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for key in ["properties", "patternProperties", "$defs", "definitions"] {
+        if let Some(Value::Object(children)) = map.get_mut(key) {
+            for (name, child) in children.iter_mut() {
+                normalize_node(child, &format!("{path}/{key}/{name}"), close)?;
+            }
+        }
+    }
+    for key in [
+        "items",
+        "additionalProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+        "propertyNames",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+    ] {
+        if let Some(child) = map.get_mut(key)
+            && child.is_object()
+        {
+            normalize_node(child, &format!("{path}/{key}"), close)?;
+        }
+    }
+    for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+        if let Some(Value::Array(children)) = map.get_mut(key) {
+            for (i, child) in children.iter_mut().enumerate() {
+                normalize_node(child, &format!("{path}/{key}/{i}"), close)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decodes arguments that arrived as a JSON string holding a JSON object, once. Returns the value
+/// unchanged otherwise (the validator then reports the type error).
+pub fn decode_double_encoded(args: Value) -> Value {
+    match &args {
+        Value::String(text) if text.trim_start().starts_with('{') => match parse_strict(text) {
+            Ok(inner @ Value::Object(_)) => inner,
+            _ => args,
+        },
+        _ => args,
+    }
+}
+
+/// Applies `default`s of absent properties, recursively into present sub-objects.
+pub fn apply_defaults(schema: &Value, value: &mut Value) {
+    let (Some(props), Value::Object(obj)) =
+        (schema.get("properties").and_then(Value::as_object), value)
+    else {
+        return;
+    };
+    apply_object_defaults(props, obj);
+}
+
+fn apply_object_defaults(props: &Map<String, Value>, obj: &mut Map<String, Value>) {
+    for (name, prop_schema) in props {
+        match obj.get_mut(name) {
+            Some(child) => apply_defaults(prop_schema, child),
+            None => {
+                if let Some(default) = prop_schema.get("default") {
+                    obj.insert(name.clone(), default.clone());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn loose_type_names_become_json_schema_and_objects_are_closed() {
+        let loose = json!({"type": "dict", "properties": {
+            "n": {"type": "float"}, "xs": {"type": "tuple", "items": {"type": "String"}},
+            "m": {"type": "HashMap"}, "a": {"type": "any"}, "l": {"type": "long"},
+            "inner": {"type": "dict", "properties": {"c": {"type": "char"}}}
+        }});
+        let s = normalize_schema(&loose, true).unwrap();
+        assert_eq!(s["type"], "object");
+        assert_eq!(s["additionalProperties"], false);
+        assert_eq!(s["properties"]["n"]["type"], "number");
+        assert_eq!(s["properties"]["xs"]["type"], "array");
+        assert_eq!(s["properties"]["xs"]["items"]["type"], "string");
+        assert_eq!(s["properties"]["m"]["type"], "object");
+        assert!(s["properties"]["m"].get("additionalProperties").is_none());
+        assert!(s["properties"]["a"].get("type").is_none());
+        assert_eq!(s["properties"]["l"]["type"], "integer");
+        assert_eq!(s["properties"]["inner"]["additionalProperties"], false);
+    }
+
+    #[test]
+    fn open_schemas_stay_open() {
+        let s = normalize_schema(&json!({"type": "object", "properties": {}}), false).unwrap();
+        assert!(s.get("additionalProperties").is_none());
+    }
+
+    #[test]
+    fn unknown_type_names_are_refused_with_their_path() {
+        let e = normalize_schema(
+            &json!({"type": "object", "properties": {"x": {"type": "Widget"}}}),
+            true,
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "#/properties/x/type");
+    }
+
+    #[test]
+    fn double_encoded_arguments_are_decoded_once_only() {
+        let once = decode_double_encoded(json!("{\"a\":1}"));
+        assert_eq!(once, json!({"a": 1}));
+        let twice = decode_double_encoded(json!("\"{\\\"a\\\":1}\""));
+        assert!(twice.is_string());
+    }
+
+    #[test]
+    fn defaults_fill_absent_properties_only() {
+        let schema = json!({"type": "object", "properties": {
+            "unit": {"type": "string", "default": "celsius"},
+            "opts": {"type": "object", "properties": {"deep": {"default": true}}}
+        }});
+        let mut v = json!({"opts": {}});
+        apply_defaults(&schema, &mut v);
+        assert_eq!(v, json!({"unit": "celsius", "opts": {"deep": true}}));
+        let mut given = json!({"unit": "kelvin"});
+        apply_defaults(&schema, &mut given);
+        assert_eq!(given["unit"], "kelvin");
+    }
+}

@@ -1,0 +1,624 @@
+//! Commit, dispatch and settle: running the planned epochs of one round.
+//!
+//! For each call, in its epoch: commit the intent to the journal (a duplicate, replay or conflict
+//! never reaches the executor), snapshot state for a probe when the tool is settled by one, mark
+//! it DISPATCHED, run it under its timeout, and settle the outcome: ACKED on success, FAILED only
+//! for "definitely not applied" errors, otherwise UNKNOWN followed by reconciliation
+//! (idempotency-key re-dispatch, probe, or DEAD_LETTER for a person).
+//!
+//! Inside an epoch, calls run as separate tasks (a panicking tool fails alone), bounded by
+//! `max_concurrent_tools`; calls with equal conflict keys run one after another in source order.
+//! A write whose outcome stays uncertain blocks later writes with its key, or every later write
+//! when it has none. After cancellation nothing new starts: running calls settle, the rest are
+//! reported cancelled.
+
+use crate::events::Event;
+use crate::plan::Epoch;
+use crate::prepare::Prepared;
+use crate::tool::{CallContext, FailureClass, ProbeVerdict, ToolError};
+use ring0_core::call::RejectionKind;
+use ring0_core::receipt::{CallOutcome, Disposition, TimelineEntry, Timing};
+use ring0_core::{IntentState, Observation, Receipt, Rejection, SemanticKey, Settlement};
+use ring0_journal::{IntentRecord, Journal, Proposal, ProposeDecision, Transition};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{Semaphore, broadcast};
+use tokio_util::sync::CancellationToken;
+
+/// Re-dispatches allowed while settling one ambiguous call (with the same idempotency key, or
+/// after a probe found the world unchanged).
+pub const SETTLE_REDISPATCH_MAX: u32 = 1;
+
+/// What every call of a round shares.
+#[derive(Clone)]
+pub(crate) struct DispatchEnv {
+    pub journal: Arc<dyn Journal>,
+    pub scope: Arc<str>,
+    pub attempt_epoch: u64,
+    pub events: broadcast::Sender<Event>,
+    pub cancel: CancellationToken,
+    pub max_concurrent_tools: usize,
+    pub round_start: Instant,
+    pub intent_ids: Arc<BTreeMap<usize, uuid::Uuid>>,
+}
+
+/// Writes whose outcome is uncertain in this batch.
+#[derive(Default)]
+struct Uncertain {
+    keys: HashSet<String>,
+    unkeyed: bool,
+}
+
+impl Uncertain {
+    fn blocks(&self, conflict_key: Option<&str>) -> bool {
+        self.unkeyed || conflict_key.is_some_and(|k| self.keys.contains(k))
+    }
+    fn add(&mut self, conflict_key: Option<&str>) {
+        match conflict_key {
+            Some(k) => {
+                self.keys.insert(k.to_string());
+            }
+            None => self.unkeyed = true,
+        }
+    }
+}
+
+fn emit(env: &DispatchEnv, event: Event) {
+    // No subscriber is not an error: events are for hosts that want them.
+    let _ = env.events.send(event);
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+/// Runs the epochs in order. Returns one receipt per job, keyed by the job's position.
+pub(crate) async fn run_epochs(
+    env: DispatchEnv,
+    jobs: Vec<Prepared>,
+    epochs: Vec<Epoch>,
+) -> Vec<Receipt> {
+    let jobs: Vec<Arc<Prepared>> = jobs.into_iter().map(Arc::new).collect();
+    let mut receipts: Vec<Option<Receipt>> = vec![None; jobs.len()];
+    let uncertain = Arc::new(Mutex::new(Uncertain::default()));
+    let semaphore = Arc::new(Semaphore::new(env.max_concurrent_tools.max(1)));
+    for (epoch_no, epoch) in epochs.iter().enumerate() {
+        if env.cancel.is_cancelled() {
+            for &pos in &epoch.calls {
+                receipts[pos] = Some(cancelled(&jobs[pos]));
+            }
+            continue;
+        }
+        emit(
+            &env,
+            Event::EpochStarted {
+                epoch: epoch_no,
+                calls: epoch.calls.iter().map(|&p| jobs[p].call.index).collect(),
+                barrier: epoch.barrier,
+            },
+        );
+        // Equal conflict keys form one chain, run in source order; every other call is its own.
+        let mut chains: Vec<Vec<usize>> = Vec::new();
+        let mut by_key: BTreeMap<&str, usize> = BTreeMap::new();
+        for &pos in &epoch.calls {
+            match jobs[pos].call.conflict_key.as_deref() {
+                Some(key) => match by_key.get(key) {
+                    Some(&chain) => chains[chain].push(pos),
+                    None => {
+                        by_key.insert(key, chains.len());
+                        chains.push(vec![pos]);
+                    }
+                },
+                None => chains.push(vec![pos]),
+            }
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for chain in chains {
+            let env = env.clone();
+            let jobs = jobs.clone();
+            let uncertain = uncertain.clone();
+            let semaphore = semaphore.clone();
+            set.spawn(async move {
+                let mut out = Vec::with_capacity(chain.len());
+                for pos in chain {
+                    let job = jobs[pos].clone();
+                    if env.cancel.is_cancelled() {
+                        out.push((pos, cancelled(&job)));
+                        continue;
+                    }
+                    let permit = semaphore.clone().acquire_owned().await;
+                    if env.cancel.is_cancelled() || permit.is_err() {
+                        out.push((pos, cancelled(&job)));
+                        continue;
+                    }
+                    let receipt = run_call(&env, &job, epoch_no, &uncertain).await;
+                    drop(permit);
+                    out.push((pos, receipt));
+                }
+                out
+            });
+        }
+        while let Some(done) = set.join_next().await {
+            match done {
+                Ok(results) => {
+                    for (pos, receipt) in results {
+                        receipts[pos] = Some(receipt);
+                    }
+                }
+                // A chain task only awaits call tasks; its own panic would be a kernel bug.
+                Err(e) => panic!("dispatch chain failed: {e}"),
+            }
+        }
+    }
+    receipts
+        .into_iter()
+        .zip(&jobs)
+        .map(|(r, job)| r.unwrap_or_else(|| cancelled(job)))
+        .collect()
+}
+
+fn cancelled(job: &Prepared) -> Receipt {
+    Receipt::rejected(
+        job.call.index,
+        Rejection::new(
+            RejectionKind::Cancelled,
+            &job.call.tool,
+            &job.call.call_id,
+            "the round was cancelled before this call started; nothing was run",
+        ),
+    )
+}
+
+fn rejected(job: &Prepared, kind: RejectionKind, message: String) -> Receipt {
+    Receipt::rejected(
+        job.call.index,
+        Rejection::new(kind, &job.call.tool, &job.call.call_id, message),
+    )
+}
+
+/// The raw result of one execution attempt.
+enum Attempt {
+    Ok(Observation),
+    Failed(ToolError),
+}
+
+async fn attempt(env: &DispatchEnv, job: &Prepared, record: &IntentRecord) -> Attempt {
+    let spec = &job.tool.spec;
+    let cancel = env.cancel.child_token();
+    let ctx = CallContext {
+        call_id: job.call.call_id.clone(),
+        intent_id: Some(record.id.to_string()),
+        idempotency_key: record.mutating.then(|| record.idempotency_key.clone()),
+        scope: env.scope.clone(),
+        cancel: cancel.clone(),
+        timeout_ms: spec.timeout_ms,
+    };
+    let tool = job.tool.tool.clone();
+    let args = job.call.args.clone();
+    // Its own task: a panic is this call's failure, not the round's.
+    let task = tokio::spawn(async move { tool.call(ctx, args).await });
+    let abort = task.abort_handle();
+    match tokio::time::timeout(Duration::from_millis(spec.timeout_ms), task).await {
+        Ok(Ok(Ok(obs))) => Attempt::Ok(obs),
+        Ok(Ok(Err(e))) => Attempt::Failed(e),
+        Ok(Err(join)) => Attempt::Failed(ToolError::unknown(format!("the tool crashed: {join}"))),
+        Err(_) => {
+            cancel.cancel();
+            abort.abort();
+            Attempt::Failed(ToolError::unknown(format!(
+                "timed out after {} ms",
+                spec.timeout_ms
+            )))
+        }
+    }
+}
+
+/// Cuts observation text to the tool's budget on a UTF-8 boundary, saying so; never silently.
+fn bound(mut obs: Observation, budget: usize) -> Observation {
+    if obs.text.len() > budget {
+        let total = obs.text.len();
+        let mut cut = budget.saturating_sub(96).min(total);
+        while !obs.text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        obs.text.truncate(cut);
+        obs.text.push_str(&format!(
+            "\n[ring0: output cut to {cut} of {total} bytes by the observation budget]"
+        ));
+    }
+    if let Some(structured) = &obs.structured {
+        let size = structured.to_string().len();
+        if size > budget {
+            obs.structured = None;
+            obs.text.push_str(&format!(
+                "\n[ring0: structured result of {size} bytes exceeds the observation budget of {budget} bytes and was withheld]"
+            ));
+        }
+    }
+    obs
+}
+
+/// Moves a record, returning the updated record, or a fail-closed rejection text.
+async fn step(
+    env: &DispatchEnv,
+    record: &IntentRecord,
+    to: IntentState,
+    note: Option<String>,
+    receipt: Option<Receipt>,
+    snapshot: Option<Value>,
+) -> Result<IntentRecord, String> {
+    let mut t = Transition::to(record, to).snapshot(snapshot);
+    t.note = note;
+    t.receipt = receipt;
+    env.journal
+        .transition(t)
+        .await
+        .map_err(|e| format!("journal refused {} → {to}: {e}", record.state))
+}
+
+fn receipt_from(
+    job: &Prepared,
+    record: &IntentRecord,
+    disposition: Disposition,
+    outcome: CallOutcome,
+    timing: Timing,
+) -> Receipt {
+    Receipt {
+        call_id: job.call.call_id.clone(),
+        index: job.call.index,
+        tool: job.call.tool.clone(),
+        intent_id: Some(record.id.to_string()),
+        semantic_key: Some(record.semantic_key),
+        idempotency_key: record.mutating.then(|| record.idempotency_key.clone()),
+        state: Some(record.state),
+        revision: record.fence,
+        timeline: record.timeline.clone(),
+        disposition,
+        outcome,
+        timing,
+    }
+}
+
+/// Stores the final receipt with the final transition, and returns it with the journal's timeline.
+#[allow(clippy::too_many_arguments)] // one call site per outcome; a struct would only rename them
+async fn finish(
+    env: &DispatchEnv,
+    job: &Prepared,
+    record: &IntentRecord,
+    to: IntentState,
+    note: Option<String>,
+    disposition: Disposition,
+    outcome: CallOutcome,
+    timing: Timing,
+) -> Receipt {
+    let mut provisional = receipt_from(job, record, disposition, outcome.clone(), timing);
+    provisional.state = Some(to);
+    provisional.revision = record.fence + 1;
+    provisional.timeline.push(TimelineEntry {
+        state: to,
+        at_ms: 0,
+        note: note.clone(),
+    });
+    match step(env, record, to, note, Some(provisional.clone()), None).await {
+        Ok(updated) => receipt_from(job, &updated, disposition, outcome, timing),
+        Err(why) => {
+            // The effect happened (or not) but the log could not say so: report it as unsettled.
+            provisional.outcome = CallOutcome::Failed {
+                message: why,
+                uncertain: true,
+                observation: None,
+            };
+            provisional.state = Some(record.state);
+            provisional
+        }
+    }
+}
+
+async fn run_call(
+    env: &DispatchEnv,
+    job: &Prepared,
+    epoch_no: usize,
+    uncertain: &Mutex<Uncertain>,
+) -> Receipt {
+    let spec = &job.tool.spec;
+    let mutating = !spec.effect.is_read_only();
+    let key = job.call.conflict_key.as_deref();
+    if mutating && uncertain.lock().expect("uncertain mutex").blocks(key) {
+        return rejected(
+            job,
+            RejectionKind::BlockedByUncertainWrite,
+            match key {
+                Some(k) => {
+                    format!("an earlier write with conflict key {k:?} has an unknown outcome")
+                }
+                None => "an earlier write in this batch has an unknown outcome".into(),
+            },
+        );
+    }
+    let semantic_key =
+        match SemanticKey::compute(&spec.name, &job.call.args, &env.scope, env.attempt_epoch) {
+            Ok(k) => k,
+            Err(e) => return rejected(job, RejectionKind::InvalidJson, e.to_string()),
+        };
+    let proposal = Proposal {
+        intent_id: env.intent_ids.get(&job.call.index).copied(),
+        semantic_key,
+        scope: env.scope.to_string(),
+        attempt_epoch: env.attempt_epoch,
+        tool: spec.name.clone(),
+        canonical_args: job.call.canonical_args.clone(),
+        call_id: job.call.call_id.clone(),
+        mutating,
+    };
+    let record = match env.journal.propose(proposal).await {
+        Err(e) => {
+            return rejected(
+                job,
+                RejectionKind::JournalUnavailable,
+                format!("the intent could not be recorded, so nothing was run: {e}"),
+            );
+        }
+        Ok(ProposeDecision::Recorded(record)) => record,
+        Ok(ProposeDecision::Duplicate(record)) => {
+            return rejected(
+                job,
+                RejectionKind::DuplicateInFlight,
+                format!(
+                    "the same intent ({}) is already {}; it will not run twice",
+                    record.id, record.state
+                ),
+            );
+        }
+        Ok(ProposeDecision::Replay(record)) => {
+            let mut receipt = record.receipt.clone().unwrap_or_else(|| {
+                receipt_from(
+                    job,
+                    &record,
+                    Disposition::Replayed,
+                    CallOutcome::Completed {
+                        observation: Observation::text("already applied"),
+                    },
+                    Timing::default(),
+                )
+            });
+            receipt.call_id = job.call.call_id.clone();
+            receipt.index = job.call.index;
+            receipt.disposition = Disposition::Replayed;
+            receipt.timing = Timing::default();
+            return receipt;
+        }
+        Ok(ProposeDecision::Conflict { reason, .. }) => {
+            return rejected(job, RejectionKind::IntentConflict, reason);
+        }
+    };
+    emit(
+        env,
+        Event::CallStarted {
+            index: job.call.index,
+            call_id: job.call.call_id.clone(),
+            tool: spec.name.clone(),
+            epoch: epoch_no,
+        },
+    );
+    let queued_ms = ms(env.round_start.elapsed());
+    let snapshot = if spec.settlement == Settlement::Probe {
+        job.tool.tool.snapshot(&job.call.args).await
+    } else {
+        None
+    };
+    let mut record = match step(env, &record, IntentState::Dispatched, None, None, snapshot).await {
+        Ok(r) => r,
+        Err(why) => return rejected(job, RejectionKind::JournalUnavailable, why),
+    };
+    let started = Instant::now();
+    let mut redispatches = 0;
+    let mut disposition = Disposition::Dispatched;
+    let receipt = loop {
+        let result = attempt(env, job, &record).await;
+        let timing = Timing {
+            queued_ms,
+            run_ms: ms(started.elapsed()),
+        };
+        let error = match result {
+            Attempt::Ok(obs) => {
+                let obs = bound(obs, spec.observation_budget_bytes);
+                break finish(
+                    env,
+                    job,
+                    &record,
+                    IntentState::Acked,
+                    None,
+                    disposition,
+                    CallOutcome::Completed { observation: obs },
+                    timing,
+                )
+                .await;
+            }
+            Attempt::Failed(e) => e,
+        };
+        // A read has no effect, so its failure is never ambiguous.
+        if error.class == FailureClass::NotApplied || !mutating {
+            break finish(
+                env,
+                job,
+                &record,
+                IntentState::Failed,
+                Some(error.message.clone()),
+                disposition,
+                CallOutcome::Failed {
+                    message: error.message,
+                    uncertain: false,
+                    observation: error
+                        .observation
+                        .map(|o| bound(o, spec.observation_budget_bytes)),
+                },
+                timing,
+            )
+            .await;
+        }
+        // Ambiguous: settle, never retry from model memory.
+        record = match step(
+            env,
+            &record,
+            IntentState::Unknown,
+            Some(error.message.clone()),
+            None,
+            None,
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(why) => break unsettled(job, &record, why, timing),
+        };
+        let failed = |message: String| CallOutcome::Failed {
+            message,
+            uncertain: true,
+            observation: error
+                .observation
+                .clone()
+                .map(|o| bound(o, spec.observation_budget_bytes)),
+        };
+        if spec.settlement == Settlement::None {
+            break finish(
+                env,
+                job,
+                &record,
+                IntentState::DeadLetter,
+                Some("no settlement declared: a person must decide".into()),
+                disposition,
+                failed(error.message.clone()),
+                timing,
+            )
+            .await;
+        }
+        record = match step(env, &record, IntentState::Reconciling, None, None, None).await {
+            Ok(r) => r,
+            Err(why) => break unsettled(job, &record, why, timing),
+        };
+        let redispatch = match spec.settlement {
+            Settlement::IdempotencyKey => redispatches < SETTLE_REDISPATCH_MAX,
+            Settlement::Probe => {
+                match job
+                    .tool
+                    .tool
+                    .probe(&job.call.args, record.snapshot.as_ref())
+                    .await
+                {
+                    ProbeVerdict::Applied(obs) => {
+                        break finish(
+                            env,
+                            job,
+                            &record,
+                            IntentState::Acked,
+                            Some("probe: postcondition holds".into()),
+                            Disposition::Recovered,
+                            CallOutcome::Completed {
+                                observation: bound(obs, spec.observation_budget_bytes),
+                            },
+                            timing,
+                        )
+                        .await;
+                    }
+                    ProbeVerdict::Unchanged if redispatches < SETTLE_REDISPATCH_MAX => {
+                        record = match step(
+                            env,
+                            &record,
+                            IntentState::Recorded,
+                            Some("probe: unchanged since snapshot".into()),
+                            None,
+                            None,
+                        )
+                        .await
+                        {
+                            Ok(r) => r,
+                            Err(why) => break unsettled(job, &record, why, timing),
+                        };
+                        true
+                    }
+                    ProbeVerdict::Unchanged => false,
+                    ProbeVerdict::Indeterminate(why) => {
+                        break finish(
+                            env,
+                            job,
+                            &record,
+                            IntentState::DeadLetter,
+                            Some(format!("probe indeterminate: {why}")),
+                            disposition,
+                            failed(error.message.clone()),
+                            timing,
+                        )
+                        .await;
+                    }
+                }
+            }
+            Settlement::None => unreachable!("handled above"),
+        };
+        if !redispatch {
+            break finish(
+                env,
+                job,
+                &record,
+                IntentState::DeadLetter,
+                Some("re-dispatch budget spent".into()),
+                disposition,
+                failed(error.message.clone()),
+                timing,
+            )
+            .await;
+        }
+        redispatches += 1;
+        disposition = Disposition::Recovered;
+        record = match step(
+            env,
+            &record,
+            IntentState::Dispatched,
+            Some("re-dispatch with the same idempotency key".into()),
+            None,
+            None,
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(why) => break unsettled(job, &record, why, timing),
+        };
+    };
+    let still_uncertain = receipt.state.is_some_and(IntentState::is_uncertain)
+        || matches!(
+            receipt.outcome,
+            CallOutcome::Failed {
+                uncertain: true,
+                ..
+            }
+        );
+    if mutating && still_uncertain {
+        uncertain.lock().expect("uncertain mutex").add(key);
+    }
+    emit(
+        env,
+        Event::CallFinished {
+            index: job.call.index,
+            call_id: job.call.call_id.clone(),
+            tool: spec.name.clone(),
+            state: receipt.state,
+            is_error: receipt.is_error(),
+            run_ms: receipt.timing.run_ms,
+        },
+    );
+    receipt
+}
+
+fn unsettled(job: &Prepared, record: &IntentRecord, why: String, timing: Timing) -> Receipt {
+    receipt_from(
+        job,
+        record,
+        Disposition::Dispatched,
+        CallOutcome::Failed {
+            message: why,
+            uncertain: true,
+            observation: None,
+        },
+        timing,
+    )
+}

@@ -1,0 +1,73 @@
+//! Host events, in completion order.
+//!
+//! Events go to a bounded broadcast channel: a host that falls behind by more than
+//! [`EVENTS_BUFFER_MAX`] events is told how many it missed (`RecvError::Lagged`) instead of the
+//! kernel blocking or growing without bound. Events never carry argument values: only tool
+//! names, call ids, fingerprints and states.
+
+use ring0_core::call::RejectionKind;
+use ring0_core::receipt::Receipt;
+use ring0_core::{Fingerprint, IntentState};
+use serde::Serialize;
+
+/// Events buffered per session for slow subscribers.
+pub const EVENTS_BUFFER_MAX: usize = 4096;
+
+/// What the repeat guard did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RepeatAction {
+    Advisory,
+    Terminated,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    RoundStarted {
+        round: u64,
+        calls: usize,
+    },
+    CallRejected {
+        index: usize,
+        call_id: String,
+        tool: String,
+        kind: RejectionKind,
+    },
+    RepeatDetected {
+        tool: String,
+        fingerprint: Fingerprint,
+        count: u32,
+        action: RepeatAction,
+    },
+    EpochStarted {
+        epoch: usize,
+        calls: Vec<usize>,
+        barrier: bool,
+    },
+    CallStarted {
+        index: usize,
+        call_id: String,
+        tool: String,
+        epoch: usize,
+    },
+    CallFinished {
+        index: usize,
+        call_id: String,
+        tool: String,
+        state: Option<IntentState>,
+        is_error: bool,
+        run_ms: u64,
+    },
+    /// The canonical receipt of a call, once final.
+    Receipt(Box<Receipt>),
+    ProjectionFailed {
+        index: usize,
+        call_id: String,
+        why: String,
+    },
+    RoundFinished {
+        round: u64,
+        terminated: bool,
+    },
+}

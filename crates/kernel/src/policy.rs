@@ -1,0 +1,139 @@
+//! The policy seam: argument rewriting and authorization.
+//!
+//! Both run during preparation, over validated arguments, before anything is dispatched. The
+//! kernel ships a simple [`GrantTable`] (allowed tools + an authority ceiling, deny by default);
+//! a full engine plugs in through the same traits.
+
+use async_trait::async_trait;
+use ring0_core::{Authority, ToolSpec};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Who is asking, as policy sees it.
+#[derive(Debug, Clone)]
+pub struct SessionInfo {
+    pub scope: String,
+    pub session_id: String,
+}
+
+/// One authorization question: may this session run this tool with these (validated) arguments?
+#[derive(Debug, Clone)]
+pub struct AuthRequest<'a> {
+    pub session: &'a SessionInfo,
+    pub spec: &'a ToolSpec,
+    pub call_id: &'a str,
+    pub args: &'a Value,
+    /// Fingerprint text of the prepared arguments: approvals bind to it.
+    pub args_hash: &'a str,
+}
+
+/// The decision, with the rule that made it (for the audit trail and the model's rejection).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum AuthDecision {
+    Allow {
+        rule: String,
+    },
+    Deny {
+        rule: String,
+        reason: String,
+    },
+    /// A person was asked and did not answer in time.
+    ApprovalTimeout {
+        rule: String,
+    },
+    /// A person was asked and said no.
+    ApprovalDenied {
+        rule: String,
+        reason: String,
+    },
+}
+
+/// Decides whether a call runs. Must fail closed: an error is a denial.
+#[async_trait]
+pub trait Authorizer: Send + Sync {
+    async fn authorize(&self, request: &AuthRequest<'_>) -> AuthDecision;
+
+    /// Whether the session may see the tool at all. A tool it may not call is never listed.
+    fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool;
+}
+
+/// Rewrites validated arguments (e.g. pins a path root, caps a limit). The result is validated
+/// again; an error rejects the call.
+pub trait PolicyRewrite: Send + Sync {
+    fn rewrite(&self, session: &SessionInfo, spec: &ToolSpec, args: Value)
+    -> Result<Value, String>;
+}
+
+/// A tool-name pattern: exact, or a prefix ending in `*`, or `*` for everything.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ToolPattern(pub String);
+
+impl ToolPattern {
+    pub fn matches(&self, name: &str) -> bool {
+        match self.0.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => self.0 == name,
+        }
+    }
+}
+
+/// Allowed tools and the highest authority they may run at. Deny by default.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GrantTable {
+    pub allow: Vec<ToolPattern>,
+    pub ceiling: Authority,
+}
+
+impl GrantTable {
+    /// Grants nothing.
+    pub fn deny_all() -> Self {
+        Self {
+            allow: Vec::new(),
+            ceiling: Authority::A0,
+        }
+    }
+
+    pub fn allow(patterns: &[&str], ceiling: Authority) -> Self {
+        Self {
+            allow: patterns
+                .iter()
+                .map(|p| ToolPattern(p.to_string()))
+                .collect(),
+            ceiling,
+        }
+    }
+
+    fn decide(&self, spec: &ToolSpec) -> AuthDecision {
+        let Some(pattern) = self.allow.iter().find(|p| p.matches(&spec.name)) else {
+            return AuthDecision::Deny {
+                rule: "default_deny".into(),
+                reason: format!("no grant names tool {:?}", spec.name),
+            };
+        };
+        if spec.authority > self.ceiling {
+            return AuthDecision::Deny {
+                rule: format!("ceiling:{}", self.ceiling),
+                reason: format!(
+                    "tool {:?} needs authority {} and the session's ceiling is {}",
+                    spec.name, spec.authority, self.ceiling
+                ),
+            };
+        }
+        AuthDecision::Allow {
+            rule: format!("grant:{}", pattern.0),
+        }
+    }
+}
+
+#[async_trait]
+impl Authorizer for GrantTable {
+    async fn authorize(&self, request: &AuthRequest<'_>) -> AuthDecision {
+        self.decide(request.spec)
+    }
+
+    fn visible(&self, _session: &SessionInfo, spec: &ToolSpec) -> bool {
+        matches!(self.decide(spec), AuthDecision::Allow { .. })
+    }
+}

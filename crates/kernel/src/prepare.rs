@@ -1,0 +1,233 @@
+//! Prepare: a proposed call becomes a [`PreparedCall`] or a structured [`Rejection`].
+//!
+//! In order: tool lookup, argument decoding (strict JSON, size and depth limits, double-encoded
+//! strings decoded once), defaults, schema validation reporting every error, policy rewriting
+//! (validated again), fingerprinting, authorization, and conflict-key resolution. All of it
+//! finishes before anything is dispatched.
+
+use crate::compat::{apply_defaults, decode_double_encoded};
+use crate::policy::{AuthDecision, AuthRequest, Authorizer, PolicyRewrite, SessionInfo};
+use crate::registry::{RegisteredTool, Registry};
+use crate::validate::{echo, validate};
+use ring0_core::call::RejectionKind;
+use ring0_core::canonical::{canonical_string, parse_strict};
+use ring0_core::limits::{ARGUMENT_BYTES_MAX, ARGUMENT_DEPTH_MAX};
+use ring0_core::{
+    FieldError, Fingerprint, PreparedCall, ProposedArguments, ProposedCall, Rejection,
+};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// A call that passed preparation, with the tool it will run.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub call: PreparedCall,
+    pub tool: Arc<RegisteredTool>,
+}
+
+/// Everything preparation needs besides the call.
+pub struct PrepareContext<'a> {
+    pub registry: &'a Registry,
+    pub session: &'a SessionInfo,
+    pub authorizer: &'a dyn Authorizer,
+    pub rewrites: &'a [Arc<dyn PolicyRewrite>],
+}
+
+fn depth(value: &Value) -> usize {
+    match value {
+        Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+        Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Decodes the provider's arguments into a JSON object candidate.
+fn decode_arguments(call: &ProposedCall) -> Result<Value, Rejection> {
+    let reject = |kind, msg: String| Rejection::new(kind, &call.tool, &call.call_id, msg);
+    let value = match &call.arguments {
+        ProposedArguments::Text(text) => {
+            if text.len() > ARGUMENT_BYTES_MAX {
+                return Err(reject(
+                    RejectionKind::LimitExceeded,
+                    format!(
+                        "arguments of {} bytes exceed the limit of {ARGUMENT_BYTES_MAX}",
+                        text.len()
+                    ),
+                ));
+            }
+            // An empty arguments string is how several providers say "no arguments".
+            if text.trim().is_empty() {
+                Value::Object(Default::default())
+            } else {
+                parse_strict(text).map_err(|e| {
+                    reject(
+                        RejectionKind::InvalidJson,
+                        format!("arguments are not valid JSON: {e}"),
+                    )
+                })?
+            }
+        }
+        ProposedArguments::Value(v) => {
+            let bytes = v.to_string().len();
+            if bytes > ARGUMENT_BYTES_MAX {
+                return Err(reject(
+                    RejectionKind::LimitExceeded,
+                    format!("arguments of {bytes} bytes exceed the limit of {ARGUMENT_BYTES_MAX}"),
+                ));
+            }
+            match v {
+                Value::Null => Value::Object(Default::default()),
+                other => other.clone(),
+            }
+        }
+    };
+    let value = decode_double_encoded(value);
+    let d = depth(&value);
+    if d > ARGUMENT_DEPTH_MAX {
+        return Err(reject(
+            RejectionKind::LimitExceeded,
+            format!("arguments nest {d} levels deep; the limit is {ARGUMENT_DEPTH_MAX}"),
+        ));
+    }
+    Ok(value)
+}
+
+fn validation_rejection(call: &ProposedCall, errors: Vec<FieldError>, omitted: usize) -> Rejection {
+    let n = errors.len() + omitted;
+    Rejection::new(
+        RejectionKind::ValidationError,
+        &call.tool,
+        &call.call_id,
+        format!(
+            "{n} argument error{} for tool {:?}",
+            if n == 1 { "" } else { "s" },
+            call.tool
+        ),
+    )
+    .with_errors(errors, omitted)
+}
+
+/// Prepares one call. Never panics on input; every failure is a structured rejection.
+pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Prepared, Rejection> {
+    let visible = |spec: &ring0_core::ToolSpec| cx.authorizer.visible(cx.session, spec);
+    let Some(tool) = cx
+        .registry
+        .get(&call.tool)
+        .filter(|t| visible(&t.spec))
+        .cloned()
+    else {
+        let suggestions = cx.registry.closest(&call.tool, visible);
+        let msg = if suggestions.is_empty() {
+            format!("unknown tool {:?}", call.tool)
+        } else {
+            format!(
+                "unknown tool {:?}; did you mean {}?",
+                call.tool,
+                suggestions.join(", ")
+            )
+        };
+        return Err(
+            Rejection::new(RejectionKind::UnknownTool, &call.tool, &call.call_id, msg)
+                .with_suggestions(suggestions),
+        );
+    };
+    let spec = &tool.spec;
+    let mut args = decode_arguments(call)?;
+    apply_defaults(&spec.input_schema, &mut args);
+    let (errors, omitted) = validate(&tool.validator, &spec.input_schema, &args);
+    if !errors.is_empty() {
+        return Err(validation_rejection(call, errors, omitted));
+    }
+    for rewrite in cx.rewrites {
+        args = rewrite.rewrite(cx.session, spec, args).map_err(|why| {
+            Rejection::new(RejectionKind::PolicyDenied, &call.tool, &call.call_id, why)
+        })?;
+        let (errors, omitted) = validate(&tool.validator, &spec.input_schema, &args);
+        if !errors.is_empty() {
+            return Err(validation_rejection(call, errors, omitted));
+        }
+    }
+    let canonical_args = canonical_string(&args).map_err(|e| {
+        Rejection::new(
+            RejectionKind::InvalidJson,
+            &call.tool,
+            &call.call_id,
+            e.to_string(),
+        )
+    })?;
+    let fingerprint = Fingerprint::compute(&spec.name, &args).map_err(|e| {
+        Rejection::new(
+            RejectionKind::InvalidJson,
+            &call.tool,
+            &call.call_id,
+            e.to_string(),
+        )
+    })?;
+    let args_hash = fingerprint.encode();
+    let request = AuthRequest {
+        session: cx.session,
+        spec,
+        call_id: &call.call_id,
+        args: &args,
+        args_hash: &args_hash,
+    };
+    match cx.authorizer.authorize(&request).await {
+        AuthDecision::Allow { .. } => {}
+        AuthDecision::Deny { rule, reason } => {
+            return Err(Rejection::new(
+                RejectionKind::PolicyDenied,
+                &call.tool,
+                &call.call_id,
+                format!("denied by {rule}: {reason}"),
+            ));
+        }
+        AuthDecision::ApprovalDenied { rule, reason } => {
+            return Err(Rejection::new(
+                RejectionKind::ApprovalDenied,
+                &call.tool,
+                &call.call_id,
+                format!("a person denied this call ({rule}): {reason}"),
+            ));
+        }
+        AuthDecision::ApprovalTimeout { rule } => {
+            return Err(Rejection::new(
+                RejectionKind::ApprovalTimeout,
+                &call.tool,
+                &call.call_id,
+                format!("no approval arrived in time ({rule})"),
+            ));
+        }
+    }
+    let conflict_key = match &spec.conflict_key {
+        None => None,
+        Some(template) => Some(template.resolve(&args).map_err(|e| {
+            let field = match &e {
+                ring0_core::spec::ConflictKeyError::MissingField { field, .. } => field.clone(),
+                _ => String::new(),
+            };
+            validation_rejection(
+                call,
+                vec![FieldError {
+                    loc: format!("/{}", field.replace('.', "/")),
+                    input_value: echo(&Value::Null),
+                    error_type: "missing".into(),
+                    message: format!("{e}; it is needed to order this call against others"),
+                    expected_domain: None,
+                }],
+                0,
+            )
+        })?),
+    };
+    Ok(Prepared {
+        call: PreparedCall {
+            index: call.index,
+            call_id: call.call_id.clone(),
+            tool: spec.name.clone(),
+            args,
+            canonical_args,
+            fingerprint,
+            conflict_key,
+        },
+        tool,
+    })
+}

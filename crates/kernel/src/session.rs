@@ -1,0 +1,546 @@
+//! The public agent-loop API: a [`Kernel`] holds the tools, the journal and the default policy;
+//! a [`Session`] runs model turns through the whole pipeline.
+
+use crate::admit::{
+    RepeatGuard, RepeatLimits, RepeatVerdict, ToolChoice, advisory_message, check_tool_choice,
+    oversee,
+};
+use crate::dispatch::{DispatchEnv, run_epochs};
+use crate::events::{EVENTS_BUFFER_MAX, Event, RepeatAction};
+use crate::plan::{ExecutionMode, plan};
+use crate::policy::{Authorizer, GrantTable, PolicyRewrite, SessionInfo};
+use crate::prepare::{PrepareContext, Prepared, prepare};
+use crate::project::{Projector, project, projection_failed_result};
+use crate::registry::{RegistrationError, Registry};
+use crate::tool::Tool;
+use ring0_core::call::RejectionKind;
+use ring0_core::format::{FormatError, parse_turn, render_results};
+use ring0_core::limits::CALLS_PER_ROUND_MAX;
+use ring0_core::{ProviderFormat, Receipt, Rejection, Round, ToolResult, ToolSpec};
+use ring0_journal::{Journal, MemoryJournal};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+use tokio::sync::{Mutex, broadcast};
+use tokio_util::sync::CancellationToken;
+
+/// Default bound on calls running at once in one epoch.
+pub const MAX_CONCURRENT_TOOLS_DEFAULT: usize = 8;
+
+struct KernelInner {
+    registry: Registry,
+    journal: Arc<dyn Journal>,
+    authorizer: Arc<dyn Authorizer>,
+    rewrites: Vec<Arc<dyn PolicyRewrite>>,
+    sessions: AtomicU64,
+}
+
+/// The mediation kernel: tools, journal and default policy, shared by its sessions.
+#[derive(Clone)]
+pub struct Kernel {
+    inner: Arc<KernelInner>,
+}
+
+/// Builds a [`Kernel`].
+pub struct KernelBuilder {
+    registry: Registry,
+    journal: Option<Arc<dyn Journal>>,
+    authorizer: Option<Arc<dyn Authorizer>>,
+    rewrites: Vec<Arc<dyn PolicyRewrite>>,
+}
+
+impl KernelBuilder {
+    /// Registers a tool: its schema is normalized and compiled now, once.
+    pub fn tool(mut self, spec: ToolSpec, tool: Arc<dyn Tool>) -> Result<Self, RegistrationError> {
+        self.registry.register(spec, tool)?;
+        Ok(self)
+    }
+
+    /// The journal. Without one, an in-memory journal is used.
+    pub fn journal(mut self, journal: Arc<dyn Journal>) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// The default authorizer of sessions that bring none. Without one, everything is denied.
+    pub fn authorizer(mut self, authorizer: Arc<dyn Authorizer>) -> Self {
+        self.authorizer = Some(authorizer);
+        self
+    }
+
+    pub fn rewrite(mut self, rewrite: Arc<dyn PolicyRewrite>) -> Self {
+        self.rewrites.push(rewrite);
+        self
+    }
+
+    pub fn build(self) -> Kernel {
+        Kernel {
+            inner: Arc::new(KernelInner {
+                registry: self.registry,
+                journal: self
+                    .journal
+                    .unwrap_or_else(|| Arc::new(MemoryJournal::new())),
+                authorizer: self
+                    .authorizer
+                    .unwrap_or_else(|| Arc::new(GrantTable::deny_all())),
+                rewrites: self.rewrites,
+                sessions: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+/// How a session runs.
+#[derive(Clone)]
+pub struct SessionConfig {
+    /// The user-intent scope: part of every semantic key.
+    pub scope: String,
+    pub mode: ExecutionMode,
+    pub max_concurrent_tools: usize,
+    pub repeat: RepeatLimits,
+    /// Bumped by the host when the user genuinely asks for the same action again.
+    pub attempt_epoch: u64,
+    pub projector: Option<Arc<dyn Projector>>,
+    /// The session's grants; the kernel's default authorizer when absent.
+    pub authorizer: Option<Arc<dyn Authorizer>>,
+}
+
+impl SessionConfig {
+    pub fn new(scope: impl Into<String>) -> Self {
+        Self {
+            scope: scope.into(),
+            mode: ExecutionMode::SafeParallel,
+            max_concurrent_tools: MAX_CONCURRENT_TOOLS_DEFAULT,
+            repeat: RepeatLimits::default(),
+            attempt_epoch: 0,
+            projector: None,
+            authorizer: None,
+        }
+    }
+
+    pub fn mode(mut self, mode: ExecutionMode) -> Self {
+        self.mode = mode;
+        self
+    }
+    pub fn max_concurrent_tools(mut self, n: usize) -> Self {
+        self.max_concurrent_tools = n.max(1);
+        self
+    }
+    pub fn repeat_limits(mut self, limits: RepeatLimits) -> Self {
+        self.repeat = limits;
+        self
+    }
+    pub fn attempt_epoch(mut self, epoch: u64) -> Self {
+        self.attempt_epoch = epoch;
+        self
+    }
+    pub fn projector(mut self, projector: Arc<dyn Projector>) -> Self {
+        self.projector = Some(projector);
+        self
+    }
+    pub fn authorizer(mut self, authorizer: Arc<dyn Authorizer>) -> Self {
+        self.authorizer = Some(authorizer);
+        self
+    }
+}
+
+/// Why a run must end: the host makes no further model request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum Termination {
+    RepeatLimit { tool: String, count: u32 },
+    ProjectionFailed { call_id: String },
+}
+
+/// Per-round options.
+#[derive(Debug, Clone, Default)]
+pub struct RoundOptions {
+    pub tool_choice: ToolChoice,
+    /// Host-supplied intent ids by call index (source order).
+    pub intent_ids: BTreeMap<usize, uuid::Uuid>,
+}
+
+impl RoundOptions {
+    pub fn tool_choice(choice: ToolChoice) -> Self {
+        Self {
+            tool_choice: choice,
+            ..Self::default()
+        }
+    }
+}
+
+/// Everything one round produced.
+#[derive(Debug, Clone)]
+pub struct RoundOutcome {
+    /// Canonical receipts, in source order.
+    pub receipts: Vec<Receipt>,
+    /// Model-visible results, in source order.
+    pub results: Vec<ToolResult>,
+    /// Set when the run must end.
+    pub terminated: Option<Termination>,
+    /// One bounded policy message to append to the next model request, if any.
+    pub policy_message: Option<String>,
+    /// The tool choice required a call and none came back.
+    pub missing_required_call: bool,
+}
+
+/// A model turn's outcome, with the results rendered in the turn's format.
+#[derive(Debug, Clone)]
+pub struct TurnOutcome {
+    pub message: Value,
+    pub round: RoundOutcome,
+}
+
+struct SessionState {
+    repeat: RepeatGuard,
+    terminated: Option<Termination>,
+    rounds: u64,
+}
+
+/// One agent run: its scope, grants, mode, limits, repeat counts and event stream.
+pub struct Session {
+    kernel: Arc<KernelInner>,
+    info: SessionInfo,
+    config: SessionConfig,
+    authorizer: Arc<dyn Authorizer>,
+    state: Mutex<SessionState>,
+    events: broadcast::Sender<Event>,
+    cancel: std::sync::Mutex<CancellationToken>,
+}
+
+impl Kernel {
+    pub fn builder() -> KernelBuilder {
+        KernelBuilder {
+            registry: Registry::new(),
+            journal: None,
+            authorizer: None,
+            rewrites: Vec::new(),
+        }
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    pub fn journal(&self) -> &Arc<dyn Journal> {
+        &self.inner.journal
+    }
+
+    pub fn open_session(&self, config: SessionConfig) -> Session {
+        let n = self.inner.sessions.fetch_add(1, Ordering::Relaxed);
+        let (events, _) = broadcast::channel(EVENTS_BUFFER_MAX);
+        let authorizer = config
+            .authorizer
+            .clone()
+            .unwrap_or_else(|| self.inner.authorizer.clone());
+        Session {
+            kernel: self.inner.clone(),
+            info: SessionInfo {
+                scope: config.scope.clone(),
+                session_id: format!("s{n}-{}", uuid::Uuid::new_v4().simple()),
+            },
+            state: Mutex::new(SessionState {
+                repeat: RepeatGuard::new(config.repeat),
+                terminated: None,
+                rounds: 0,
+            }),
+            config,
+            authorizer,
+            events,
+            cancel: std::sync::Mutex::new(CancellationToken::new()),
+        }
+    }
+}
+
+impl Session {
+    pub fn info(&self) -> &SessionInfo {
+        &self.info
+    }
+
+    /// Events of this session, in completion order.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// The tools this session may see, by name. A tool it may not call is never listed.
+    pub fn catalog(&self) -> Vec<&ToolSpec> {
+        self.kernel
+            .registry
+            .iter()
+            .map(|t| &t.spec)
+            .filter(|spec| self.authorizer.visible(&self.info, spec))
+            .collect()
+    }
+
+    /// A genuine new user or steering message: resets the exact-repeat sequence and lifts a
+    /// repeat termination.
+    pub async fn user_message(&self) {
+        let mut st = self.state.lock().await;
+        st.repeat.reset();
+        if matches!(st.terminated, Some(Termination::RepeatLimit { .. })) {
+            st.terminated = None;
+        }
+    }
+
+    /// Cancels the round in progress: running calls settle, nothing new starts.
+    pub fn cancel(&self) {
+        let mut token = self.cancel.lock().expect("cancel mutex");
+        token.cancel();
+        *token = CancellationToken::new();
+    }
+
+    /// Mediates one model turn in a provider format and renders the results in the same format.
+    pub async fn handle_turn(
+        &self,
+        format: ProviderFormat,
+        turn: &Value,
+        options: &RoundOptions,
+    ) -> Result<TurnOutcome, FormatError> {
+        let round = parse_turn(format, turn)?;
+        let outcome = self.run_round(round, options).await;
+        Ok(TurnOutcome {
+            message: render_results(format, &outcome.results),
+            round: outcome,
+        })
+    }
+
+    fn emit(&self, event: Event) {
+        let _ = self.events.send(event);
+    }
+
+    /// Runs one round of proposed calls through prepare, admit, plan, commit, dispatch, settle
+    /// and project.
+    pub async fn run_round(&self, round: Round, options: &RoundOptions) -> RoundOutcome {
+        let round_start = Instant::now();
+        let cancel = self.cancel.lock().expect("cancel mutex").clone();
+        let mut st = self.state.lock().await;
+        st.rounds += 1;
+        let round_no = st.rounds;
+        let calls = round.calls;
+        self.emit(Event::RoundStarted {
+            round: round_no,
+            calls: calls.len(),
+        });
+        let n = calls.len();
+        let mut receipts: Vec<Option<Receipt>> = vec![None; n];
+        let reject = |receipts: &mut Vec<Option<Receipt>>, pos: usize, r: Rejection| {
+            self.emit(Event::CallRejected {
+                index: calls[pos].index,
+                call_id: r.call_id.clone(),
+                tool: r.tool_name.clone(),
+                kind: r.status,
+            });
+            receipts[pos] = Some(Receipt::rejected(calls[pos].index, r));
+        };
+
+        let choice = check_tool_choice(&options.tool_choice, &calls);
+        let mut candidates: Vec<usize> = Vec::new();
+        for (pos, call) in calls.iter().enumerate() {
+            if let Some(t) = &st.terminated {
+                let r = Rejection::new(
+                    RejectionKind::RepeatTerminated,
+                    &call.tool,
+                    &call.call_id,
+                    format!("this run was terminated ({t:?}); no further calls run"),
+                );
+                reject(&mut receipts, pos, r);
+            } else if n > CALLS_PER_ROUND_MAX {
+                let r = Rejection::new(
+                    RejectionKind::RoundLimit,
+                    &call.tool,
+                    &call.call_id,
+                    format!("{n} calls in one round; at most {CALLS_PER_ROUND_MAX} are accepted"),
+                );
+                reject(&mut receipts, pos, r);
+            } else if let Some(r) = choice.rejections[pos].clone() {
+                reject(&mut receipts, pos, r);
+            } else {
+                candidates.push(pos);
+            }
+        }
+
+        // Prepare: everything finishes before anything is dispatched.
+        let cx = PrepareContext {
+            registry: &self.kernel.registry,
+            session: &self.info,
+            authorizer: self.authorizer.as_ref(),
+            rewrites: &self.kernel.rewrites,
+        };
+        let prepared_results =
+            futures::future::join_all(candidates.iter().map(|&pos| prepare(&cx, &calls[pos])))
+                .await;
+        let mut prepared: Vec<(usize, Prepared)> = Vec::new();
+        for (pos, result) in candidates.into_iter().zip(prepared_results) {
+            match result {
+                Ok(p) => prepared.push((pos, p)),
+                Err(r) => reject(&mut receipts, pos, r),
+            }
+        }
+
+        // Admit: the round overseer, then the exact-repeat guard, in source order.
+        let verdicts = oversee(
+            &prepared
+                .iter()
+                .map(|(_, p)| {
+                    (
+                        p.call.tool.as_str(),
+                        p.call.call_id.as_str(),
+                        p.tool.spec.strategy,
+                    )
+                })
+                .collect::<Vec<_>>(),
+        );
+        let mut policy_message = None;
+        let mut terminated = None;
+        let mut accepted: Vec<(usize, Prepared)> = Vec::new();
+        for ((pos, p), verdict) in prepared.into_iter().zip(verdicts) {
+            if let Some(r) = verdict {
+                reject(&mut receipts, pos, r);
+                continue;
+            }
+            if terminated.is_some() {
+                let r = Rejection::new(
+                    RejectionKind::RepeatTerminated,
+                    &p.call.tool,
+                    &p.call.call_id,
+                    "the run was terminated by an earlier call of this round",
+                );
+                reject(&mut receipts, pos, r);
+                continue;
+            }
+            match st
+                .repeat
+                .observe(p.call.fingerprint, p.tool.spec.track_exact_repeats)
+            {
+                RepeatVerdict::Proceed => accepted.push((pos, p)),
+                RepeatVerdict::Advisory { count } => {
+                    self.emit(Event::RepeatDetected {
+                        tool: p.call.tool.clone(),
+                        fingerprint: p.call.fingerprint,
+                        count,
+                        action: RepeatAction::Advisory,
+                    });
+                    policy_message = Some(advisory_message(&p.call.tool, count));
+                    accepted.push((pos, p));
+                }
+                RepeatVerdict::Terminate { count } => {
+                    self.emit(Event::RepeatDetected {
+                        tool: p.call.tool.clone(),
+                        fingerprint: p.call.fingerprint,
+                        count,
+                        action: RepeatAction::Terminated,
+                    });
+                    let r = Rejection::new(
+                        RejectionKind::RepeatTerminated,
+                        &p.call.tool,
+                        &p.call.call_id,
+                        format!(
+                            "{:?} was called {count} times in a row with identical arguments; \
+                             the call was not run and the run ends",
+                            p.call.tool
+                        ),
+                    );
+                    reject(&mut receipts, pos, r);
+                    terminated = Some(Termination::RepeatLimit {
+                        tool: p.call.tool.clone(),
+                        count,
+                    });
+                }
+            }
+        }
+
+        // Plan, then commit / dispatch / settle.
+        let epochs = plan(
+            self.config.mode,
+            &accepted
+                .iter()
+                .map(|(_, p)| (p.tool.spec.effect, p.tool.spec.concurrency))
+                .collect::<Vec<_>>(),
+        );
+        let env = DispatchEnv {
+            journal: self.kernel.journal.clone(),
+            scope: Arc::from(self.config.scope.as_str()),
+            attempt_epoch: self.config.attempt_epoch,
+            events: self.events.clone(),
+            cancel,
+            max_concurrent_tools: self.config.max_concurrent_tools,
+            round_start,
+            intent_ids: Arc::new(options.intent_ids.clone()),
+        };
+        let positions: Vec<usize> = accepted.iter().map(|(pos, _)| *pos).collect();
+        let mut args_by_pos: BTreeMap<usize, Value> = BTreeMap::new();
+        let jobs: Vec<Prepared> = accepted
+            .into_iter()
+            .map(|(pos, p)| {
+                args_by_pos.insert(pos, p.call.args.clone());
+                p
+            })
+            .collect();
+        let dispatched = run_epochs(env, jobs, epochs).await;
+        for (pos, receipt) in positions.into_iter().zip(dispatched) {
+            if let ring0_core::receipt::CallOutcome::Rejected { rejection } = &receipt.outcome {
+                self.emit(Event::CallRejected {
+                    index: receipt.index,
+                    call_id: rejection.call_id.clone(),
+                    tool: rejection.tool_name.clone(),
+                    kind: rejection.status,
+                });
+            }
+            receipts[pos] = Some(receipt);
+        }
+
+        // Project, in source order.
+        let receipts: Vec<Receipt> = receipts
+            .into_iter()
+            .map(|r| r.expect("every call has a receipt"))
+            .collect();
+        let mut results = Vec::with_capacity(n);
+        for (pos, receipt) in receipts.iter().enumerate() {
+            self.emit(Event::Receipt(Box::new(receipt.clone())));
+            let content = match project(
+                receipt,
+                args_by_pos.get(&pos),
+                self.config.projector.as_deref(),
+            ) {
+                Ok(v) => v,
+                Err(failure) => {
+                    self.emit(Event::ProjectionFailed {
+                        index: receipt.index,
+                        call_id: receipt.call_id.clone(),
+                        why: failure.0,
+                    });
+                    if terminated.is_none() {
+                        terminated = Some(Termination::ProjectionFailed {
+                            call_id: receipt.call_id.clone(),
+                        });
+                    }
+                    projection_failed_result()
+                }
+            };
+            results.push(ToolResult {
+                call_id: receipt.call_id.clone(),
+                tool: receipt.tool.clone(),
+                is_error: receipt.is_error()
+                    || content.get("status") == Some(&Value::from("projection_failed")),
+                content,
+            });
+        }
+        if terminated.is_some() {
+            st.terminated = terminated.clone();
+        }
+        self.emit(Event::RoundFinished {
+            round: round_no,
+            terminated: terminated.is_some(),
+        });
+        RoundOutcome {
+            receipts,
+            results,
+            terminated,
+            policy_message,
+            missing_required_call: choice.missing_call,
+        }
+    }
+}

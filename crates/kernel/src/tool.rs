@@ -1,0 +1,126 @@
+//! The executor seam: what the kernel calls to run a tool.
+//!
+//! In-process tools implement [`Tool`] directly or through [`tool_fn`]; supervised processes and
+//! MCP upstreams implement it in their own crates. The kernel never runs a tool except through
+//! this trait, after preparation, admission, planning and commit.
+
+use async_trait::async_trait;
+use ring0_core::Observation;
+use serde_json::Value;
+use std::future::Future;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// What a tool knows about the call it is running.
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    /// The provider's call id (evidence, for logs).
+    pub call_id: String,
+    /// The journal's intent id, when the call was committed.
+    pub intent_id: Option<String>,
+    /// The provider idempotency key derived from the semantic key: pass it to any external API
+    /// that honours one, so a re-dispatch after an ambiguous outcome is deduplicated there.
+    pub idempotency_key: Option<String>,
+    /// The session's user-intent scope.
+    pub scope: Arc<str>,
+    /// Cancelled when the call's deadline passes or the session is cancelled; a tool that holds
+    /// resources should watch it (dropping the future also cancels).
+    pub cancel: CancellationToken,
+    /// The per-call timeout in force.
+    pub timeout_ms: u64,
+}
+
+/// Whether a failed call may have had an effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureClass {
+    /// On the allow-list of "definitely not applied" errors: connection refused before anything
+    /// was sent, validation rejected upstream, precondition failed before any write.
+    NotApplied,
+    /// Anything else: the effect may or may not have happened.
+    Unknown,
+}
+
+/// A tool's failure.
+#[derive(Debug, Clone)]
+pub struct ToolError {
+    pub class: FailureClass,
+    pub message: String,
+    /// Whatever output the tool produced before failing.
+    pub observation: Option<Observation>,
+}
+
+impl ToolError {
+    /// A failure known to have changed nothing.
+    pub fn not_applied(message: impl Into<String>) -> Self {
+        Self {
+            class: FailureClass::NotApplied,
+            message: message.into(),
+            observation: None,
+        }
+    }
+
+    /// A failure whose effect is unknown.
+    pub fn unknown(message: impl Into<String>) -> Self {
+        Self {
+            class: FailureClass::Unknown,
+            message: message.into(),
+            observation: None,
+        }
+    }
+
+    pub fn with_observation(mut self, observation: Observation) -> Self {
+        self.observation = Some(observation);
+        self
+    }
+}
+
+/// A reconciliation probe's answer about an ambiguous call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProbeVerdict {
+    /// The call's postcondition holds: it was applied. The observation becomes a synthetic receipt.
+    Applied(Observation),
+    /// The world is as the pre-dispatch snapshot recorded: it was not applied.
+    Unchanged,
+    /// Anything else: a person must decide.
+    Indeterminate(String),
+}
+
+/// A tool the kernel can dispatch.
+#[async_trait]
+pub trait Tool: Send + Sync {
+    /// Runs the call with prepared arguments.
+    async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError>;
+
+    /// A nullipotent snapshot of the state the call will change, taken before dispatch and stored
+    /// in the journal for [`Tool::probe`]. Tools settled by probe implement it.
+    async fn snapshot(&self, _args: &Value) -> Option<Value> {
+        None
+    }
+
+    /// A nullipotent reconciliation probe for an ambiguous outcome.
+    async fn probe(&self, _args: &Value, _snapshot: Option<&Value>) -> ProbeVerdict {
+        ProbeVerdict::Indeterminate("this tool has no reconciliation probe".into())
+    }
+}
+
+struct FnTool<F>(F);
+
+#[async_trait]
+impl<F, Fut> Tool for FnTool<F>
+where
+    F: Fn(CallContext, Value) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<Observation, ToolError>> + Send,
+{
+    async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
+        (self.0)(ctx, args).await
+    }
+}
+
+/// Wraps an async function as a [`Tool`].
+pub fn tool_fn<F, Fut>(f: F) -> Arc<dyn Tool>
+where
+    F: Fn(CallContext, Value) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Observation, ToolError>> + Send + 'static,
+{
+    Arc::new(FnTool(f))
+}
