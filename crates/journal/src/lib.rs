@@ -9,16 +9,35 @@
 //! This crate owns the [`Journal`] trait, the state machine and the backends. It must never run a
 //! tool or decide authorization: it records and decides identity, nothing else.
 
+pub mod clock;
+mod decide;
+pub mod inspect;
+pub mod limits;
 pub mod machine;
+pub mod memo;
 pub mod memory;
 pub mod record;
+pub mod recovery;
+pub mod settle;
+pub mod sim;
+pub mod sqlite;
 
-pub use machine::{TransitionError, is_allowed};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use decide::decide_existing;
+pub use machine::{TransitionError, check, is_allowed};
 pub use memory::MemoryJournal;
 pub use record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
+pub use recovery::{Executor, RecoveryPolicy, RecoveryReport, drive, recover};
+pub use settle::{
+    DispatchOutcome, ErrorClass, ProbeVerdict, Settled, begin_dispatch, begin_reconcile,
+    compensate, record_outcome, settle,
+};
+pub use sim::{SimReport, run_simulation};
+pub use sqlite::{JournalReader, SqliteJournal, SqliteOptions};
 
 use async_trait::async_trait;
-use ring0_core::SemanticKey;
+use ring0_core::{Fingerprint, Observation, SemanticKey};
+use std::path::PathBuf;
 
 /// Errors of a journal backend. A proposal that fails with any of these was not recorded, and the
 /// caller must not dispatch (fail closed).
@@ -34,17 +53,42 @@ pub enum JournalError {
         expected: u64,
         actual: u64,
     },
+    #[error("intent {id} was dispatched {attempts} times, the most allowed")]
+    AttemptsExhausted { id: IntentId, attempts: u32 },
+    #[error("{what} is {bytes} bytes, more than the {max} allowed")]
+    TooLarge {
+        what: &'static str,
+        bytes: usize,
+        max: usize,
+    },
+    #[error("journal {path} is open for writing by another process{holder}")]
+    Locked { path: PathBuf, holder: String },
+    #[error("journal {path} is corrupt and was left untouched: {detail}")]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("journal storage is full ({0}); nothing was recorded")]
+    Full(String),
+    #[error("journal {path} has schema version {found}; this build knows up to {supported}")]
+    SchemaTooNew {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+    #[error("invalid proposal: {0}")]
+    Invalid(String),
+    #[error("the journal is closed")]
+    Closed,
     #[error("journal storage: {0}")]
     Storage(String),
 }
 
-/// The journal as the kernel sees it.
+/// The journal as the kernel sees it. Usable as `Arc<dyn Journal>`.
 #[async_trait]
 pub trait Journal: Send + Sync {
-    /// Proposes an intent; see [`ProposeDecision`] for the answers.
+    /// Proposes an intent; see [`ProposeDecision`] for the answers. Durable before it returns.
     async fn propose(&self, proposal: Proposal) -> Result<ProposeDecision, JournalError>;
 
     /// Moves a record to a new state if its fence still equals `transition.expected_fence`.
+    /// Durable before it returns.
     async fn transition(&self, transition: Transition) -> Result<IntentRecord, JournalError>;
 
     async fn get(&self, id: IntentId) -> Result<Option<IntentRecord>, JournalError>;
@@ -55,6 +99,29 @@ pub trait Journal: Send + Sync {
     /// Records in non-terminal states, oldest first: what recovery must re-examine.
     async fn open_records(&self) -> Result<Vec<IntentRecord>, JournalError>;
 
-    /// The most recent records, newest first, at most `limit`.
+    /// The most recent records, newest first, at most `limit` (and at most
+    /// [`limits::RECENT_LIMIT_MAX`]).
     async fn recent(&self, limit: usize) -> Result<Vec<IntentRecord>, JournalError>;
+
+    /// A memoized observation of a deterministic read with this fingerprint, stored at most
+    /// `max_age_ms` ago (see [`memo`]). Backends without memoization never have one.
+    async fn memo_get(
+        &self,
+        fingerprint: &Fingerprint,
+        max_age_ms: u64,
+    ) -> Result<Option<Observation>, JournalError> {
+        let _ = (fingerprint, max_age_ms);
+        Ok(None)
+    }
+
+    /// Stores an observation of a deterministic read. Returns whether it was stored (an
+    /// oversized observation, or a backend without memoization, stores nothing).
+    async fn memo_put(
+        &self,
+        fingerprint: &Fingerprint,
+        observation: &Observation,
+    ) -> Result<bool, JournalError> {
+        let _ = (fingerprint, observation);
+        Ok(false)
+    }
 }

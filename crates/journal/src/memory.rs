@@ -1,202 +1,148 @@
-//! An in-memory journal: the protocol without durability. For tests, benchmarks and hosts that
+//! An in-memory journal: the protocol without durability. For tests, the simulator and hosts that
 //! accept losing the log with the process.
+//!
+//! It stores records and three indexes (id, semantic key, content digest) and leaves every
+//! decision to [`crate::decide`], the code the durable backend runs too. The indexes are derived
+//! from the records alone ([`MemoryJournal::from_records`]), which is what P4 ("decisions from
+//! the log alone") asks of a backend.
 
-use crate::machine;
-use crate::record::{
-    CALL_IDS_PER_RECORD_MAX, IntentId, IntentRecord, Proposal, ProposeDecision, Transition,
-};
+use crate::clock::{Clock, SystemClock};
+use crate::decide::{self, Found, Write};
+use crate::limits::{MEMO_ENTRIES_MAX, RECENT_LIMIT_MAX};
+use crate::memo::{self, MemoEntry};
+use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 use crate::{Journal, JournalError};
 use async_trait::async_trait;
-use ring0_core::receipt::TimelineEntry;
-use ring0_core::{IntentState, SemanticKey};
+use ring0_core::{Fingerprint, Observation, SemanticKey};
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
-use uuid::Uuid;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::decide::decide_existing;
 
 #[derive(Default)]
 struct State {
     records: HashMap<IntentId, IntentRecord>,
     by_key: HashMap<SemanticKey, IntentId>,
+    by_content: HashMap<String, IntentId>,
     order: Vec<IntentId>,
+    memo: HashMap<Fingerprint, MemoEntry>,
 }
 
-/// The journal in a mutex. Decisions are the same as the durable backends'.
-#[derive(Default)]
+impl State {
+    fn store(&mut self, write: Write) {
+        match write {
+            Write::Insert(record) => {
+                if record.mutating {
+                    self.by_key.insert(record.semantic_key, record.id);
+                    self.by_content
+                        .insert(decide::record_content_digest(&record), record.id);
+                }
+                self.order.push(record.id);
+                self.records.insert(record.id, record);
+            }
+            Write::Update(record) => {
+                self.records.insert(record.id, record);
+            }
+        }
+    }
+}
+
+/// The journal in a mutex. Decisions are the same as the durable backend's.
 pub struct MemoryJournal {
     state: Mutex<State>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for MemoryJournal {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl MemoryJournal {
     pub fn new() -> Self {
-        Self::default()
+        Self::with_clock(Arc::new(SystemClock))
     }
-}
 
-/// Decides a proposal against the record already holding its key (shared by every backend).
-pub fn decide_existing(existing: &IntentRecord, proposal: &Proposal) -> Option<ProposeDecision> {
-    use IntentState::*;
-    if existing.semantic_key.version != proposal.semantic_key.version {
-        return Some(ProposeDecision::Conflict {
-            reason: format!(
-                "canonicalizer version {} differs from recorded version {}",
-                proposal.semantic_key.version, existing.semantic_key.version
-            ),
-            existing: Some(existing.clone()),
-        });
-    }
-    match existing.state {
-        Proposed | Recorded | Dispatched | Unknown | Reconciling => {
-            Some(ProposeDecision::Duplicate(existing.clone()))
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            clock,
         }
-        Acked => Some(ProposeDecision::Replay(existing.clone())),
-        // Definitely not applied: a new proposal may record it again.
-        Failed => None,
-        Compensated => Some(ProposeDecision::Conflict {
-            reason: "this intent was compensated; a new attempt needs a new epoch".into(),
-            existing: Some(existing.clone()),
-        }),
-        DeadLetter => Some(ProposeDecision::Conflict {
-            reason: "this intent awaits a person's settlement (DEAD_LETTER)".into(),
-            existing: Some(existing.clone()),
-        }),
-        RejectedDuplicate | RejectedConflict => None,
     }
-}
 
-fn push_call_id(record: &mut IntentRecord, call_id: &str) {
-    if record.call_ids.len() < CALL_IDS_PER_RECORD_MAX {
-        record.call_ids.push(call_id.to_string());
+    /// Rebuilds a journal from its records alone (in insertion order), as a restart would.
+    pub fn from_records(records: Vec<IntentRecord>, clock: Arc<dyn Clock>) -> Self {
+        let journal = Self::with_clock(clock);
+        {
+            let mut st = journal.lock();
+            for record in records {
+                st.store(Write::Insert(record));
+            }
+        }
+        journal
+    }
+
+    /// Every record, in insertion order: the log a restart starts from.
+    pub fn records(&self) -> Vec<IntentRecord> {
+        let st = self.lock();
+        st.order
+            .iter()
+            .filter_map(|id| st.records.get(id))
+            .cloned()
+            .collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-applied write: every write is one
+        // map insertion of a fully built record.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 #[async_trait]
 impl Journal for MemoryJournal {
     async fn propose(&self, p: Proposal) -> Result<ProposeDecision, JournalError> {
-        let mut st = self.state.lock().expect("journal mutex");
-        if let Some(id) = p.intent_id
-            && let Some(existing) = st.records.get(&id)
-            && existing.semantic_key != p.semantic_key
-        {
-            return Ok(ProposeDecision::Conflict {
-                reason: format!(
-                    "intent id {id} is bound to semantic key {}, not {}",
-                    existing.semantic_key, p.semantic_key
-                ),
-                existing: Some(existing.clone()),
-            });
-        }
-        if p.mutating
-            && let Some(id) = st.by_key.get(&p.semantic_key).copied()
-        {
-            let existing = st.records.get_mut(&id).expect("indexed record exists");
-            push_call_id(existing, &p.call_id);
-            if let Some(decision) = decide_existing(existing, &p) {
-                return Ok(decision);
-            }
-            if existing.state == IntentState::Failed {
-                machine::check(existing.state, IntentState::Recorded)?;
-                existing.state = IntentState::Recorded;
-                existing.fence += 1;
-                existing.receipt = None;
-                existing.timeline.push(TimelineEntry {
-                    state: IntentState::Recorded,
-                    at_ms: now_ms(),
-                    note: Some("re-proposed after a definite failure".into()),
-                });
-                return Ok(ProposeDecision::Recorded(existing.clone()));
-            }
-        }
-        let id = p.intent_id.unwrap_or_else(Uuid::now_v7);
-        let at = now_ms();
-        let record = IntentRecord {
-            id,
-            idempotency_key: p.semantic_key.idempotency_key(p.attempt_epoch),
-            semantic_key: p.semantic_key,
-            scope: p.scope,
-            attempt_epoch: p.attempt_epoch,
-            tool: p.tool,
-            canonical_args: p.canonical_args,
-            call_ids: vec![p.call_id],
-            mutating: p.mutating,
-            fence: 1,
-            attempts: 0,
-            state: IntentState::Recorded,
-            timeline: vec![
-                TimelineEntry {
-                    state: IntentState::Proposed,
-                    at_ms: at,
-                    note: None,
-                },
-                TimelineEntry {
-                    state: IntentState::Recorded,
-                    at_ms: at,
-                    note: None,
-                },
-            ],
-            receipt: None,
-            snapshot: None,
+        let mut st = self.lock();
+        let by_id = p.intent_id.and_then(|id| st.records.get(&id));
+        let (by_key, by_content) = if p.mutating {
+            (
+                st.by_key
+                    .get(&p.semantic_key)
+                    .and_then(|id| st.records.get(id)),
+                st.by_content
+                    .get(&decide::proposal_content_digest(&p))
+                    .and_then(|id| st.records.get(id)),
+            )
+        } else {
+            (None, None)
         };
-        if record.mutating {
-            st.by_key.insert(record.semantic_key, id);
+        let found = Found {
+            by_id,
+            by_key,
+            by_content,
+        };
+        let plan = decide::plan_propose(&p, found, self.clock.now_ms(), || self.clock.new_id())?;
+        if let Some(write) = plan.write {
+            st.store(write);
         }
-        st.order.push(id);
-        st.records.insert(id, record.clone());
-        Ok(ProposeDecision::Recorded(record))
+        Ok(plan.decision)
     }
 
     async fn transition(&self, t: Transition) -> Result<IntentRecord, JournalError> {
-        let mut st = self.state.lock().expect("journal mutex");
-        let record = st
-            .records
-            .get_mut(&t.id)
-            .ok_or(JournalError::NotFound(t.id))?;
-        if record.fence != t.expected_fence {
-            return Err(JournalError::StaleFence {
-                id: t.id,
-                expected: t.expected_fence,
-                actual: record.fence,
-            });
-        }
-        machine::check(record.state, t.to)?;
-        record.state = t.to;
-        record.fence += 1;
-        if t.to == IntentState::Dispatched {
-            record.attempts += 1;
-        }
-        if t.receipt.is_some() {
-            record.receipt = t.receipt;
-        }
-        if t.snapshot.is_some() {
-            record.snapshot = t.snapshot;
-        }
-        record.timeline.push(TimelineEntry {
-            state: t.to,
-            at_ms: now_ms(),
-            note: t.note,
-        });
-        Ok(record.clone())
+        let mut st = self.lock();
+        let record = st.records.get(&t.id).ok_or(JournalError::NotFound(t.id))?;
+        let next = decide::plan_transition(record, &t, self.clock.now_ms())?;
+        st.store(Write::Update(next.clone()));
+        Ok(next)
     }
 
     async fn get(&self, id: IntentId) -> Result<Option<IntentRecord>, JournalError> {
-        Ok(self
-            .state
-            .lock()
-            .expect("journal mutex")
-            .records
-            .get(&id)
-            .cloned())
+        Ok(self.lock().records.get(&id).cloned())
     }
 
     async fn find_by_key(&self, key: &SemanticKey) -> Result<Option<IntentRecord>, JournalError> {
-        let st = self.state.lock().expect("journal mutex");
+        let st = self.lock();
         Ok(st
             .by_key
             .get(key)
@@ -205,7 +151,7 @@ impl Journal for MemoryJournal {
     }
 
     async fn open_records(&self) -> Result<Vec<IntentRecord>, JournalError> {
-        let st = self.state.lock().expect("journal mutex");
+        let st = self.lock();
         Ok(st
             .order
             .iter()
@@ -216,14 +162,44 @@ impl Journal for MemoryJournal {
     }
 
     async fn recent(&self, limit: usize) -> Result<Vec<IntentRecord>, JournalError> {
-        let st = self.state.lock().expect("journal mutex");
+        let st = self.lock();
         Ok(st
             .order
             .iter()
             .rev()
-            .take(limit)
+            .take(limit.min(RECENT_LIMIT_MAX))
             .filter_map(|id| st.records.get(id))
             .cloned()
             .collect())
+    }
+
+    async fn memo_get(
+        &self,
+        fingerprint: &Fingerprint,
+        max_age_ms: u64,
+    ) -> Result<Option<Observation>, JournalError> {
+        let st = self.lock();
+        Ok(st
+            .memo
+            .get(fingerprint)
+            .and_then(|entry| entry.serve(self.clock.now_ms(), max_age_ms)))
+    }
+
+    async fn memo_put(
+        &self,
+        fingerprint: &Fingerprint,
+        observation: &Observation,
+    ) -> Result<bool, JournalError> {
+        let Some(entry) = MemoEntry::new(observation, self.clock.now_ms()) else {
+            return Ok(false);
+        };
+        let mut st = self.lock();
+        if !st.memo.contains_key(fingerprint) && st.memo.len() >= MEMO_ENTRIES_MAX {
+            if let Some(oldest) = memo::oldest(st.memo.iter().map(|(fp, e)| (*fp, e.stored_ms))) {
+                st.memo.remove(&oldest);
+            }
+        }
+        st.memo.insert(*fingerprint, entry);
+        Ok(true)
     }
 }

@@ -116,3 +116,41 @@ pub enum ProposeDecision {
         existing: Option<IntentRecord>,
     },
 }
+
+impl IntentRecord {
+    /// SHA-256 (hex) of the canonical arguments: how the durable backend names spilled arguments.
+    pub fn args_sha256(&self) -> String {
+        crate::decide::sha256_hex(self.canonical_args.as_bytes())
+    }
+
+    /// The call id of the latest proposal of this intent.
+    pub fn last_call_id(&self) -> &str {
+        self.call_ids.last().map_or("", String::as_str)
+    }
+
+    /// The state this record entered before the current one, if any.
+    pub fn previous_state(&self) -> Option<ring0_core::IntentState> {
+        let n = self.timeline.len();
+        (n >= 2).then(|| self.timeline[n - 2].state)
+    }
+}
+
+impl ProposeDecision {
+    /// The record the decision is about, if any.
+    pub fn record(&self) -> Option<&IntentRecord> {
+        match self {
+            Self::Recorded(r) | Self::Duplicate(r) | Self::Replay(r) => Some(r),
+            Self::Conflict { existing, .. } => existing.as_ref(),
+        }
+    }
+
+    /// The decision's name as it appears in receipts and listings.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Recorded(_) => "recorded",
+            Self::Duplicate(_) => "duplicate",
+            Self::Replay(_) => "replay",
+            Self::Conflict { .. } => "conflict",
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! The decisions every backend shares.
+//!
+//! A backend only stores records and finds them by id, by semantic key and by content; what a
+//! proposal or a transition *means* is decided here, by pure functions over the records found.
+//! That is how [`crate::MemoryJournal`] and [`crate::SqliteJournal`] give the same answers, and
+//! how "delete every in-memory structure and reopen the log" gives the same decisions (P4): the
+//! inputs of these functions are rows of the log, nothing else.
+
+use crate::JournalError;
+use crate::limits::{
+    ARGS_BYTES_MAX, ATTEMPTS_MAX, NOTE_BYTES_MAX, RECEIPT_BYTES_MAX, SCOPE_BYTES_MAX,
+    SNAPSHOT_BYTES_MAX,
+};
+use crate::machine;
+use crate::record::{
+    CALL_IDS_PER_RECORD_MAX, IntentId, IntentRecord, Proposal, ProposeDecision, Transition,
+};
+use ring0_core::IntentState;
+use ring0_core::limits::{CALL_ID_BYTES_MAX, TOOL_NAME_BYTES_MAX};
+use ring0_core::receipt::TimelineEntry;
+use sha2::{Digest, Sha256};
+
+/// SHA-256 of a byte string as lowercase hex.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// A version-independent digest of what an intent *is*: tool, scope, epoch and canonical
+/// arguments. Two proposals with equal content digests but semantic keys of different
+/// canonicalizer versions are the same intent seen through two canonicalizers: a conflict, never
+/// a second record.
+pub(crate) fn content_digest(tool: &str, scope: &str, epoch: u64, canonical_args: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"ring0-content\0");
+    h.update(tool.as_bytes());
+    h.update([0]);
+    h.update(scope.as_bytes());
+    h.update([0]);
+    h.update(epoch.to_be_bytes());
+    h.update(canonical_args.as_bytes());
+    let mut out = String::with_capacity(64);
+    for b in h.finalize() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+pub(crate) fn record_content_digest(r: &IntentRecord) -> String {
+    content_digest(&r.tool, &r.scope, r.attempt_epoch, &r.canonical_args)
+}
+
+pub(crate) fn proposal_content_digest(p: &Proposal) -> String {
+    content_digest(&p.tool, &p.scope, p.attempt_epoch, &p.canonical_args)
+}
+
+/// Refuses a proposal that exceeds a limit, before anything is looked up or written.
+pub(crate) fn validate_proposal(p: &Proposal) -> Result<(), JournalError> {
+    let too_large = |what: &'static str, bytes: usize, max: usize| {
+        if bytes > max {
+            Err(JournalError::TooLarge { what, bytes, max })
+        } else {
+            Ok(())
+        }
+    };
+    too_large(
+        "canonical arguments",
+        p.canonical_args.len(),
+        ARGS_BYTES_MAX,
+    )?;
+    too_large("scope", p.scope.len(), SCOPE_BYTES_MAX)?;
+    too_large("tool name", p.tool.len(), TOOL_NAME_BYTES_MAX)?;
+    too_large("call id", p.call_id.len(), CALL_ID_BYTES_MAX)?;
+    if i64::try_from(p.attempt_epoch).is_err() {
+        return Err(JournalError::Invalid(format!(
+            "attempt epoch {} is above 2^63-1",
+            p.attempt_epoch
+        )));
+    }
+    Ok(())
+}
+
+/// What a backend must store after a decision.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Write {
+    /// A new record: index it by id, and (when mutating) by semantic key and content digest.
+    Insert(IntentRecord),
+    /// An existing record, changed (state, fence, timeline or call ids).
+    Update(IntentRecord),
+}
+
+/// A decision and the write that makes it durable.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ProposePlan {
+    pub decision: ProposeDecision,
+    pub write: Option<Write>,
+}
+
+/// The records a backend found for a proposal.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Found<'a> {
+    /// The record with the host-supplied intent id, if the proposal carries one.
+    pub by_id: Option<&'a IntentRecord>,
+    /// The current mutating record holding the proposal's semantic key.
+    pub by_key: Option<&'a IntentRecord>,
+    /// The current mutating record with the proposal's content digest (any key version).
+    pub by_content: Option<&'a IntentRecord>,
+}
+
+/// Decides a proposal against the record already holding its key (shared by every backend).
+/// `None` means the existing record does not stand in the way: a failed record may be recorded
+/// again, and a rejected one is replaced by a new record.
+pub fn decide_existing(existing: &IntentRecord, proposal: &Proposal) -> Option<ProposeDecision> {
+    use IntentState::*;
+    if existing.semantic_key.version != proposal.semantic_key.version {
+        return Some(ProposeDecision::Conflict {
+            reason: format!(
+                "canonicalizer version {} differs from recorded version {}",
+                proposal.semantic_key.version, existing.semantic_key.version
+            ),
+            existing: Some(existing.clone()),
+        });
+    }
+    match existing.state {
+        Proposed | Recorded | Dispatched | Unknown | Reconciling => {
+            Some(ProposeDecision::Duplicate(existing.clone()))
+        }
+        Acked => Some(ProposeDecision::Replay(existing.clone())),
+        // Definitely not applied: a new proposal may record it again, within the attempt budget.
+        Failed if existing.attempts >= ATTEMPTS_MAX => Some(ProposeDecision::Conflict {
+            reason: format!(
+                "this intent failed {} times (the most allowed); a new attempt needs a new epoch",
+                existing.attempts
+            ),
+            existing: Some(existing.clone()),
+        }),
+        Failed => None,
+        Compensated => Some(ProposeDecision::Conflict {
+            reason: "this intent was compensated; a new attempt needs a new epoch".into(),
+            existing: Some(existing.clone()),
+        }),
+        DeadLetter => Some(ProposeDecision::Conflict {
+            reason: "this intent awaits a person's settlement (DEAD_LETTER)".into(),
+            existing: Some(existing.clone()),
+        }),
+        RejectedDuplicate | RejectedConflict => None,
+    }
+}
+
+/// Names every field in which a proposal differs from the record bound to its intent id.
+fn describe_difference(existing: &IntentRecord, p: &Proposal) -> String {
+    let mut parts = Vec::new();
+    if existing.semantic_key.version != p.semantic_key.version {
+        parts.push(format!(
+            "canonicalizer version {} differs from recorded version {}",
+            p.semantic_key.version, existing.semantic_key.version
+        ));
+    }
+    if existing.tool != p.tool {
+        parts.push(format!(
+            "tool {:?} differs from recorded {:?}",
+            p.tool, existing.tool
+        ));
+    }
+    if existing.scope != p.scope {
+        parts.push(format!(
+            "scope {:?} differs from recorded {:?}",
+            p.scope, existing.scope
+        ));
+    }
+    if existing.attempt_epoch != p.attempt_epoch {
+        parts.push(format!(
+            "epoch {} differs from recorded {}",
+            p.attempt_epoch, existing.attempt_epoch
+        ));
+    }
+    if existing.canonical_args != p.canonical_args {
+        parts.push("prepared arguments differ from the recorded ones".into());
+    }
+    if parts.is_empty() {
+        parts.push(format!(
+            "semantic key {} differs from recorded {}",
+            p.semantic_key, existing.semantic_key
+        ));
+    }
+    format!(
+        "intent id {} is bound to another intent: {}",
+        existing.id,
+        parts.join("; ")
+    )
+}
+
+fn push_call_id(record: &mut IntentRecord, call_id: &str) -> bool {
+    if record.call_ids.len() < CALL_IDS_PER_RECORD_MAX {
+        record.call_ids.push(call_id.to_string());
+        true
+    } else {
+        false
+    }
+}
+
+/// Cuts a note to [`NOTE_BYTES_MAX`] on a character boundary, saying how much was cut.
+pub(crate) fn bound_note(note: Option<String>) -> Option<String> {
+    let note = note?;
+    if note.len() <= NOTE_BYTES_MAX {
+        return Some(note);
+    }
+    let mut cut = NOTE_BYTES_MAX;
+    while !note.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Some(format!(
+        "{}… [{} bytes cut]",
+        &note[..cut],
+        note.len() - cut
+    ))
+}
+
+/// Decides a proposal. `new_id` is called only when a new record is created.
+pub(crate) fn plan_propose(
+    p: &Proposal,
+    found: Found<'_>,
+    now_ms: u64,
+    new_id: impl FnOnce() -> IntentId,
+) -> Result<ProposePlan, JournalError> {
+    validate_proposal(p)?;
+    let no_write = |decision| {
+        Ok(ProposePlan {
+            decision,
+            write: None,
+        })
+    };
+    if let Some(bound) = found.by_id {
+        if bound.semantic_key != p.semantic_key {
+            return no_write(ProposeDecision::Conflict {
+                reason: describe_difference(bound, p),
+                existing: Some(bound.clone()),
+            });
+        }
+        if !p.mutating || !bound.mutating {
+            return no_write(ProposeDecision::Conflict {
+                reason: format!(
+                    "intent id {} is already recorded; a read is proposed under a new id",
+                    bound.id
+                ),
+                existing: Some(bound.clone()),
+            });
+        }
+    }
+    if p.mutating {
+        if let Some(existing) = found.by_key {
+            let mut updated = existing.clone();
+            let pushed = push_call_id(&mut updated, &p.call_id);
+            let write = pushed.then(|| Write::Update(updated.clone()));
+            if let Some(decision) = decide_existing(&updated, p) {
+                return Ok(ProposePlan { decision, write });
+            }
+            if updated.state == IntentState::Failed {
+                machine::check(IntentState::Failed, IntentState::Recorded)?;
+                updated.state = IntentState::Recorded;
+                updated.fence += 1;
+                updated.receipt = None;
+                updated.timeline.push(TimelineEntry {
+                    state: IntentState::Recorded,
+                    at_ms: now_ms,
+                    note: Some("re-proposed after a definite failure".into()),
+                });
+                return Ok(ProposePlan {
+                    decision: ProposeDecision::Recorded(updated.clone()),
+                    write: Some(Write::Update(updated)),
+                });
+            }
+            // A rejected record does not stand in the way: a new record replaces it below.
+        } else if let Some(other) = found.by_content
+            && other.semantic_key.version != p.semantic_key.version
+            && !matches!(
+                other.state,
+                IntentState::RejectedConflict | IntentState::RejectedDuplicate
+            )
+        {
+            return no_write(ProposeDecision::Conflict {
+                reason: format!(
+                    "the same intent is recorded under canonicalizer version {}; this proposal \
+                     uses version {}, and keys of different versions are never merged",
+                    other.semantic_key.version, p.semantic_key.version
+                ),
+                existing: Some(other.clone()),
+            });
+        }
+    }
+    if let Some(bound) = found.by_id {
+        // The host's id names a record that was rejected (cancelled); ids are never reused.
+        return no_write(ProposeDecision::Conflict {
+            reason: format!(
+                "intent id {} ended {}; propose the intent again under a new id",
+                bound.id, bound.state
+            ),
+            existing: Some(bound.clone()),
+        });
+    }
+    let id = p.intent_id.unwrap_or_else(new_id);
+    let record = IntentRecord {
+        id,
+        idempotency_key: p.semantic_key.idempotency_key(p.attempt_epoch),
+        semantic_key: p.semantic_key,
+        scope: p.scope.clone(),
+        attempt_epoch: p.attempt_epoch,
+        tool: p.tool.clone(),
+        canonical_args: p.canonical_args.clone(),
+        call_ids: vec![p.call_id.clone()],
+        mutating: p.mutating,
+        fence: 1,
+        attempts: 0,
+        state: IntentState::Recorded,
+        timeline: vec![
+            TimelineEntry {
+                state: IntentState::Proposed,
+                at_ms: now_ms,
+                note: None,
+            },
+            TimelineEntry {
+                state: IntentState::Recorded,
+                at_ms: now_ms,
+                note: None,
+            },
+        ],
+        receipt: None,
+        snapshot: None,
+    };
+    Ok(ProposePlan {
+        decision: ProposeDecision::Recorded(record.clone()),
+        write: Some(Write::Insert(record)),
+    })
+}
+
+/// Applies a compare-and-set transition to a record, returning the changed record.
+pub(crate) fn plan_transition(
+    record: &IntentRecord,
+    t: &Transition,
+    now_ms: u64,
+) -> Result<IntentRecord, JournalError> {
+    if record.fence != t.expected_fence {
+        return Err(JournalError::StaleFence {
+            id: t.id,
+            expected: t.expected_fence,
+            actual: record.fence,
+        });
+    }
+    machine::check(record.state, t.to)?;
+    if t.to == IntentState::Dispatched && record.attempts >= ATTEMPTS_MAX {
+        return Err(JournalError::AttemptsExhausted {
+            id: record.id,
+            attempts: record.attempts,
+        });
+    }
+    if let Some(snapshot) = &t.snapshot {
+        let bytes = serde_json::to_string(snapshot).map_or(usize::MAX, |s| s.len());
+        if bytes > SNAPSHOT_BYTES_MAX {
+            return Err(JournalError::TooLarge {
+                what: "pre-dispatch snapshot",
+                bytes,
+                max: SNAPSHOT_BYTES_MAX,
+            });
+        }
+    }
+    if let Some(receipt) = &t.receipt {
+        let bytes = serde_json::to_string(receipt).map_or(usize::MAX, |s| s.len());
+        if bytes > RECEIPT_BYTES_MAX {
+            return Err(JournalError::TooLarge {
+                what: "receipt",
+                bytes,
+                max: RECEIPT_BYTES_MAX,
+            });
+        }
+    }
+    let mut next = record.clone();
+    next.state = t.to;
+    next.fence += 1;
+    if t.to == IntentState::Dispatched {
+        next.attempts += 1;
+    }
+    if t.to == IntentState::Recorded {
+        // Open again: whatever receipt an earlier attempt left no longer describes the record.
+        next.receipt = None;
+    }
+    if t.receipt.is_some() {
+        next.receipt = t.receipt.clone();
+    }
+    if t.snapshot.is_some() {
+        next.snapshot = t.snapshot.clone();
+    }
+    next.timeline.push(TimelineEntry {
+        state: t.to,
+        at_ms: now_ms,
+        note: bound_note(t.note.clone()),
+    });
+    Ok(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_notes_are_cut_with_a_marker_on_a_char_boundary() {
+        let note = "é".repeat(NOTE_BYTES_MAX);
+        let cut = bound_note(Some(note.clone())).unwrap();
+        assert!(cut.len() < note.len());
+        assert!(cut.ends_with(&format!("[{} bytes cut]", note.len() - NOTE_BYTES_MAX)));
+    }
+
+    #[test]
+    fn content_digest_separates_every_field() {
+        let base = content_digest("t", "s", 0, "{}");
+        assert_ne!(base, content_digest("u", "s", 0, "{}"));
+        assert_ne!(base, content_digest("t", "r", 0, "{}"));
+        assert_ne!(base, content_digest("t", "s", 1, "{}"));
+        assert_ne!(base, content_digest("t", "s", 0, "[]"));
+        // The separator keeps "ab"+"c" apart from "a"+"bc".
+        assert_ne!(
+            content_digest("ab", "c", 0, ""),
+            content_digest("a", "bc", 0, "")
+        );
+    }
+}

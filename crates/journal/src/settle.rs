@@ -1,0 +1,297 @@
+//! Settlement: what an outcome means, and how an ambiguous one is resolved.
+//!
+//! The kernel calls these functions around every dispatch; recovery calls them for records a
+//! crash left open. Each is a short sequence of compare-and-set transitions through the
+//! [`Journal`] trait, so they work the same on every backend.
+//!
+//! - [`begin_dispatch`]: RECORDED → DISPATCHED, storing the pre-dispatch snapshot.
+//! - [`record_outcome`]: DISPATCHED → ACKED on success; FAILED only for the errors on the
+//!   "definitely not applied" allow-list ([`ErrorClass::definitely_not_applied`]); UNKNOWN for
+//!   everything else (timeouts, connection loss after send, stream aborts, unknown errors).
+//! - [`settle`]: UNKNOWN → RECONCILING → by the tool's [`Settlement`]:
+//!   `IdempotencyKey` → DISPATCHED again with the *same* stored key (the provider deduplicates);
+//!   `Probe` → the nullipotent probe's verdict decides: postcondition holds → ACKED with a
+//!   synthetic receipt; unchanged since the snapshot → RECORDED (safe to dispatch); anything
+//!   else → DEAD_LETTER; `None` → DEAD_LETTER for a person.
+//! - [`compensate`]: a declared compensating action undid an effect → COMPENSATED.
+//!
+//! There is no path from UNKNOWN to a fresh dispatch: the state machine refuses it, and nothing
+//! here takes a model's proposal as input.
+//!
+//! A probe's "unchanged" verdict is only sound once the original request can no longer land (the
+//! executor's timeout cancelled it, or the connection closed before the provider acted). Tools
+//! whose providers may apply a request late must not declare `Probe`.
+
+use crate::limits::ATTEMPTS_MAX;
+use crate::record::{IntentRecord, Transition};
+use crate::{Journal, JournalError};
+use ring0_core::receipt::{CallOutcome, Disposition, Timing};
+use ring0_core::{IntentState, Observation, Receipt, Settlement};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// How a dispatch failed, as far as the executor can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    /// The connection was refused before a byte of the request was sent.
+    ConnectionRefused,
+    /// The upstream rejected the request as invalid before acting on it (a validation error).
+    RejectedUpstream,
+    /// No answer within the deadline; the request may or may not have been applied.
+    Timeout,
+    /// The connection broke after the request was sent.
+    ConnectionLost,
+    /// The response stream ended early.
+    StreamAborted,
+    /// Anything the executor cannot classify.
+    Other,
+}
+
+impl ErrorClass {
+    /// The allow-list of errors after which the effect is known not to have happened.
+    pub const DEFINITELY_NOT_APPLIED: [ErrorClass; 2] =
+        [ErrorClass::ConnectionRefused, ErrorClass::RejectedUpstream];
+
+    /// Whether this error is on the "definitely not applied" allow-list.
+    pub fn definitely_not_applied(self) -> bool {
+        Self::DEFINITELY_NOT_APPLIED.contains(&self)
+    }
+}
+
+/// What an executor reports for one dispatch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DispatchOutcome {
+    /// The tool answered: the effect (if any) is applied.
+    Applied(Receipt),
+    /// The tool failed; `class` decides between FAILED and UNKNOWN.
+    Failed { class: ErrorClass, receipt: Receipt },
+}
+
+impl DispatchOutcome {
+    /// The state this outcome settles a DISPATCHED record in.
+    pub fn state(&self) -> IntentState {
+        match self {
+            Self::Applied(_) => IntentState::Acked,
+            Self::Failed { class, .. } if class.definitely_not_applied() => IntentState::Failed,
+            Self::Failed { .. } => IntentState::Unknown,
+        }
+    }
+}
+
+/// A reconciliation probe's verdict about one UNKNOWN intent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum ProbeVerdict {
+    /// The intended effect is visible: it happened.
+    PostconditionHolds {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        evidence: Option<Value>,
+    },
+    /// The world is as the pre-dispatch snapshot recorded it: the effect did not happen.
+    Unchanged,
+    /// Anything else (partly applied, changed by someone else, probe failed): a person decides.
+    Diverged { detail: String },
+}
+
+/// Where settlement left an UNKNOWN record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settled {
+    /// DISPATCHED again with the same idempotency key: dispatch it now, then [`record_outcome`].
+    Redispatch(IntentRecord),
+    /// ACKED with a synthetic receipt: the probe saw the effect.
+    Acked(IntentRecord),
+    /// RECORDED: the probe saw no effect; dispatching is safe ([`begin_dispatch`]).
+    Resumable(IntentRecord),
+    /// DEAD_LETTER: a person settles it.
+    DeadLetter(IntentRecord),
+}
+
+impl Settled {
+    pub fn record(&self) -> &IntentRecord {
+        match self {
+            Self::Redispatch(r) | Self::Acked(r) | Self::Resumable(r) | Self::DeadLetter(r) => r,
+        }
+    }
+
+    pub fn into_record(self) -> IntentRecord {
+        match self {
+            Self::Redispatch(r) | Self::Acked(r) | Self::Resumable(r) | Self::DeadLetter(r) => r,
+        }
+    }
+}
+
+/// RECORDED → DISPATCHED, storing the pre-dispatch snapshot a probe will compare against.
+/// Call it, and let it succeed, before the executor is touched.
+pub async fn begin_dispatch(
+    journal: &dyn Journal,
+    recorded: &IntentRecord,
+    snapshot: Option<Value>,
+) -> Result<IntentRecord, JournalError> {
+    journal
+        .transition(Transition::to(recorded, IntentState::Dispatched).snapshot(snapshot))
+        .await
+}
+
+/// DISPATCHED → ACKED | FAILED | UNKNOWN from the executor's outcome. The stored receipt carries
+/// the intent's identity and the state it settled in.
+pub async fn record_outcome(
+    journal: &dyn Journal,
+    dispatched: &IntentRecord,
+    outcome: DispatchOutcome,
+) -> Result<IntentRecord, JournalError> {
+    let to = outcome.state();
+    let (mut receipt, note) = match outcome {
+        DispatchOutcome::Applied(receipt) => (receipt, None),
+        DispatchOutcome::Failed { class, receipt } => (
+            receipt,
+            Some(if class.definitely_not_applied() {
+                format!("{class:?}: definitely not applied")
+            } else {
+                format!("{class:?}: outcome unknown")
+            }),
+        ),
+    };
+    stamp(&mut receipt, dispatched, to);
+    let mut t = Transition::to(dispatched, to).receipt(receipt);
+    t.note = note;
+    journal.transition(t).await
+}
+
+/// UNKNOWN → RECONCILING; a record already RECONCILING (recovery after a crash mid-probe) is
+/// returned as it is.
+pub async fn begin_reconcile(
+    journal: &dyn Journal,
+    record: &IntentRecord,
+) -> Result<IntentRecord, JournalError> {
+    if record.state == IntentState::Reconciling {
+        return Ok(record.clone());
+    }
+    journal
+        .transition(Transition::to(record, IntentState::Reconciling))
+        .await
+}
+
+/// Settles an UNKNOWN (or RECONCILING) record by the tool's settlement kind and, for `Probe`,
+/// the probe's verdict (run the probe after [`begin_reconcile`], never before dispatch is over).
+pub async fn settle(
+    journal: &dyn Journal,
+    record: &IntentRecord,
+    kind: Settlement,
+    verdict: Option<ProbeVerdict>,
+) -> Result<Settled, JournalError> {
+    let r = begin_reconcile(journal, record).await?;
+    let to = |state| Transition::to(&r, state);
+    let dead = |note: String| {
+        let t = Transition::to(&r, IntentState::DeadLetter).note(note);
+        async move { journal.transition(t).await.map(Settled::DeadLetter) }
+    };
+    let exhausted = r.attempts >= ATTEMPTS_MAX;
+    match kind {
+        Settlement::IdempotencyKey if exhausted => {
+            dead(format!("dispatched {} times, the most allowed", r.attempts)).await
+        }
+        Settlement::IdempotencyKey => {
+            let note = format!(
+                "re-dispatch with the same idempotency key {}",
+                r.idempotency_key
+            );
+            let d = journal
+                .transition(to(IntentState::Dispatched).note(note))
+                .await?;
+            Ok(Settled::Redispatch(d))
+        }
+        Settlement::Probe => match verdict {
+            Some(ProbeVerdict::PostconditionHolds { evidence }) => {
+                let mut receipt = synthetic_receipt(&r, evidence);
+                stamp(&mut receipt, &r, IntentState::Acked);
+                let t = to(IntentState::Acked)
+                    .note("probe: postcondition holds")
+                    .receipt(receipt);
+                journal.transition(t).await.map(Settled::Acked)
+            }
+            Some(ProbeVerdict::Unchanged) if r.snapshot.is_none() => {
+                dead("probe said unchanged, but no pre-dispatch snapshot was recorded".into()).await
+            }
+            Some(ProbeVerdict::Unchanged) if exhausted => {
+                dead(format!("dispatched {} times, the most allowed", r.attempts)).await
+            }
+            Some(ProbeVerdict::Unchanged) => {
+                let t = to(IntentState::Recorded).note("probe: unchanged since the snapshot");
+                journal.transition(t).await.map(Settled::Resumable)
+            }
+            Some(ProbeVerdict::Diverged { detail }) => dead(format!("probe: {detail}")).await,
+            None => dead("settlement = probe, but no probe verdict was given".into()).await,
+        },
+        Settlement::None => dead("settlement = none: a person decides".into()).await,
+    }
+}
+
+/// A declared compensating action undid the effect of an ACKED (or unsettled) intent.
+pub async fn compensate(
+    journal: &dyn Journal,
+    record: &IntentRecord,
+    receipt: Option<Receipt>,
+    note: &str,
+) -> Result<IntentRecord, JournalError> {
+    let mut t = Transition::to(record, IntentState::Compensated).note(note);
+    t.receipt = receipt;
+    journal.transition(t).await
+}
+
+/// The receipt of an intent whose effect a probe confirmed: no observation of the original call
+/// survives, so it says what is known and how.
+pub fn synthetic_receipt(record: &IntentRecord, evidence: Option<Value>) -> Receipt {
+    let mut structured = json!({"reconciled": true, "by": "probe"});
+    if let Some(evidence) = evidence {
+        structured["evidence"] = evidence;
+    }
+    Receipt {
+        call_id: record.last_call_id().to_string(),
+        index: 0,
+        tool: record.tool.clone(),
+        intent_id: None,
+        semantic_key: None,
+        idempotency_key: None,
+        state: None,
+        revision: 0,
+        timeline: Vec::new(),
+        disposition: Disposition::Recovered,
+        outcome: CallOutcome::Completed {
+            observation: Observation {
+                text: "The effect was confirmed by a reconciliation probe after an ambiguous \
+                       outcome; the original response was lost."
+                    .into(),
+                structured: Some(structured),
+                is_error: false,
+                ..Observation::default()
+            },
+        },
+        timing: Timing::default(),
+    }
+}
+
+/// Fills a receipt's identity from the record it settles.
+fn stamp(receipt: &mut Receipt, record: &IntentRecord, state: IntentState) {
+    receipt.intent_id = Some(record.id.to_string());
+    receipt.semantic_key = Some(record.semantic_key);
+    receipt.idempotency_key = Some(record.idempotency_key.clone());
+    receipt.state = Some(state);
+    receipt.revision = record.fence + 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_allow_listed_errors_mean_not_applied() {
+        use ErrorClass::*;
+        for class in [ConnectionRefused, RejectedUpstream] {
+            assert!(class.definitely_not_applied());
+        }
+        for class in [Timeout, ConnectionLost, StreamAborted, Other] {
+            assert!(!class.definitely_not_applied());
+        }
+    }
+}

@@ -1,0 +1,1004 @@
+//! The durable embedded backend: one SQLite file per journal.
+//!
+//! - **Durability.** WAL mode with `synchronous=FULL`: a proposal or transition returns only after
+//!   its transaction is fsynced. A caller that gets an error must not dispatch (fail closed).
+//! - **Group commit.** One writer thread owns the only write connection. It takes every request
+//!   waiting at the moment (up to [`GROUP_COMMIT_BATCH_MAX`]) and decides them all in one
+//!   transaction — one fsync for the batch — each inside its own savepoint, so one refused request
+//!   does not undo the others. Replies go out after the commit.
+//! - **Concurrent readers.** Reads run on a small pool of reader threads with their own
+//!   connections; WAL lets them read while the writer commits.
+//! - **One writer process.** An exclusive `flock` on `<db>.lock` is held while the journal is
+//!   open; a second process (or a second open in this one) gets [`JournalError::Locked`]. The OS
+//!   drops the lock when the process dies, so a crashed host never blocks its successor.
+//! - **Corruption is reported, never repaired.** A file that is not a SQLite database, fails
+//!   `quick_check`, belongs to another application or has a newer schema is refused with a clear
+//!   error and left as it is.
+//! - **Full disk fails closed.** `SQLITE_FULL` (a full disk or the configured size quota) refuses
+//!   the proposal with [`JournalError::Full`]; nothing is recorded, so nothing is dispatched.
+//! - **Large arguments** (over [`ARGS_INLINE_BYTES_MAX`]) are written, fsynced, to
+//!   `<db>.spill/<sha256>` before the record that names them commits; reading a record checks the
+//!   digest.
+//! - **Migrations** are numbered; `PRAGMA user_version` says which ran.
+//!
+//! Every decision is made by [`crate::decide`], the code [`crate::MemoryJournal`] runs.
+
+use crate::clock::{Clock, SystemClock};
+use crate::decide::{self, Found, Write};
+use crate::limits::{
+    ARGS_INLINE_BYTES_MAX, GROUP_COMMIT_BATCH_MAX, MEMO_ENTRIES_MAX, READERS_DEFAULT,
+    RECENT_LIMIT_MAX, WRITER_QUEUE_MAX,
+};
+use crate::memo::MemoEntry;
+use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
+use crate::{Journal, JournalError};
+use async_trait::async_trait;
+use futures::channel::oneshot;
+use ring0_core::{Fingerprint, IntentState, Observation, SemanticKey};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, Row, params};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// `PRAGMA application_id` of a ring0 journal ("r0jl").
+const APPLICATION_ID: i64 = 0x7230_6a6c;
+
+/// Schema migrations; `PRAGMA user_version` is the number that ran.
+const MIGRATIONS: &[&str] = &[
+    // 1: intents with their timelines, the semantic-key and content indexes, memoized reads.
+    "CREATE TABLE intents (
+        seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+        id              TEXT    NOT NULL UNIQUE,
+        semantic_key    TEXT    NOT NULL,
+        scope           TEXT    NOT NULL,
+        attempt_epoch   INTEGER NOT NULL,
+        tool            TEXT    NOT NULL,
+        args_sha256     TEXT    NOT NULL,
+        args_bytes      INTEGER NOT NULL,
+        args_inline     TEXT,
+        call_ids        TEXT    NOT NULL,
+        idempotency_key TEXT    NOT NULL,
+        mutating        INTEGER NOT NULL,
+        fence           INTEGER NOT NULL,
+        attempts        INTEGER NOT NULL,
+        state           TEXT    NOT NULL,
+        timeline        TEXT    NOT NULL,
+        receipt         TEXT,
+        snapshot        TEXT,
+        created_ms      INTEGER NOT NULL,
+        updated_ms      INTEGER NOT NULL
+    );
+    CREATE INDEX intents_by_state ON intents(state, seq);
+    CREATE TABLE intent_keys (
+        semantic_key TEXT PRIMARY KEY,
+        intent_seq   INTEGER NOT NULL REFERENCES intents(seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE intent_contents (
+        content_digest TEXT PRIMARY KEY,
+        intent_seq     INTEGER NOT NULL REFERENCES intents(seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE memo (
+        fingerprint TEXT PRIMARY KEY,
+        observation TEXT NOT NULL,
+        stored_ms   INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX memo_by_age ON memo(stored_ms);",
+];
+
+const COLS: &str = "id, semantic_key, scope, attempt_epoch, tool, args_sha256, args_bytes, \
+                    args_inline, call_ids, idempotency_key, mutating, fence, attempts, state, \
+                    timeline, receipt, snapshot";
+
+/// States a record can leave: what `open_records` returns.
+const OPEN_STATES: &str = "('PROPOSED','RECORDED','DISPATCHED','UNKNOWN','RECONCILING')";
+
+/// How to open a SQLite journal.
+#[derive(Clone)]
+pub struct SqliteOptions {
+    /// Reader connections (threads); at least one. Default [`READERS_DEFAULT`].
+    pub readers: usize,
+    /// A size quota for the database file: past it, writes fail with [`JournalError::Full`]
+    /// exactly as on a full disk. `None` (the default): the disk is the limit.
+    pub max_size_bytes: Option<u64>,
+    /// Run `PRAGMA quick_check` on open (default `true`): corruption is found at open, not
+    /// halfway through recovery.
+    pub check_integrity: bool,
+    /// Timestamps and new ids.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            readers: READERS_DEFAULT,
+            max_size_bytes: None,
+            check_integrity: true,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl std::fmt::Debug for SqliteOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteOptions")
+            .field("readers", &self.readers)
+            .field("max_size_bytes", &self.max_size_bytes)
+            .field("check_integrity", &self.check_integrity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The files of one journal.
+#[derive(Debug, Clone)]
+struct Files {
+    db: PathBuf,
+    spill: PathBuf,
+}
+
+impl Files {
+    fn new(db: &Path) -> Self {
+        let mut spill = db.as_os_str().to_owned();
+        spill.push(".spill");
+        Self {
+            db: db.to_path_buf(),
+            spill: PathBuf::from(spill),
+        }
+    }
+
+    fn lock_path(&self) -> PathBuf {
+        let mut p = self.db.as_os_str().to_owned();
+        p.push(".lock");
+        PathBuf::from(p)
+    }
+
+    fn corrupt(&self, detail: impl Into<String>) -> JournalError {
+        JournalError::Corrupt {
+            path: self.db.clone(),
+            detail: detail.into(),
+        }
+    }
+
+    /// Maps a SQLite error: full → [`JournalError::Full`], corrupt → [`JournalError::Corrupt`].
+    fn sql(&self, e: rusqlite::Error) -> JournalError {
+        match e.sqlite_error_code() {
+            Some(ErrorCode::DiskFull) => JournalError::Full(e.to_string()),
+            Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
+                self.corrupt(e.to_string())
+            }
+            _ => JournalError::Storage(format!("{}: {e}", self.db.display())),
+        }
+    }
+
+    fn io(&self, what: &str, path: &Path, e: std::io::Error) -> JournalError {
+        match e.kind() {
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => {
+                JournalError::Full(format!("{what} {}: {e}", path.display()))
+            }
+            _ => JournalError::Storage(format!("{what} {}: {e}", path.display())),
+        }
+    }
+}
+
+type Reply<T> = oneshot::Sender<Result<T, JournalError>>;
+
+enum WriteJob {
+    Propose(Proposal, Reply<ProposeDecision>),
+    Transition(Transition, Reply<IntentRecord>),
+    MemoPut(Fingerprint, MemoEntry, Reply<bool>),
+}
+
+enum Done {
+    Decision(ProposeDecision),
+    Record(IntentRecord),
+    Stored(bool),
+}
+
+type ReadJob = Box<dyn FnOnce(&Connection, &Files) + Send>;
+
+/// The SQLite journal. Cheap to share behind an `Arc`; dropping it finishes pending writes,
+/// closes the connections and releases the lock.
+pub struct SqliteJournal {
+    files: Files,
+    clock: Arc<dyn Clock>,
+    writer_tx: Option<SyncSender<WriteJob>>,
+    reader_tx: Option<Sender<ReadJob>>,
+    threads: Vec<JoinHandle<()>>,
+    lock: Option<File>,
+}
+
+impl SqliteJournal {
+    /// Opens (creating if absent) the journal at `path` with default options.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, JournalError> {
+        Self::open_with(path, SqliteOptions::default())
+    }
+
+    /// Opens (creating if absent) the journal at `path` for writing.
+    pub fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, JournalError> {
+        let files = Files::new(path.as_ref());
+        let lock = acquire_lock(&files)?;
+        let conn = open_connection(&files, true)?;
+        configure_writer(&conn, &files, &options)?;
+        migrate(&conn, &files)?;
+        fs::create_dir_all(&files.spill)
+            .map_err(|e| files.io("creating spill directory", &files.spill, e))?;
+
+        let mut threads = Vec::new();
+        let (writer_tx, writer_rx) = mpsc::sync_channel::<WriteJob>(WRITER_QUEUE_MAX);
+        let (wfiles, wclock) = (files.clone(), options.clock.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name("ring0-journal-writer".into())
+                .spawn(move || writer_loop(conn, wfiles, wclock, writer_rx))
+                .map_err(|e| JournalError::Storage(format!("starting the writer thread: {e}")))?,
+        );
+        let (reader_tx, reader_rx) = mpsc::channel::<ReadJob>();
+        let reader_rx = Arc::new(Mutex::new(reader_rx));
+        for n in 0..options.readers.max(1) {
+            let conn = open_connection(&files, false)?;
+            configure_reader(&conn, &files)?;
+            let (rx, rfiles) = (reader_rx.clone(), files.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("ring0-journal-reader-{n}"))
+                    .spawn(move || reader_loop(conn, rfiles, rx))
+                    .map_err(|e| JournalError::Storage(format!("starting a reader thread: {e}")))?,
+            );
+        }
+        Ok(Self {
+            files,
+            clock: options.clock,
+            writer_tx: Some(writer_tx),
+            reader_tx: Some(reader_tx),
+            threads,
+            lock: Some(lock),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.files.db
+    }
+
+    async fn write<T>(&self, make: impl FnOnce(Reply<T>) -> WriteJob) -> Result<T, JournalError> {
+        let (tx, rx) = oneshot::channel();
+        let sender = self.writer_tx.as_ref().ok_or(JournalError::Closed)?;
+        sender.send(make(tx)).map_err(|_| JournalError::Closed)?;
+        rx.await.map_err(|_| JournalError::Closed)?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection, &Files) -> Result<T, JournalError> + Send + 'static,
+    ) -> Result<T, JournalError> {
+        let (tx, rx) = oneshot::channel();
+        let job: ReadJob = Box::new(move |conn, files| {
+            let _ = tx.send(f(conn, files));
+        });
+        let sender = self.reader_tx.as_ref().ok_or(JournalError::Closed)?;
+        sender.send(job).map_err(|_| JournalError::Closed)?;
+        rx.await.map_err(|_| JournalError::Closed)?
+    }
+}
+
+impl Drop for SqliteJournal {
+    fn drop(&mut self) {
+        // Closing the channels ends the threads after the work already queued; the lock is
+        // released only once no connection is left.
+        self.writer_tx.take();
+        self.reader_tx.take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.lock.take();
+    }
+}
+
+#[async_trait]
+impl Journal for SqliteJournal {
+    async fn propose(&self, proposal: Proposal) -> Result<ProposeDecision, JournalError> {
+        // Limits are checked before queueing so an oversized proposal never reaches the writer.
+        decide::validate_proposal(&proposal)?;
+        self.write(|reply| WriteJob::Propose(proposal, reply)).await
+    }
+
+    async fn transition(&self, transition: Transition) -> Result<IntentRecord, JournalError> {
+        self.write(|reply| WriteJob::Transition(transition, reply))
+            .await
+    }
+
+    async fn get(&self, id: IntentId) -> Result<Option<IntentRecord>, JournalError> {
+        self.read(move |conn, files| load_by_id(conn, files, &id))
+            .await
+    }
+
+    async fn find_by_key(&self, key: &SemanticKey) -> Result<Option<IntentRecord>, JournalError> {
+        let key = key.encode();
+        self.read(move |conn, files| load_by_key(conn, files, &key))
+            .await
+    }
+
+    async fn open_records(&self) -> Result<Vec<IntentRecord>, JournalError> {
+        self.read(|conn, files| {
+            load_many(
+                conn,
+                files,
+                &format!("SELECT {COLS} FROM intents WHERE state IN {OPEN_STATES} ORDER BY seq"),
+                [],
+            )
+        })
+        .await
+    }
+
+    async fn recent(&self, limit: usize) -> Result<Vec<IntentRecord>, JournalError> {
+        let limit = i64::try_from(limit.min(RECENT_LIMIT_MAX)).unwrap_or(0);
+        self.read(move |conn, files| recent(conn, files, limit))
+            .await
+    }
+
+    async fn memo_get(
+        &self,
+        fingerprint: &Fingerprint,
+        max_age_ms: u64,
+    ) -> Result<Option<Observation>, JournalError> {
+        let fp = fingerprint.encode();
+        let now = self.clock.now_ms();
+        self.read(move |conn, files| {
+            let row = conn
+                .query_row(
+                    "SELECT observation, stored_ms FROM memo WHERE fingerprint = ?1",
+                    [&fp],
+                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+                )
+                .optional()
+                .map_err(|e| files.sql(e))?;
+            Ok(row.and_then(|(text, at)| {
+                MemoEntry {
+                    text,
+                    stored_ms: u64::try_from(at).unwrap_or(u64::MAX),
+                }
+                .serve(now, max_age_ms)
+            }))
+        })
+        .await
+    }
+
+    async fn memo_put(
+        &self,
+        fingerprint: &Fingerprint,
+        observation: &Observation,
+    ) -> Result<bool, JournalError> {
+        let Some(entry) = MemoEntry::new(observation, self.clock.now_ms()) else {
+            return Ok(false);
+        };
+        let fp = *fingerprint;
+        self.write(|reply| WriteJob::MemoPut(fp, entry, reply))
+            .await
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opening
+
+fn acquire_lock(files: &Files) -> Result<File, JournalError> {
+    let path = files.lock_path();
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| files.io("opening lock file", &path, e))?;
+    match file.try_lock() {
+        Ok(()) => {
+            // Who holds it, for the next opener's error message; the lock itself is the flock.
+            let _ = file.set_len(0);
+            let _ = write!(file, "{}", std::process::id());
+            Ok(file)
+        }
+        Err(fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            Err(JournalError::Locked {
+                path: files.db.clone(),
+                holder: if holder.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (pid {holder})")
+                },
+            })
+        }
+        Err(fs::TryLockError::Error(e)) => Err(files.io("locking", &path, e)),
+    }
+}
+
+fn open_connection(files: &Files, create: bool) -> Result<Connection, JournalError> {
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
+    Connection::open_with_flags(&files.db, flags).map_err(|e| files.sql(e))
+}
+
+fn pragma_text(conn: &Connection, files: &Files, sql: &str) -> Result<String, JournalError> {
+    conn.query_row(sql, [], |r| r.get::<_, String>(0))
+        .map_err(|e| files.sql(e))
+}
+
+fn configure_writer(
+    conn: &Connection,
+    files: &Files,
+    options: &SqliteOptions,
+) -> Result<(), JournalError> {
+    // The first statement that reads the header: a file that is not a database fails here.
+    let mode = pragma_text(conn, files, "PRAGMA journal_mode = WAL")?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(JournalError::Storage(format!(
+            "{}: could not switch to WAL (journal_mode is {mode})",
+            files.db.display()
+        )));
+    }
+    conn.execute_batch(
+        "PRAGMA synchronous = FULL;
+         PRAGMA foreign_keys = ON;
+         PRAGMA busy_timeout = 5000;",
+    )
+    .map_err(|e| files.sql(e))?;
+    if let Some(max) = options.max_size_bytes {
+        let page: i64 = conn
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .map_err(|e| files.sql(e))?;
+        let pages = i64::try_from(max).unwrap_or(i64::MAX) / page.max(512);
+        conn.query_row(
+            &format!("PRAGMA max_page_count = {}", pages.max(1)),
+            [],
+            |_| Ok(()),
+        )
+        .map_err(|e| files.sql(e))?;
+    }
+    if options.check_integrity {
+        let verdict = pragma_text(conn, files, "PRAGMA quick_check")?;
+        if verdict != "ok" {
+            return Err(files.corrupt(format!("quick_check: {verdict}")));
+        }
+    }
+    Ok(())
+}
+
+fn configure_reader(conn: &Connection, files: &Files) -> Result<(), JournalError> {
+    conn.execute_batch("PRAGMA query_only = 1; PRAGMA busy_timeout = 5000;")
+        .map_err(|e| files.sql(e))
+}
+
+fn migrate(conn: &Connection, files: &Files) -> Result<(), JournalError> {
+    let app: i64 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .map_err(|e| files.sql(e))?;
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| files.sql(e))?;
+    let tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .map_err(|e| files.sql(e))?;
+    let supported = MIGRATIONS.len() as i64;
+    if app == 0 && version == 0 && tables == 0 {
+        // A new, empty database: claim it.
+        conn.execute_batch(&format!("PRAGMA application_id = {APPLICATION_ID}"))
+            .map_err(|e| files.sql(e))?;
+    } else if app != APPLICATION_ID {
+        return Err(files.corrupt(format!(
+            "not a ring0 journal (application_id {app:#x}, {tables} schema objects)"
+        )));
+    }
+    if version > supported {
+        return Err(JournalError::SchemaTooNew {
+            path: files.db.clone(),
+            found: version,
+            supported,
+        });
+    }
+    for (n, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let to = n + 1;
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {sql}; PRAGMA user_version = {to}; COMMIT;"
+        ))
+        .map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            files.sql(e)
+        })?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The writer
+
+fn writer_loop(mut conn: Connection, files: Files, clock: Arc<dyn Clock>, rx: Receiver<WriteJob>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < GROUP_COMMIT_BATCH_MAX {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        let results = commit_batch(&mut conn, &files, clock.as_ref(), &batch);
+        for (job, result) in batch.into_iter().zip(results) {
+            match job {
+                WriteJob::Propose(_, reply) => {
+                    let _ = reply.send(result.map(|d| match d {
+                        Done::Decision(d) => d,
+                        _ => unreachable!("a proposal decides"),
+                    }));
+                }
+                WriteJob::Transition(_, reply) => {
+                    let _ = reply.send(result.map(|d| match d {
+                        Done::Record(r) => r,
+                        _ => unreachable!("a transition returns a record"),
+                    }));
+                }
+                WriteJob::MemoPut(_, _, reply) => {
+                    let _ = reply.send(result.map(|d| match d {
+                        Done::Stored(b) => b,
+                        _ => unreachable!("a memo write returns whether it stored"),
+                    }));
+                }
+            }
+        }
+    }
+    // Fold the WAL back into the database so a clean close leaves one file.
+    let _ = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+}
+
+/// Decides every job of the batch in one transaction; each job in its own savepoint.
+fn commit_batch(
+    conn: &mut Connection,
+    files: &Files,
+    clock: &dyn Clock,
+    batch: &[WriteJob],
+) -> Vec<Result<Done, JournalError>> {
+    let fail_all = |e: JournalError| batch.iter().map(|_| Err(e.clone())).collect::<Vec<_>>();
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        return fail_all(files.sql(e));
+    }
+    let now = clock.now_ms();
+    let mut results = Vec::with_capacity(batch.len());
+    for job in batch {
+        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+            results.push(Err(files.sql(e)));
+            continue;
+        }
+        let result = apply(conn, files, clock, now, job);
+        let end = if result.is_ok() {
+            "RELEASE job"
+        } else {
+            "ROLLBACK TO job; RELEASE job"
+        };
+        match conn.execute_batch(end) {
+            Ok(()) => results.push(result),
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                return fail_all(files.sql(e));
+            }
+        }
+    }
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => results,
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            fail_all(files.sql(e))
+        }
+    }
+}
+
+fn apply(
+    conn: &Connection,
+    files: &Files,
+    clock: &dyn Clock,
+    now: u64,
+    job: &WriteJob,
+) -> Result<Done, JournalError> {
+    match job {
+        WriteJob::Propose(p, _) => {
+            let by_id = match p.intent_id {
+                Some(id) => load_by_id(conn, files, &id)?,
+                None => None,
+            };
+            let (by_key, by_content) = if p.mutating {
+                let by_key = load_by_key(conn, files, &p.semantic_key.encode())?;
+                let by_content = load_one(
+                    conn,
+                    files,
+                    &format!(
+                        "SELECT {COLS} FROM intents WHERE seq = \
+                         (SELECT intent_seq FROM intent_contents WHERE content_digest = ?1)"
+                    ),
+                    [decide::proposal_content_digest(p)],
+                )?;
+                (by_key, by_content)
+            } else {
+                (None, None)
+            };
+            let expected_fence = by_key.as_ref().map(|r| r.fence);
+            let found = Found {
+                by_id: by_id.as_ref(),
+                by_key: by_key.as_ref(),
+                by_content: by_content.as_ref(),
+            };
+            let plan = decide::plan_propose(p, found, now, || clock.new_id())?;
+            match plan.write {
+                Some(Write::Insert(record)) => insert(conn, files, &record, now)?,
+                Some(Write::Update(record)) => {
+                    let fence = expected_fence.expect("an update follows a found record");
+                    update(conn, files, &record, fence, now)?
+                }
+                None => {}
+            }
+            Ok(Done::Decision(plan.decision))
+        }
+        WriteJob::Transition(t, _) => {
+            let record = load_by_id(conn, files, &t.id)?.ok_or(JournalError::NotFound(t.id))?;
+            let next = decide::plan_transition(&record, t, now)?;
+            update(conn, files, &next, record.fence, now)?;
+            Ok(Done::Record(next))
+        }
+        WriteJob::MemoPut(fp, entry, _) => {
+            conn.execute(
+                "INSERT INTO memo (fingerprint, observation, stored_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(fingerprint) DO UPDATE SET
+                   observation = excluded.observation, stored_ms = excluded.stored_ms",
+                params![fp.encode(), entry.text, to_i64(entry.stored_ms)],
+            )
+            .map_err(|e| files.sql(e))?;
+            conn.execute(
+                "DELETE FROM memo WHERE fingerprint IN (
+                   SELECT fingerprint FROM memo ORDER BY stored_ms, fingerprint
+                   LIMIT max(0, (SELECT count(*) FROM memo) - ?1))",
+                [MEMO_ENTRIES_MAX as i64],
+            )
+            .map_err(|e| files.sql(e))?;
+            Ok(Done::Stored(true))
+        }
+    }
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("journal values serialize")
+}
+
+fn insert(
+    conn: &Connection,
+    files: &Files,
+    r: &IntentRecord,
+    now: u64,
+) -> Result<(), JournalError> {
+    let sha = r.args_sha256();
+    let inline = if r.canonical_args.len() > ARGS_INLINE_BYTES_MAX {
+        spill(files, &sha, r.canonical_args.as_bytes())?;
+        None
+    } else {
+        Some(r.canonical_args.as_str())
+    };
+    conn.execute(
+        &format!(
+            "INSERT INTO intents ({COLS}, created_ms, updated_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                     ?18, ?18)"
+        ),
+        params![
+            r.id.to_string(),
+            r.semantic_key.encode(),
+            r.scope,
+            to_i64(r.attempt_epoch),
+            r.tool,
+            sha,
+            r.canonical_args.len() as i64,
+            inline,
+            json(&r.call_ids),
+            r.idempotency_key,
+            r.mutating,
+            to_i64(r.fence),
+            r.attempts,
+            r.state.as_str(),
+            json(&r.timeline),
+            r.receipt.as_ref().map(json),
+            r.snapshot.as_ref().map(json),
+            to_i64(now),
+        ],
+    )
+    .map_err(|e| files.sql(e))?;
+    if r.mutating {
+        let seq = conn.last_insert_rowid();
+        conn.execute(
+            "INSERT INTO intent_keys (semantic_key, intent_seq) VALUES (?1, ?2)
+             ON CONFLICT(semantic_key) DO UPDATE SET intent_seq = excluded.intent_seq",
+            params![r.semantic_key.encode(), seq],
+        )
+        .map_err(|e| files.sql(e))?;
+        conn.execute(
+            "INSERT INTO intent_contents (content_digest, intent_seq) VALUES (?1, ?2)
+             ON CONFLICT(content_digest) DO UPDATE SET intent_seq = excluded.intent_seq",
+            params![decide::record_content_digest(r), seq],
+        )
+        .map_err(|e| files.sql(e))?;
+    }
+    Ok(())
+}
+
+/// Writes a changed record if its fence is still `expected_fence` (the compare-and-set, checked
+/// again in SQL so no code path can skip it).
+fn update(
+    conn: &Connection,
+    files: &Files,
+    r: &IntentRecord,
+    expected_fence: u64,
+    now: u64,
+) -> Result<(), JournalError> {
+    let changed = conn
+        .execute(
+            "UPDATE intents SET call_ids = ?1, fence = ?2, attempts = ?3, state = ?4,
+               timeline = ?5, receipt = ?6, snapshot = ?7, updated_ms = ?8
+             WHERE id = ?9 AND fence = ?10",
+            params![
+                json(&r.call_ids),
+                to_i64(r.fence),
+                r.attempts,
+                r.state.as_str(),
+                json(&r.timeline),
+                r.receipt.as_ref().map(json),
+                r.snapshot.as_ref().map(json),
+                to_i64(now),
+                r.id.to_string(),
+                to_i64(expected_fence),
+            ],
+        )
+        .map_err(|e| files.sql(e))?;
+    if changed != 1 {
+        return Err(JournalError::StaleFence {
+            id: r.id,
+            expected: expected_fence,
+            actual: r.fence,
+        });
+    }
+    Ok(())
+}
+
+/// Stores large arguments as `<spill>/<sha256>`: written to a temporary name, fsynced, renamed,
+/// and the directory fsynced, so a committed record never names a missing or partial file.
+fn spill(files: &Files, sha: &str, bytes: &[u8]) -> Result<(), JournalError> {
+    let target = files.spill.join(sha);
+    if target.exists() {
+        return Ok(());
+    }
+    let tmp = files.spill.join(format!("{sha}.tmp"));
+    let mut f = File::create(&tmp).map_err(|e| files.io("creating spill file", &tmp, e))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| files.io("writing spill file", &tmp, e))?;
+    fs::rename(&tmp, &target).map_err(|e| files.io("renaming spill file", &target, e))?;
+    File::open(&files.spill)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| files.io("syncing spill directory", &files.spill, e))?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+fn reader_loop(conn: Connection, files: Files, rx: Arc<Mutex<Receiver<ReadJob>>>) {
+    loop {
+        let job = {
+            let rx = rx.lock().unwrap_or_else(|e| e.into_inner());
+            rx.recv()
+        };
+        match job {
+            Ok(job) => job(&conn, &files),
+            Err(_) => return,
+        }
+    }
+}
+
+fn load_by_id(
+    conn: &Connection,
+    files: &Files,
+    id: &IntentId,
+) -> Result<Option<IntentRecord>, JournalError> {
+    load_one(
+        conn,
+        files,
+        &format!("SELECT {COLS} FROM intents WHERE id = ?1"),
+        [id.to_string()],
+    )
+}
+
+fn load_by_key(
+    conn: &Connection,
+    files: &Files,
+    key: &str,
+) -> Result<Option<IntentRecord>, JournalError> {
+    load_one(
+        conn,
+        files,
+        &format!(
+            "SELECT {COLS} FROM intents WHERE seq = \
+             (SELECT intent_seq FROM intent_keys WHERE semantic_key = ?1)"
+        ),
+        [key],
+    )
+}
+
+fn recent(conn: &Connection, files: &Files, limit: i64) -> Result<Vec<IntentRecord>, JournalError> {
+    load_many(
+        conn,
+        files,
+        &format!("SELECT {COLS} FROM intents ORDER BY seq DESC LIMIT ?1"),
+        [limit],
+    )
+}
+
+fn load_one<P: rusqlite::Params>(
+    conn: &Connection,
+    files: &Files,
+    sql: &str,
+    params: P,
+) -> Result<Option<IntentRecord>, JournalError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(|e| files.sql(e))?;
+    let mut rows = stmt.query(params).map_err(|e| files.sql(e))?;
+    match rows.next().map_err(|e| files.sql(e))? {
+        Some(row) => Ok(Some(from_row(row, files)?)),
+        None => Ok(None),
+    }
+}
+
+fn load_many<P: rusqlite::Params>(
+    conn: &Connection,
+    files: &Files,
+    sql: &str,
+    params: P,
+) -> Result<Vec<IntentRecord>, JournalError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(|e| files.sql(e))?;
+    let mut rows = stmt.query(params).map_err(|e| files.sql(e))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(|e| files.sql(e))? {
+        out.push(from_row(row, files)?);
+    }
+    Ok(out)
+}
+
+/// Builds a record from a row; anything that does not parse is corruption, reported with the id.
+fn from_row(row: &Row<'_>, files: &Files) -> Result<IntentRecord, JournalError> {
+    let id_text: String = row.get(0).map_err(|e| files.sql(e))?;
+    let bad = |what: &str| files.corrupt(format!("record {id_text}: malformed {what}"));
+    let text = |i: usize, what: &str| -> Result<String, JournalError> {
+        row.get::<_, String>(i).map_err(|_| bad(what))
+    };
+    let opt_text = |i: usize, what: &str| -> Result<Option<String>, JournalError> {
+        row.get::<_, Option<String>>(i).map_err(|_| bad(what))
+    };
+    let int = |i: usize, what: &str| -> Result<i64, JournalError> {
+        row.get::<_, i64>(i).map_err(|_| bad(what))
+    };
+    let id = IntentId::parse_str(&id_text).map_err(|_| bad("id"))?;
+    let semantic_key =
+        SemanticKey::decode(&text(1, "semantic key")?).ok_or_else(|| bad("semantic key"))?;
+    let sha = text(5, "argument digest")?;
+    let args_bytes = int(6, "argument length")?;
+    let canonical_args = match opt_text(7, "arguments")? {
+        Some(inline) => inline,
+        None => read_spill(files, &id_text, &sha, args_bytes)?,
+    };
+    let state_text = text(13, "state")?;
+    let parse_json = |i: usize, what: &str| -> Result<Option<serde_json::Value>, JournalError> {
+        opt_text(i, what)?
+            .map(|t| serde_json::from_str(&t).map_err(|_| bad(what)))
+            .transpose()
+    };
+    Ok(IntentRecord {
+        id,
+        semantic_key,
+        scope: text(2, "scope")?,
+        attempt_epoch: u64::try_from(int(3, "epoch")?).map_err(|_| bad("epoch"))?,
+        tool: text(4, "tool")?,
+        canonical_args,
+        call_ids: serde_json::from_str(&text(8, "call ids")?).map_err(|_| bad("call ids"))?,
+        idempotency_key: text(9, "idempotency key")?,
+        mutating: int(10, "mutating flag")? != 0,
+        fence: u64::try_from(int(11, "fence")?).map_err(|_| bad("fence"))?,
+        attempts: u32::try_from(int(12, "attempts")?).map_err(|_| bad("attempts"))?,
+        state: IntentState::parse(&state_text).ok_or_else(|| bad("state"))?,
+        timeline: serde_json::from_str(&text(14, "timeline")?).map_err(|_| bad("timeline"))?,
+        receipt: parse_json(15, "receipt")?
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|_| bad("receipt"))?,
+        snapshot: parse_json(16, "snapshot")?,
+    })
+}
+
+fn read_spill(files: &Files, id: &str, sha: &str, len: i64) -> Result<String, JournalError> {
+    let path = files.spill.join(sha);
+    let bytes = fs::read(&path).map_err(|e| {
+        files.corrupt(format!(
+            "record {id}: spilled arguments {} unreadable: {e}",
+            path.display()
+        ))
+    })?;
+    if bytes.len() as i64 != len || decide::sha256_hex(&bytes) != sha {
+        return Err(files.corrupt(format!(
+            "record {id}: spilled arguments {} do not match their digest",
+            path.display()
+        )));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| files.corrupt(format!("record {id}: spilled arguments are not UTF-8")))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Read-only inspection
+
+/// A read-only view of a journal file, for inspection (`ring0 journal ls|show`) while a host may
+/// hold the write lock. It takes no lock, runs no migration and never writes.
+pub struct JournalReader {
+    conn: Connection,
+    files: Files,
+}
+
+impl JournalReader {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, JournalError> {
+        let files = Files::new(path.as_ref());
+        if !files.db.exists() {
+            return Err(JournalError::Storage(format!(
+                "no journal at {}",
+                files.db.display()
+            )));
+        }
+        let conn = open_connection(&files, false)?;
+        configure_reader(&conn, &files)?;
+        let app: i64 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(|e| files.sql(e))?;
+        if app != APPLICATION_ID {
+            return Err(files.corrupt(format!("not a ring0 journal (application_id {app:#x})")));
+        }
+        Ok(Self { conn, files })
+    }
+
+    /// The most recent records, newest first.
+    pub fn recent(&self, limit: usize) -> Result<Vec<IntentRecord>, JournalError> {
+        let limit = i64::try_from(limit.min(RECENT_LIMIT_MAX)).unwrap_or(0);
+        recent(&self.conn, &self.files, limit)
+    }
+
+    /// The record whose id is `id`, or the only one whose id starts with `id` (at least 4
+    /// characters). An ambiguous prefix is an error naming how many matched.
+    pub fn find(&self, id: &str) -> Result<Option<IntentRecord>, JournalError> {
+        if let Ok(full) = IntentId::parse_str(id) {
+            return load_by_id(&self.conn, &self.files, &full);
+        }
+        if id.len() < 4 || !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(JournalError::Storage(format!(
+                "{id:?} is not an intent id or an id prefix of at least 4 hex digits"
+            )));
+        }
+        let pattern = format!("{}%", id.to_ascii_lowercase());
+        let mut found = load_many(
+            &self.conn,
+            &self.files,
+            &format!("SELECT {COLS} FROM intents WHERE id LIKE ?1 ORDER BY seq LIMIT 2"),
+            [pattern],
+        )?;
+        match found.len() {
+            0 => Ok(None),
+            1 => Ok(found.pop()),
+            _ => Err(JournalError::Storage(format!(
+                "id prefix {id:?} matches more than one intent"
+            ))),
+        }
+    }
+}
