@@ -1,0 +1,642 @@
+//! The commit protocol as a user of the journal sees it, on both backends.
+
+mod common;
+
+use async_trait::async_trait;
+use common::{Backend, proposal, refund};
+use ring0_core::receipt::{CallOutcome, Disposition, Timing};
+use ring0_core::{Fingerprint, IntentState, Observation, Receipt, SemanticKey, Settlement};
+use ring0_journal::{
+    DispatchOutcome, ErrorClass, Executor, IntentRecord, JournalError, ProbeVerdict,
+    ProposeDecision, RecoveryPolicy, Settled, Transition, begin_dispatch, compensate, drive,
+    limits::ATTEMPTS_MAX, record_outcome, recover, settle,
+};
+use serde_json::{Value, json};
+use std::sync::Mutex;
+
+fn receipt(text: &str) -> Receipt {
+    Receipt {
+        call_id: "c".into(),
+        index: 0,
+        tool: "refund".into(),
+        intent_id: None,
+        semantic_key: None,
+        idempotency_key: None,
+        state: None,
+        revision: 0,
+        timeline: Vec::new(),
+        disposition: Disposition::Dispatched,
+        outcome: CallOutcome::Completed {
+            observation: Observation::text(text),
+        },
+        timing: Timing::default(),
+    }
+}
+
+fn recorded(d: ProposeDecision) -> IntentRecord {
+    match d {
+        ProposeDecision::Recorded(r) => r,
+        other => panic!("expected Recorded, got {other:?}"),
+    }
+}
+
+async fn recorded_then(b: &Backend, call: &str, states: &[IntentState]) -> IntentRecord {
+    let mut r = recorded(b.journal.propose(refund(20, call)).await.unwrap());
+    for &s in states {
+        r = b.journal.transition(Transition::to(&r, s)).await.unwrap();
+    }
+    r
+}
+
+async fn new_key_is_recorded_with_an_idempotency_key_derived_from_it(b: &mut Backend) {
+    let p = refund(20, "t1");
+    let r = recorded(b.journal.propose(p.clone()).await.unwrap());
+    assert_eq!(r.state, IntentState::Recorded);
+    assert_eq!(r.idempotency_key, p.semantic_key.idempotency_key(0));
+    assert_eq!(r.id.get_version_num(), 7);
+    let states: Vec<_> = r.timeline.iter().map(|e| e.state).collect();
+    assert_eq!(states, [IntentState::Proposed, IntentState::Recorded]);
+}
+
+async fn same_intent_in_flight_is_a_duplicate_whatever_the_call_id(b: &mut Backend) {
+    use IntentState::*;
+    for (i, path) in [
+        vec![],
+        vec![Dispatched],
+        vec![Dispatched, Unknown],
+        vec![Dispatched, Unknown, Reconciling],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let scope = format!("scope-{i}");
+        let args = json!({"amount": 20});
+        let mut r = recorded(
+            b.journal
+                .propose(proposal("refund", args.clone(), &scope, "t1"))
+                .await
+                .unwrap(),
+        );
+        for s in path {
+            r = b.journal.transition(Transition::to(&r, s)).await.unwrap();
+        }
+        let again = b
+            .journal
+            .propose(proposal("refund", args, &scope, "fresh-id"))
+            .await
+            .unwrap();
+        match again {
+            ProposeDecision::Duplicate(d) => {
+                assert_eq!((d.id, d.state), (r.id, r.state));
+                assert_eq!(d.call_ids, ["t1", "fresh-id"]);
+            }
+            other => panic!("expected Duplicate in {}, got {other:?}", r.state),
+        }
+    }
+}
+
+async fn acknowledged_intent_replays_its_stored_receipt_without_dispatch(b: &mut Backend) {
+    let r = recorded_then(b, "t1", &[IntentState::Dispatched]).await;
+    let acked = record_outcome(
+        &*b.journal,
+        &r,
+        DispatchOutcome::Applied(receipt("refunded")),
+    )
+    .await
+    .unwrap();
+    match b.journal.propose(refund(20, "t2")).await.unwrap() {
+        ProposeDecision::Replay(rec) => {
+            assert_eq!(rec.id, acked.id);
+            assert_eq!(rec.attempts, 1);
+            let stored = rec.receipt.unwrap();
+            assert_eq!(stored.state, Some(IntentState::Acked));
+            assert_eq!(stored.outcome, receipt("refunded").outcome);
+        }
+        other => panic!("expected Replay, got {other:?}"),
+    }
+}
+
+async fn host_id_bound_to_another_intent_is_a_conflict_naming_what_differs(b: &mut Backend) {
+    let mut p = refund(20, "t1");
+    p.intent_id = Some(uuid::Uuid::now_v7());
+    b.journal.propose(p.clone()).await.unwrap();
+    let mut other = refund(25, "t2");
+    other.intent_id = p.intent_id;
+    match b.journal.propose(other).await.unwrap() {
+        ProposeDecision::Conflict { reason, existing } => {
+            assert!(reason.contains("prepared arguments differ"), "{reason}");
+            assert_eq!(existing.unwrap().id, p.intent_id.unwrap());
+        }
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+}
+
+fn with_version(mut p: ring0_journal::Proposal, version: u32) -> ring0_journal::Proposal {
+    p.semantic_key = SemanticKey {
+        version,
+        digest: p.semantic_key.digest,
+    };
+    p
+}
+
+async fn a_new_canonicalizer_version_for_the_same_intent_is_a_conflict_not_a_second_record(
+    b: &mut Backend,
+) {
+    b.journal.propose(refund(20, "t1")).await.unwrap();
+    match b
+        .journal
+        .propose(with_version(refund(20, "t2"), 2))
+        .await
+        .unwrap()
+    {
+        ProposeDecision::Conflict { reason, .. } => {
+            assert!(reason.contains("canonicalizer version 1"), "{reason}");
+            assert!(reason.contains("version 2"), "{reason}");
+        }
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+}
+
+async fn a_new_canonicalizer_version_under_the_same_host_id_names_the_versions(b: &mut Backend) {
+    let mut p = refund(20, "t1");
+    p.intent_id = Some(uuid::Uuid::now_v7());
+    b.journal.propose(p.clone()).await.unwrap();
+    let mut v2 = with_version(refund(20, "t2"), 2);
+    v2.intent_id = p.intent_id;
+    match b.journal.propose(v2).await.unwrap() {
+        ProposeDecision::Conflict { reason, .. } => {
+            assert!(
+                reason.contains("canonicalizer version 2 differs from recorded version 1"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+}
+
+async fn cancellation_before_dispatch_rejects_and_a_later_proposal_records_anew(b: &mut Backend) {
+    let r = recorded_then(b, "t1", &[]).await;
+    let cancelled = b
+        .journal
+        .transition(Transition::to(&r, IntentState::RejectedConflict).note("cancelled"))
+        .await
+        .unwrap();
+    assert_eq!(cancelled.attempts, 0);
+    let again = recorded(b.journal.propose(refund(20, "t2")).await.unwrap());
+    assert_ne!(again.id, r.id);
+    let found = b.journal.find_by_key(&again.semantic_key).await.unwrap();
+    assert_eq!(found.unwrap().id, again.id);
+}
+
+async fn a_definite_failure_may_be_recorded_again_by_a_new_proposal(b: &mut Backend) {
+    let r = recorded_then(b, "t1", &[IntentState::Dispatched]).await;
+    let failed = record_outcome(
+        &*b.journal,
+        &r,
+        DispatchOutcome::Failed {
+            class: ErrorClass::ConnectionRefused,
+            receipt: receipt("refused"),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(failed.state, IntentState::Failed);
+    let again = recorded(b.journal.propose(refund(20, "t2")).await.unwrap());
+    assert_eq!((again.id, again.receipt.as_ref()), (r.id, None));
+}
+
+async fn ambiguous_errors_settle_unknown_never_failed(b: &mut Backend) {
+    for (i, class) in [
+        ErrorClass::Timeout,
+        ErrorClass::ConnectionLost,
+        ErrorClass::StreamAborted,
+        ErrorClass::Other,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = proposal("refund", json!({"n": i}), "s", "c");
+        let r = recorded(b.journal.propose(p).await.unwrap());
+        let r = begin_dispatch(&*b.journal, &r, None).await.unwrap();
+        let out = DispatchOutcome::Failed {
+            class,
+            receipt: receipt("?"),
+        };
+        let settled = record_outcome(&*b.journal, &r, out).await.unwrap();
+        assert_eq!(settled.state, IntentState::Unknown, "{class:?}");
+    }
+}
+
+async fn a_stale_fence_cannot_overwrite_a_newer_decision(b: &mut Backend) {
+    let r = recorded_then(b, "t1", &[]).await;
+    b.journal
+        .transition(Transition::to(&r, IntentState::Dispatched))
+        .await
+        .unwrap();
+    let stale = b
+        .journal
+        .transition(Transition::to(&r, IntentState::RejectedConflict))
+        .await;
+    assert!(matches!(
+        stale,
+        Err(JournalError::StaleFence {
+            expected: 1,
+            actual: 2,
+            ..
+        })
+    ));
+    let now = b.journal.get(r.id).await.unwrap().unwrap();
+    assert_eq!(now.state, IntentState::Dispatched);
+}
+
+async fn unknown_is_never_dispatched_directly(b: &mut Backend) {
+    let r = recorded_then(b, "t1", &[IntentState::Dispatched, IntentState::Unknown]).await;
+    let refused = b
+        .journal
+        .transition(Transition::to(&r, IntentState::Dispatched))
+        .await;
+    assert!(
+        matches!(refused, Err(JournalError::Transition(_))),
+        "{refused:?}"
+    );
+    assert_eq!(b.journal.get(r.id).await.unwrap().unwrap().fence, r.fence);
+}
+
+async fn dispatches_beyond_the_attempt_budget_are_refused(b: &mut Backend) {
+    let mut r = recorded_then(b, "t1", &[]).await;
+    for _ in 0..ATTEMPTS_MAX {
+        r = b
+            .journal
+            .transition(Transition::to(&r, IntentState::Dispatched))
+            .await
+            .unwrap();
+        for s in [IntentState::Unknown, IntentState::Reconciling] {
+            r = b.journal.transition(Transition::to(&r, s)).await.unwrap();
+        }
+    }
+    let more = b
+        .journal
+        .transition(Transition::to(&r, IntentState::Dispatched))
+        .await;
+    assert!(
+        matches!(more, Err(JournalError::AttemptsExhausted { .. })),
+        "{more:?}"
+    );
+    let settled = settle(&*b.journal, &r, Settlement::IdempotencyKey, None)
+        .await
+        .unwrap();
+    assert_eq!(settled.record().state, IntentState::DeadLetter);
+}
+
+async fn idempotency_key_settlement_redispatches_with_the_same_key(b: &mut Backend) {
+    let r = recorded_then(b, "t1", &[IntentState::Dispatched, IntentState::Unknown]).await;
+    match settle(&*b.journal, &r, Settlement::IdempotencyKey, None)
+        .await
+        .unwrap()
+    {
+        Settled::Redispatch(d) => {
+            assert_eq!(d.state, IntentState::Dispatched);
+            assert_eq!(d.idempotency_key, r.idempotency_key);
+            assert_eq!(d.attempts, 2);
+            let states: Vec<_> = d.timeline.iter().rev().take(2).map(|e| e.state).collect();
+            assert_eq!(states, [IntentState::Dispatched, IntentState::Reconciling]);
+        }
+        other => panic!("expected Redispatch, got {other:?}"),
+    }
+}
+
+async fn a_probe_that_sees_the_postcondition_acks_with_a_synthetic_receipt(b: &mut Backend) {
+    let r = recorded_then(b, "t1", &[IntentState::Dispatched, IntentState::Unknown]).await;
+    let verdict = ProbeVerdict::PostconditionHolds {
+        evidence: Some(json!({"refund": "r-9"})),
+    };
+    let s = settle(&*b.journal, &r, Settlement::Probe, Some(verdict))
+        .await
+        .unwrap();
+    let Settled::Acked(acked) = s else {
+        panic!("expected Acked, got {s:?}")
+    };
+    let receipt = acked.receipt.unwrap();
+    assert_eq!(receipt.disposition, Disposition::Recovered);
+    let CallOutcome::Completed { observation } = receipt.outcome else {
+        panic!("synthetic receipt is a completion")
+    };
+    assert_eq!(observation.structured.unwrap()["evidence"]["refund"], "r-9");
+}
+
+async fn a_probe_that_sees_no_change_makes_the_intent_resumable(b: &mut Backend) {
+    let r = recorded_then(b, "t1", &[]).await;
+    let r = begin_dispatch(&*b.journal, &r, Some(json!({"balance": 100})))
+        .await
+        .unwrap();
+    let r = b
+        .journal
+        .transition(Transition::to(&r, IntentState::Unknown))
+        .await
+        .unwrap();
+    let s = settle(
+        &*b.journal,
+        &r,
+        Settlement::Probe,
+        Some(ProbeVerdict::Unchanged),
+    )
+    .await
+    .unwrap();
+    let Settled::Resumable(again) = s else {
+        panic!("expected Resumable, got {s:?}")
+    };
+    assert_eq!(again.state, IntentState::Recorded);
+    assert_eq!(again.snapshot, Some(json!({"balance": 100})));
+}
+
+async fn an_unchanged_verdict_without_a_snapshot_is_dead_lettered(b: &mut Backend) {
+    let r = recorded_then(b, "t1", &[IntentState::Dispatched, IntentState::Unknown]).await;
+    let s = settle(
+        &*b.journal,
+        &r,
+        Settlement::Probe,
+        Some(ProbeVerdict::Unchanged),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(s, Settled::DeadLetter(_)), "{s:?}");
+}
+
+async fn anything_else_goes_to_a_person(b: &mut Backend) {
+    let diverged = ProbeVerdict::Diverged {
+        detail: "balance changed by someone else".into(),
+    };
+    for (i, (kind, verdict)) in [
+        (Settlement::Probe, Some(diverged)),
+        (Settlement::Probe, None),
+        (Settlement::None, None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = proposal("refund", json!({"n": i}), "s", "c");
+        let mut r = recorded(b.journal.propose(p).await.unwrap());
+        for s in [IntentState::Dispatched, IntentState::Unknown] {
+            r = b.journal.transition(Transition::to(&r, s)).await.unwrap();
+        }
+        let s = settle(&*b.journal, &r, kind, verdict).await.unwrap();
+        assert_eq!(s.record().state, IntentState::DeadLetter, "{kind:?}");
+        let again = b
+            .journal
+            .propose(proposal("refund", json!({"n": i}), "s", "c2"))
+            .await
+            .unwrap();
+        assert!(
+            matches!(again, ProposeDecision::Conflict { .. }),
+            "{again:?}"
+        );
+    }
+}
+
+async fn compensation_undoes_an_acked_effect_and_blocks_the_same_epoch(b: &mut Backend) {
+    let r = recorded_then(b, "t1", &[IntentState::Dispatched]).await;
+    let acked = record_outcome(&*b.journal, &r, DispatchOutcome::Applied(receipt("ok")))
+        .await
+        .unwrap();
+    let c = compensate(&*b.journal, &acked, None, "refund reversed")
+        .await
+        .unwrap();
+    assert_eq!(c.state, IntentState::Compensated);
+    let again = b.journal.propose(refund(20, "t2")).await.unwrap();
+    let ProposeDecision::Conflict { reason, .. } = again else {
+        panic!("expected Conflict, got {again:?}")
+    };
+    assert!(reason.contains("new epoch"), "{reason}");
+}
+
+/// A scripted world for `drive` and `recover`.
+struct World {
+    settlement: Settlement,
+    applied: Mutex<u32>,
+    dispatches: Mutex<Vec<String>>,
+    /// Outcomes to return, in order; then success.
+    script: Mutex<Vec<ErrorClass>>,
+}
+
+impl World {
+    fn new(settlement: Settlement, script: Vec<ErrorClass>) -> Self {
+        Self {
+            settlement,
+            applied: Mutex::new(0),
+            dispatches: Mutex::new(Vec::new()),
+            script: Mutex::new(script),
+        }
+    }
+}
+
+#[async_trait]
+impl Executor for World {
+    fn settlement(&self, _: &IntentRecord) -> Settlement {
+        self.settlement
+    }
+    async fn snapshot(&self, _: &IntentRecord) -> Option<Value> {
+        Some(json!(*self.applied.lock().unwrap()))
+    }
+    async fn dispatch(&self, r: &IntentRecord) -> DispatchOutcome {
+        self.dispatches
+            .lock()
+            .unwrap()
+            .push(r.idempotency_key.clone());
+        let next = {
+            let mut s = self.script.lock().unwrap();
+            (!s.is_empty()).then(|| s.remove(0))
+        };
+        match next {
+            None => {
+                *self.applied.lock().unwrap() += 1;
+                DispatchOutcome::Applied(receipt("ok"))
+            }
+            Some(class) => DispatchOutcome::Failed {
+                class,
+                receipt: receipt("err"),
+            },
+        }
+    }
+    async fn probe(&self, r: &IntentRecord) -> ProbeVerdict {
+        if Some(json!(*self.applied.lock().unwrap())) == r.snapshot {
+            ProbeVerdict::Unchanged
+        } else {
+            ProbeVerdict::PostconditionHolds { evidence: None }
+        }
+    }
+}
+
+async fn drive_settles_a_lost_ack_through_the_same_idempotency_key(b: &mut Backend) {
+    let world = World::new(Settlement::IdempotencyKey, vec![ErrorClass::Timeout]);
+    let r = recorded(b.journal.propose(refund(20, "t1")).await.unwrap());
+    let done = drive(&*b.journal, &world, r.clone()).await.unwrap();
+    assert_eq!(done.state, IntentState::Acked);
+    assert_eq!(
+        *world.dispatches.lock().unwrap(),
+        vec![r.idempotency_key.clone(), r.idempotency_key.clone()]
+    );
+}
+
+async fn drive_resumes_after_a_probe_finds_nothing_happened(b: &mut Backend) {
+    let world = World::new(Settlement::Probe, vec![ErrorClass::ConnectionLost]);
+    let r = recorded(b.journal.propose(refund(20, "t1")).await.unwrap());
+    let done = drive(&*b.journal, &world, r).await.unwrap();
+    assert_eq!(done.state, IntentState::Acked);
+    assert_eq!(*world.applied.lock().unwrap(), 1);
+    let states: Vec<_> = done.timeline.iter().map(|e| e.state.as_str()).collect();
+    assert_eq!(
+        states.join(" "),
+        "PROPOSED RECORDED DISPATCHED UNKNOWN RECONCILING RECORDED DISPATCHED ACKED"
+    );
+}
+
+async fn recovery_settles_what_a_crash_left_open_from_the_log_alone(b: &mut Backend) {
+    let in_flight = recorded_then(b, "t1", &[IntentState::Dispatched]).await;
+    let p = proposal("refund", json!({"order": "o-2"}), "s", "t2");
+    let waiting = recorded(b.journal.propose(p).await.unwrap());
+    b.reopen().await;
+    let world = World::new(Settlement::IdempotencyKey, vec![]);
+    let report = recover(&*b.journal, &world, RecoveryPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.examined, report.in_flight, report.resumed),
+        (2, 1, 1)
+    );
+    assert_eq!(report.unsettled().count(), 0);
+    for id in [in_flight.id, waiting.id] {
+        let r = b.journal.get(id).await.unwrap().unwrap();
+        assert_eq!(r.state, IntentState::Acked);
+    }
+    let first = b.journal.get(in_flight.id).await.unwrap().unwrap();
+    let states: Vec<_> = first.timeline.iter().map(|e| e.state.as_str()).collect();
+    assert_eq!(
+        states.join(" "),
+        "PROPOSED RECORDED DISPATCHED UNKNOWN RECONCILING DISPATCHED ACKED"
+    );
+    assert!(b.journal.open_records().await.unwrap().is_empty());
+}
+
+async fn recovery_may_cancel_what_was_never_dispatched(b: &mut Backend) {
+    let r = recorded_then(b, "t1", &[]).await;
+    b.reopen().await;
+    let world = World::new(Settlement::None, vec![]);
+    let policy = RecoveryPolicy {
+        resume_recorded: false,
+    };
+    let report = recover(&*b.journal, &world, policy).await.unwrap();
+    assert_eq!(report.cancelled, 1);
+    assert!(world.dispatches.lock().unwrap().is_empty());
+    let r = b.journal.get(r.id).await.unwrap().unwrap();
+    assert_eq!(r.state, IntentState::RejectedConflict);
+}
+
+async fn decisions_after_reopening_are_the_decisions_before(b: &mut Backend) {
+    use IntentState::*;
+    let scopes = ["a", "b", "c", "d"];
+    let paths: [&[IntentState]; 4] = [
+        &[],
+        &[Dispatched],
+        &[Dispatched, Acked],
+        &[RejectedConflict],
+    ];
+    for (scope, path) in scopes.iter().zip(paths) {
+        let p = proposal("t", json!({}), scope, "c1");
+        let mut r = recorded(b.journal.propose(p).await.unwrap());
+        for &s in path {
+            r = b.journal.transition(Transition::to(&r, s)).await.unwrap();
+        }
+    }
+    let mut before = Vec::new();
+    for scope in scopes {
+        let d = b
+            .journal
+            .propose(proposal("t", json!({}), scope, "c2"))
+            .await
+            .unwrap();
+        before.push((d.kind(), d.record().map(|r| (r.state, r.fence))));
+    }
+    b.reopen().await;
+    let mut after = Vec::new();
+    for scope in scopes {
+        let d = b
+            .journal
+            .propose(proposal("t", json!({}), scope, "c3"))
+            .await
+            .unwrap();
+        after.push((d.kind(), d.record().map(|r| (r.state, r.fence))));
+    }
+    // The fourth was recorded anew by the first round, so the second sees it in flight.
+    assert_eq!(before[..3], after[..3]);
+    assert_eq!(before[3].0, "recorded");
+    assert_eq!(after[3].0, "duplicate");
+}
+
+async fn reads_are_recorded_but_never_deduplicated(b: &mut Backend) {
+    let mut p = proposal("stat", json!({"path": "a"}), "s", "c1");
+    p.mutating = false;
+    let first = recorded(b.journal.propose(p.clone()).await.unwrap());
+    let second = recorded(b.journal.propose(p.clone()).await.unwrap());
+    assert_ne!(first.id, second.id);
+    assert_eq!(b.journal.find_by_key(&p.semantic_key).await.unwrap(), None);
+}
+
+async fn oversized_arguments_are_refused_before_anything_is_written(b: &mut Backend) {
+    let big = "x".repeat(ring0_journal::limits::ARGS_BYTES_MAX);
+    let p = proposal("t", json!({ "blob": big }), "s", "c");
+    let err = b.journal.propose(p).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            JournalError::TooLarge {
+                what: "canonical arguments",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(b.journal.recent(10).await.unwrap().is_empty());
+}
+
+async fn memoized_reads_are_served_byte_identical_within_their_ttl(b: &mut Backend) {
+    let fp = Fingerprint::compute("stat", &json!({"path": "a"})).unwrap();
+    let obs = Observation::json(json!({"size": 12, "name": "a"}));
+    assert!(b.journal.memo_put(&fp, &obs).await.unwrap());
+    b.clock.advance_ms(1_000);
+    let hit = b.journal.memo_get(&fp, 1_000).await.unwrap().unwrap();
+    assert_eq!(
+        serde_json::to_string(&hit).unwrap(),
+        serde_json::to_string(&obs).unwrap()
+    );
+    b.clock.advance_ms(1);
+    assert_eq!(b.journal.memo_get(&fp, 1_000).await.unwrap(), None);
+}
+
+on_both_backends!(
+    new_key_is_recorded_with_an_idempotency_key_derived_from_it,
+    same_intent_in_flight_is_a_duplicate_whatever_the_call_id,
+    acknowledged_intent_replays_its_stored_receipt_without_dispatch,
+    host_id_bound_to_another_intent_is_a_conflict_naming_what_differs,
+    a_new_canonicalizer_version_for_the_same_intent_is_a_conflict_not_a_second_record,
+    a_new_canonicalizer_version_under_the_same_host_id_names_the_versions,
+    cancellation_before_dispatch_rejects_and_a_later_proposal_records_anew,
+    a_definite_failure_may_be_recorded_again_by_a_new_proposal,
+    ambiguous_errors_settle_unknown_never_failed,
+    a_stale_fence_cannot_overwrite_a_newer_decision,
+    unknown_is_never_dispatched_directly,
+    dispatches_beyond_the_attempt_budget_are_refused,
+    idempotency_key_settlement_redispatches_with_the_same_key,
+    a_probe_that_sees_the_postcondition_acks_with_a_synthetic_receipt,
+    a_probe_that_sees_no_change_makes_the_intent_resumable,
+    an_unchanged_verdict_without_a_snapshot_is_dead_lettered,
+    anything_else_goes_to_a_person,
+    compensation_undoes_an_acked_effect_and_blocks_the_same_epoch,
+    drive_settles_a_lost_ack_through_the_same_idempotency_key,
+    drive_resumes_after_a_probe_finds_nothing_happened,
+    recovery_settles_what_a_crash_left_open_from_the_log_alone,
+    recovery_may_cancel_what_was_never_dispatched,
+    decisions_after_reopening_are_the_decisions_before,
+    reads_are_recorded_but_never_deduplicated,
+    oversized_arguments_are_refused_before_anything_is_written,
+    memoized_reads_are_served_byte_identical_within_their_ttl,
+);
