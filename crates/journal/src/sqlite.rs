@@ -571,6 +571,13 @@ fn commit_batch(
             continue;
         }
         let result = apply(conn, files, clock, now, job);
+        if let Err(e) = &result
+            && conn.is_autocommit()
+        {
+            // SQLite rolled the whole transaction back itself (SQLITE_FULL, an I/O error):
+            // every decision of this batch is gone, so every request fails closed.
+            return fail_all(e.clone());
+        }
         let end = if result.is_ok() {
             "RELEASE job"
         } else {
