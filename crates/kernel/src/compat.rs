@@ -115,8 +115,10 @@ fn normalize_node(node: &mut Value, path: &str, close: bool) -> Result<(), Schem
         }
     }
     // Draft-07 tuple form `items: [..]` is `prefixItems` in 2020-12.
-    if let Some(Value::Array(items)) = map.remove("items") {
-        map.insert("prefixItems".into(), Value::Array(items));
+    if map.get("items").is_some_and(Value::is_array)
+        && let Some(items) = map.remove("items")
+    {
+        map.insert("prefixItems".into(), items);
     }
     let declares_properties = map.get("properties").is_some_and(Value::is_object);
     if close && declares_properties && !map.contains_key("additionalProperties") {

@@ -42,6 +42,9 @@ pub(crate) struct DispatchEnv {
     pub max_concurrent_tools: usize,
     pub round_start: Instant,
     pub intent_ids: Arc<BTreeMap<usize, uuid::Uuid>>,
+    /// Held while deciding to start a call and while cancelling, so that no call starts after
+    /// a cancellation was announced.
+    pub start_gate: Arc<Mutex<()>>,
 }
 
 /// Writes whose outcome is uncertain in this batch.
@@ -393,15 +396,32 @@ async fn run_call(
             return rejected(job, RejectionKind::IntentConflict, reason);
         }
     };
-    emit(
-        env,
-        Event::CallStarted {
-            index: job.call.index,
-            call_id: job.call.call_id.clone(),
-            tool: spec.name.clone(),
-            epoch: epoch_no,
-        },
-    );
+    {
+        let _gate = env.start_gate.lock().expect("start gate");
+        if env.cancel.is_cancelled() {
+            drop(_gate);
+            // Cancelled between commit and dispatch: nothing external was touched.
+            let _ = step(
+                env,
+                &record,
+                IntentState::RejectedConflict,
+                Some("cancelled before dispatch".into()),
+                None,
+                None,
+            )
+            .await;
+            return cancelled(job);
+        }
+        emit(
+            env,
+            Event::CallStarted {
+                index: job.call.index,
+                call_id: job.call.call_id.clone(),
+                tool: spec.name.clone(),
+                epoch: epoch_no,
+            },
+        );
+    }
     let queued_ms = ms(env.round_start.elapsed());
     let snapshot = if spec.settlement == Settlement::Probe {
         job.tool.tool.snapshot(&job.call.args).await

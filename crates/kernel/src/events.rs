@@ -66,6 +66,8 @@ pub enum Event {
         call_id: String,
         why: String,
     },
+    /// The session was cancelled: no call starts after this event.
+    Cancelled,
     RoundFinished {
         round: u64,
         terminated: bool,

@@ -5,6 +5,10 @@
 //! (validated again), fingerprinting, authorization, and conflict-key resolution. All of it
 //! finishes before anything is dispatched.
 
+// A rejection is an ordinary result of preparation, returned once per call; boxing it would
+// only add an allocation to the common path.
+#![allow(clippy::result_large_err)]
+
 use crate::compat::{apply_defaults, decode_double_encoded};
 use crate::policy::{AuthDecision, AuthRequest, Authorizer, PolicyRewrite, SessionInfo};
 use crate::registry::{RegisteredTool, Registry};

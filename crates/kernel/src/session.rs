@@ -209,6 +209,7 @@ pub struct Session {
     state: Mutex<SessionState>,
     events: broadcast::Sender<Event>,
     cancel: std::sync::Mutex<CancellationToken>,
+    start_gate: Arc<std::sync::Mutex<()>>,
 }
 
 impl Kernel {
@@ -251,6 +252,7 @@ impl Kernel {
             authorizer,
             events,
             cancel: std::sync::Mutex::new(CancellationToken::new()),
+            start_gate: Arc::new(std::sync::Mutex::new(())),
         }
     }
 }
@@ -287,9 +289,11 @@ impl Session {
 
     /// Cancels the round in progress: running calls settle, nothing new starts.
     pub fn cancel(&self) {
+        let _gate = self.start_gate.lock().expect("start gate");
         let mut token = self.cancel.lock().expect("cancel mutex");
         token.cancel();
         *token = CancellationToken::new();
+        self.emit(Event::Cancelled);
     }
 
     /// Mediates one model turn in a provider format and renders the results in the same format.
@@ -469,6 +473,7 @@ impl Session {
             max_concurrent_tools: self.config.max_concurrent_tools,
             round_start,
             intent_ids: Arc::new(options.intent_ids.clone()),
+            start_gate: self.start_gate.clone(),
         };
         let positions: Vec<usize> = accepted.iter().map(|(pos, _)| *pos).collect();
         let mut args_by_pos: BTreeMap<usize, Value> = BTreeMap::new();

@@ -15,7 +15,9 @@ impl Projector for Label {
     }
 }
 
-struct Bad(fn() -> Result<Value, String>);
+type ProjectFn = fn() -> Result<Value, String>;
+
+struct Bad(ProjectFn);
 impl Projector for Bad {
     fn project(&self, _input: &ProjectionInput<'_>) -> Result<Value, String> {
         (self.0)()
@@ -65,7 +67,7 @@ async fn by_default_the_model_sees_the_canonical_receipt() {
 
 #[tokio::test]
 async fn a_failing_projector_terminates_the_batch_without_fallback() {
-    let cases: Vec<(&str, fn() -> Result<Value, String>)> = vec![
+    let cases: Vec<(&str, ProjectFn)> = vec![
         ("panics", || panic!("projector bug")),
         ("errs", || Err("no".into())),
         ("non-object", || Ok(json!([1, 2]))),
