@@ -1,0 +1,207 @@
+//! Creating the process: a new session and process group, the explicit environment, the
+//! checked working directory, the stdin mode, the parent-death signal and resource limits.
+//!
+//! Pipes go through tokio's process support wrapped by process-wrap's `ProcessSession` (the
+//! `setsid` before exec); terminals through `pty-process`, which makes the child a session
+//! leader with the terminal as its controlling terminal. Both register [`crate::hooks`] for the
+//! rest, and both register the child in [`crate::reaper`] under the spawn lock.
+//!
+//! The parent-death signal fires when the *thread* that spawned the child exits. Spawning happens
+//! on the calling task's thread: a runtime worker, which lives as long as its runtime. Do not
+//! drive this crate from `spawn_blocking` threads, which the runtime retires when idle.
+
+use crate::error::ExecError;
+use crate::hooks::{self, ChildSetup};
+use crate::reaper::{self, DirectChild};
+use crate::spec::{PreparedCommand, SUPERVISION_TOKEN_ENV, StdinMode};
+use crate::teardown::RunIdentity;
+use process_wrap::tokio::{ChildWrapper, CommandWrap, ProcessSession};
+use std::io;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
+
+/// The object a job reads its input from, to recognise a process blocked reading it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum InputObject {
+    /// A pipe, by inode (as `/proc/<pid>/fd/N` shows `pipe:[inode]`).
+    Pipe(u64),
+    /// A terminal, by the path of its slave side.
+    Tty(PathBuf),
+}
+
+/// Where a process's input can be written.
+pub(crate) enum InputWriter {
+    Pipe(ChildStdin),
+    Tty(pty_process::OwnedWritePty),
+}
+
+/// Output sources.
+pub(crate) enum OutputReaders {
+    Pipes {
+        stdout: ChildStdout,
+        stderr: ChildStderr,
+    },
+    Tty(pty_process::OwnedReadPty),
+}
+
+/// The root process of a run, as spawned.
+pub(crate) enum Root {
+    Session(Box<dyn ChildWrapper>),
+    Tty(tokio::process::Child),
+}
+
+impl Root {
+    /// Waits for the root process alone (not its group) to exit. Cancel-safe.
+    pub(crate) async fn wait(&mut self) -> io::Result<ExitStatus> {
+        match self {
+            // The session wrapper's own `wait` also waits for every group member; the root's
+            // exit is what decides the outcome, so wait on the tokio child underneath.
+            Self::Session(wrapped) => wrapped.inner_mut().wait().await,
+            Self::Tty(child) => child.wait().await,
+        }
+    }
+}
+
+/// A spawned process with everything supervision needs.
+pub(crate) struct Spawned {
+    pub root: Root,
+    pub readers: OutputReaders,
+    pub writer: Option<InputWriter>,
+    pub input_object: Option<InputObject>,
+    pub identity: RunIdentity,
+    /// Registration in the direct-children registry; dropped after the root is reaped.
+    pub registration: DirectChild,
+}
+
+fn spawn_error(command: &PreparedCommand, source: io::Error) -> ExecError {
+    ExecError::Spawn {
+        program: command.program.to_string_lossy().into_owned(),
+        source,
+    }
+}
+
+fn base_command(command: &PreparedCommand, token: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(&command.program);
+    cmd.args(&command.args)
+        .env_clear()
+        .envs(command.env.iter().map(|(k, v)| (k, v)))
+        .env(SUPERVISION_TOKEN_ENV, token)
+        .current_dir(&command.cwd)
+        // Killing on drop only reaches the root; teardown is explicit and covers the tree.
+        .kill_on_drop(false);
+    cmd
+}
+
+/// Spawns `command`. Errors mean nothing is running.
+pub(crate) fn spawn(command: &PreparedCommand) -> Result<Spawned, ExecError> {
+    reaper::ensure_subreaper().map_err(ExecError::Setup)?;
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let setup = ChildSetup::new(&command.limits);
+    match command.stdin {
+        StdinMode::Null | StdinMode::Pipe => spawn_piped(command, token, setup),
+        StdinMode::Tty => spawn_tty(command, token, setup),
+    }
+}
+
+fn spawn_piped(
+    command: &PreparedCommand,
+    token: String,
+    setup: ChildSetup,
+) -> Result<Spawned, ExecError> {
+    let mut cmd = base_command(command, &token);
+    let interactive = command.stdin == StdinMode::Pipe;
+    cmd.stdin(if interactive {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    hooks::install(&mut cmd, setup);
+    let mut wrapped = CommandWrap::from(cmd);
+    wrapped.wrap(ProcessSession);
+
+    let mut registry = reaper::lock();
+    let mut child = wrapped.spawn().map_err(|e| spawn_error(command, e))?;
+    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
+        return Err(ExecError::Setup("spawned child has no pid".into()));
+    };
+    let registration = registry.register(pid);
+    drop(registry);
+
+    let (Some(stdout), Some(stderr)) = (child.stdout().take(), child.stderr().take()) else {
+        return Err(ExecError::Setup("spawned child has no output pipes".into()));
+    };
+    let (writer, input_object) = match child.stdin().take() {
+        Some(stdin) => {
+            let inode = stdin
+                .as_fd_inode()
+                .map_err(|e| ExecError::Setup(format!("stdin pipe: {e}")))?;
+            (
+                Some(InputWriter::Pipe(stdin)),
+                Some(InputObject::Pipe(inode)),
+            )
+        }
+        None => (None, None),
+    };
+    Ok(Spawned {
+        root: Root::Session(child),
+        readers: OutputReaders::Pipes { stdout, stderr },
+        writer,
+        input_object,
+        identity: RunIdentity { root: pid, token },
+        registration,
+    })
+}
+
+fn spawn_tty(
+    command: &PreparedCommand,
+    token: String,
+    setup: ChildSetup,
+) -> Result<Spawned, ExecError> {
+    let setup_error = |what: &str, e: pty_process::Error| ExecError::Setup(format!("{what}: {e}"));
+    let (pty, pts) = pty_process::open().map_err(|e| setup_error("opening a terminal", e))?;
+    pty.resize(pty_process::Size::new(24, 80))
+        .map_err(|e| setup_error("sizing the terminal", e))?;
+    let tty_path = {
+        use std::os::fd::AsRawFd;
+        let fd = std::os::fd::AsFd::as_fd(&pts).as_raw_fd();
+        std::fs::read_link(format!("/proc/self/fd/{fd}"))
+            .map_err(|e| ExecError::Setup(format!("naming the terminal: {e}")))?
+    };
+    let cmd = pty_process::Command::from(base_command(command, &token));
+    let cmd = hooks::install_pty(cmd, setup);
+
+    let mut registry = reaper::lock();
+    let child = cmd.spawn(pts).map_err(|e| match e {
+        pty_process::Error::Io(io) => spawn_error(command, io),
+        other => setup_error("starting on a terminal", other),
+    })?;
+    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
+        return Err(ExecError::Setup("spawned child has no pid".into()));
+    };
+    let registration = registry.register(pid);
+    drop(registry);
+
+    let (read, write) = pty.into_split();
+    Ok(Spawned {
+        root: Root::Tty(child),
+        readers: OutputReaders::Tty(read),
+        writer: Some(InputWriter::Tty(write)),
+        input_object: Some(InputObject::Tty(tty_path)),
+        identity: RunIdentity { root: pid, token },
+        registration,
+    })
+}
+
+trait FdInode {
+    fn as_fd_inode(&self) -> io::Result<u64>;
+}
+
+impl FdInode for ChildStdin {
+    fn as_fd_inode(&self) -> io::Result<u64> {
+        let stat = rustix::fs::fstat(self).map_err(io::Error::from)?;
+        Ok(stat.st_ino)
+    }
+}

@@ -1,0 +1,95 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use ring0_exec::ExecPolicy;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A private workspace directory, removed on drop.
+pub struct Workspace {
+    dir: PathBuf,
+}
+
+impl Workspace {
+    pub fn new() -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("ring0-exec-test-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self { dir }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn policy(&self) -> ExecPolicy {
+        ExecPolicy::new(&self.dir)
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A cancellation that never comes.
+pub fn never() -> std::future::Pending<()> {
+    std::future::pending()
+}
+
+pub fn read_pids(path: &Path) -> Vec<i32> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+pub fn read_pid(path: &Path) -> i32 {
+    let pids = read_pids(path);
+    assert_eq!(pids.len(), 1, "one pid in {}", path.display());
+    pids[0]
+}
+
+/// Waits (generously) until `path` holds at least `n` lines.
+pub async fn wait_for_lines(path: &Path, n: usize) {
+    for _ in 0..600 {
+        if read_pids(path).len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} never got {n} lines", path.display());
+}
+
+/// Whether `pid` is a live process (a zombie is dead).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat[stat.rfind(')').unwrap() + 2..].chars().next().unwrap();
+            state != 'Z' && state != 'X'
+        }
+        Err(_) => false,
+    }
+}
+
+/// Asserts that none of `pids` exists any more, neither alive nor as a zombie, allowing the
+/// reaper a generous moment to run.
+pub async fn assert_no_survivors(pids: &[i32]) {
+    for _ in 0..200 {
+        if pids
+            .iter()
+            .all(|p| !Path::new(&format!("/proc/{p}")).exists())
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let left: Vec<_> = pids
+        .iter()
+        .filter(|p| Path::new(&format!("/proc/{p}")).exists())
+        .map(|p| (p, alive(*p)))
+        .collect();
+    panic!("processes still present (pid, alive): {left:?}");
+}
