@@ -1,0 +1,505 @@
+//! The sanitizer: untrusted terminal bytes in, printable text and line-model edits out.
+//!
+//! Escape sequences (CSI, OSC including OSC 8 hyperlinks and OSC 52 clipboard writes, DCS, SOS,
+//! PM, APC, other ESC sequences) are parsed by `vte`, the state machine of Paul Williams' DEC
+//! parser, and never reach the output. The cursor movements and erasures that progress displays
+//! use are applied to the [`Screen`]; everything else is dropped.
+//!
+//! Most output is plain text, so the sanitizer does not hand every byte to the parser: a word-at-a
+//! -time scan finds the next byte that needs a decision and copies the plain run before it to the
+//! screen in one call; only an `ESC` switches to the parser, which keeps the bytes until the
+//! sequence ends. State carries across calls in both paths (an unfinished sequence in the parser,
+//! an unfinished UTF-8 character here), and both paths decide every character the same way, so
+//! any split of the input into chunks gives the same output.
+//!
+//! What is dropped: raw 8-bit C1 bytes and C1 characters, C0 controls other than `\n`, `\r`,
+//! `\t` and backspace (which edit the line), DEL, and invisible or bidirectional-control
+//! characters (counted separately). Invalid UTF-8 becomes U+FFFD, exactly as `vte` does it.
+//!
+//! The parser is used without its `std` feature: its OSC buffer then has a fixed size, so an
+//! endless OSC 52 payload cannot grow memory.
+
+use crate::screen::{LineSink, Screen};
+
+const ESC: u8 = 0x1b;
+
+/// Counts of what the sanitizer removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SanitizeStats {
+    pub escapes: u64,
+    pub controls: u64,
+    pub invisible: u64,
+}
+
+/// Sanitizes one stream.
+#[derive(Default)]
+pub(crate) struct Sanitizer {
+    parser: vte::Parser,
+    /// The parser owns the stream until it reports it is back in its ground state.
+    in_escape: bool,
+    /// The previous string sequence (OSC, DCS) ended with ESC, so the `\` that follows is its
+    /// terminator, not a sequence of its own.
+    after_string: bool,
+    partial: [u8; 4],
+    partial_len: usize,
+    pub stats: SanitizeStats,
+}
+
+impl Sanitizer {
+    /// Sanitizes a chunk, writing to `screen`, which hands finished lines to `sink`.
+    pub fn push<S: LineSink>(&mut self, mut bytes: &[u8], screen: &mut Screen, sink: &mut S) {
+        while !bytes.is_empty() {
+            if self.in_escape {
+                let mut perf = Perf {
+                    screen,
+                    sink,
+                    stats: &mut self.stats,
+                    after_string: &mut self.after_string,
+                    done: false,
+                    by_print: false,
+                };
+                let n = self.parser.advance_until_terminated(&mut perf, bytes);
+                let (done, by_print) = (perf.done, perf.by_print);
+                bytes = &bytes[n..];
+                // After a printed character the parser may have kept an unfinished UTF-8
+                // character at the very end of the chunk; it stays in charge until the next
+                // chunk completes it.
+                if done && !(by_print && bytes.is_empty()) {
+                    self.in_escape = false;
+                }
+                continue;
+            }
+            if self.partial_len > 0 {
+                let n = self.resume_partial(bytes, screen, sink);
+                bytes = &bytes[n..];
+                continue;
+            }
+            let n = self.ground(bytes, screen, sink);
+            bytes = &bytes[n..];
+            if bytes.first() == Some(&ESC) {
+                self.in_escape = true;
+            }
+        }
+    }
+
+    /// Ends the stream: an unfinished UTF-8 character becomes U+FFFD; an unfinished escape
+    /// sequence is dropped.
+    pub fn finish<S: LineSink>(&mut self, screen: &mut Screen, sink: &mut S) {
+        if self.partial_len > 0 {
+            self.partial_len = 0;
+            on_char('\u{FFFD}', screen, sink, &mut self.stats);
+        }
+        self.in_escape = false;
+        self.parser = vte::Parser::default();
+    }
+
+    /// The fast path: processes bytes until an `ESC` (not consumed) or the end.
+    fn ground<S: LineSink>(&mut self, bytes: &[u8], screen: &mut Screen, sink: &mut S) -> usize {
+        let n = bytes.len();
+        let mut run_start = 0;
+        let mut run_ascii = true;
+        let mut i = 0;
+        while i < n {
+            i = scan_plain_ascii(bytes, i);
+            if i == n {
+                break;
+            }
+            let b = bytes[i];
+            if b < 0x80 {
+                screen.text(&bytes[run_start..i], run_ascii, sink);
+                run_ascii = true;
+                if b == ESC {
+                    return i;
+                }
+                on_control(b, screen, sink, &mut self.stats);
+                i += 1;
+                run_start = i;
+                continue;
+            }
+            match decode(&bytes[i..]) {
+                Decoded::Char(c, len) if !needs_decision(c) => {
+                    run_ascii = false;
+                    i += len;
+                }
+                Decoded::Char(c, len) => {
+                    screen.text(&bytes[run_start..i], run_ascii, sink);
+                    run_ascii = true;
+                    on_char(c, screen, sink, &mut self.stats);
+                    i += len;
+                    run_start = i;
+                }
+                Decoded::Invalid(len) => {
+                    screen.text(&bytes[run_start..i], run_ascii, sink);
+                    run_ascii = true;
+                    on_invalid(b, len, screen, sink, &mut self.stats);
+                    i += len;
+                    run_start = i;
+                }
+                Decoded::Incomplete => {
+                    screen.text(&bytes[run_start..i], run_ascii, sink);
+                    let rest = &bytes[i..];
+                    self.partial[..rest.len()].copy_from_slice(rest);
+                    self.partial_len = rest.len();
+                    return n;
+                }
+            }
+        }
+        screen.text(&bytes[run_start..n], run_ascii, sink);
+        n
+    }
+
+    /// Completes a UTF-8 character left unfinished by the previous chunk; returns the bytes of
+    /// `bytes` consumed (possibly none, when the next byte shows the character was invalid).
+    fn resume_partial<S: LineSink>(
+        &mut self,
+        bytes: &[u8],
+        screen: &mut Screen,
+        sink: &mut S,
+    ) -> usize {
+        let old = self.partial_len;
+        let take = bytes.len().min(4 - old);
+        let mut tmp = [0u8; 4];
+        tmp[..old].copy_from_slice(&self.partial[..old]);
+        tmp[old..old + take].copy_from_slice(&bytes[..take]);
+        match decode(&tmp[..old + take]) {
+            Decoded::Char(c, len) => {
+                self.partial_len = 0;
+                on_char(c, screen, sink, &mut self.stats);
+                len - old
+            }
+            Decoded::Invalid(len) => {
+                self.partial_len = 0;
+                on_invalid(tmp[0], len, screen, sink, &mut self.stats);
+                len.saturating_sub(old)
+            }
+            Decoded::Incomplete => {
+                self.partial[old..old + take].copy_from_slice(&bytes[..take]);
+                self.partial_len += take;
+                take
+            }
+        }
+    }
+}
+
+/// The parser's callbacks.
+struct Perf<'a, S> {
+    screen: &'a mut Screen,
+    sink: &'a mut S,
+    stats: &'a mut SanitizeStats,
+    after_string: &'a mut bool,
+    /// The parser is back in its ground state.
+    done: bool,
+    by_print: bool,
+}
+
+impl<S: LineSink> vte::Perform for Perf<'_, S> {
+    fn terminated(&self) -> bool {
+        self.done
+    }
+
+    fn print(&mut self, c: char) {
+        on_char(c, self.screen, self.sink, self.stats);
+        self.done = true;
+        self.by_print = true;
+    }
+
+    fn execute(&mut self, byte: u8) {
+        on_control(byte, self.screen, self.sink, self.stats);
+        // CAN and SUB abort a sequence and return the parser to ground.
+        if byte == 0x18 || byte == 0x1a {
+            self.done = true;
+        }
+    }
+
+    fn hook(&mut self, _: &vte::Params, _: &[u8], _: bool, _: char) {
+        self.stats.escapes += 1;
+    }
+
+    fn unhook(&mut self) {
+        *self.after_string = true;
+    }
+
+    fn osc_dispatch(&mut self, _: &[&[u8]], bell_terminated: bool) {
+        self.stats.escapes += 1;
+        if bell_terminated {
+            self.done = true;
+        } else {
+            *self.after_string = true;
+        }
+    }
+
+    fn csi_dispatch(&mut self, params: &vte::Params, intermediates: &[u8], ignore: bool, c: char) {
+        self.stats.escapes += 1;
+        self.done = true;
+        if ignore || !intermediates.is_empty() {
+            return;
+        }
+        let first = params
+            .iter()
+            .next()
+            .and_then(|p| p.first().copied())
+            .unwrap_or(0);
+        let count = usize::from(first.max(1));
+        let s = &mut *self.screen;
+        match c {
+            'A' => s.cursor_up(count),
+            'B' => s.cursor_down(count),
+            'C' => s.cursor_forward(count),
+            'D' => s.cursor_back(count),
+            'E' => {
+                s.cursor_down(count);
+                s.carriage_return();
+            }
+            'F' => {
+                s.cursor_up(count);
+                s.carriage_return();
+            }
+            'G' => s.cursor_column(count - 1),
+            'K' => s.erase_line(first),
+            'J' => s.erase_display(first),
+            _ => {}
+        }
+    }
+
+    fn esc_dispatch(&mut self, _: &[u8], _: bool, byte: u8) {
+        if !(byte == b'\\' && *self.after_string) {
+            self.stats.escapes += 1;
+        }
+        *self.after_string = false;
+        self.done = true;
+    }
+}
+
+/// One character decided: kept, or dropped and counted.
+fn on_char<S: LineSink>(c: char, screen: &mut Screen, sink: &mut S, stats: &mut SanitizeStats) {
+    if c == '\u{7f}' || ('\u{80}'..='\u{9f}').contains(&c) {
+        stats.controls += 1;
+    } else if is_invisible(c) {
+        stats.invisible += 1;
+    } else {
+        let mut buf = [0u8; 4];
+        let s = c.encode_utf8(&mut buf);
+        screen.text(s.as_bytes(), c.is_ascii(), sink);
+    }
+}
+
+/// One control byte: a line edit, a tab kept as text, or dropped and counted.
+fn on_control<S: LineSink>(b: u8, screen: &mut Screen, sink: &mut S, stats: &mut SanitizeStats) {
+    match b {
+        b'\n' => screen.newline(sink),
+        b'\r' => screen.carriage_return(),
+        0x08 => screen.backspace(),
+        b'\t' => screen.text(b"\t", true, sink),
+        _ => stats.controls += 1,
+    }
+}
+
+/// An invalid UTF-8 sequence: a lone byte in the C1 range is a raw 8-bit control (dropped),
+/// anything else becomes U+FFFD — the same decision `vte` makes.
+fn on_invalid<S: LineSink>(
+    first: u8,
+    len: usize,
+    screen: &mut Screen,
+    sink: &mut S,
+    stats: &mut SanitizeStats,
+) {
+    if len == 1 && (0x80..=0x9f).contains(&first) {
+        stats.controls += 1;
+    } else {
+        on_char('\u{FFFD}', screen, sink, stats);
+    }
+}
+
+/// Zero-width, bidirectional-control and tag characters: invisible to a reader, visible to a
+/// model, and a known way to hide instructions in text.
+pub(crate) fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{061C}'
+        | '\u{200B}'..='\u{200F}'
+        | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{2064}'
+        | '\u{2066}'..='\u{2069}'
+        | '\u{FEFF}'
+        | '\u{E0000}'..='\u{E007F}')
+}
+
+/// Non-ASCII characters the fast path must not copy: C1 controls and invisible characters.
+fn needs_decision(c: char) -> bool {
+    ('\u{80}'..='\u{9f}').contains(&c) || is_invisible(c)
+}
+
+enum Decoded {
+    Char(char, usize),
+    Invalid(usize),
+    Incomplete,
+}
+
+/// Decodes the character at the start of `b` (non-empty) the way `std::str::from_utf8` sees it.
+fn decode(b: &[u8]) -> Decoded {
+    let w = &b[..b.len().min(4)];
+    let valid = match std::str::from_utf8(w) {
+        Ok(s) => s,
+        Err(e) if e.valid_up_to() > 0 => match std::str::from_utf8(&w[..e.valid_up_to()]) {
+            Ok(s) => s,
+            Err(_) => return Decoded::Invalid(1),
+        },
+        Err(e) => {
+            return match e.error_len() {
+                Some(n) => Decoded::Invalid(n),
+                None => Decoded::Incomplete,
+            };
+        }
+    };
+    match valid.chars().next() {
+        Some(c) => Decoded::Char(c, c.len_utf8()),
+        None => Decoded::Incomplete,
+    }
+}
+
+/// Bytes that are always plain text: printable ASCII, newline and tab.
+const fn plain_table() -> [bool; 256] {
+    let mut t = [false; 256];
+    let mut i = 0x20;
+    while i < 0x7f {
+        t[i] = true;
+        i += 1;
+    }
+    t[b'\n' as usize] = true;
+    t[b'\t' as usize] = true;
+    t
+}
+static PLAIN: [bool; 256] = plain_table();
+
+/// Index of the first byte at or after `i` that is not plain ASCII, eight bytes at a time while
+/// the text is printable. Written by hand: memchr searches for at most three bytes, and this
+/// needs a class of them.
+fn scan_plain_ascii(b: &[u8], mut i: usize) -> usize {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    while let Some(word) = b.get(i..i + 8) {
+        let mut arr = [0u8; 8];
+        arr.copy_from_slice(word);
+        let w = u64::from_le_bytes(arr);
+        let below_space = w.wrapping_sub(LO * 0x20) & !w & HI;
+        let x = w ^ (LO * 0x7f);
+        let del = x.wrapping_sub(LO) & !x & HI;
+        if (w & HI) | below_space | del == 0 {
+            i += 8;
+            continue;
+        }
+        for (j, &c) in word.iter().enumerate() {
+            if !PLAIN[c as usize] {
+                return i + j;
+            }
+        }
+        i += 8;
+    }
+    while i < b.len() && PLAIN[b[i] as usize] {
+        i += 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Collect(Vec<u8>);
+    impl LineSink for Collect {
+        fn lines(&mut self, block: &[u8], _: u64) {
+            self.0.extend_from_slice(block);
+        }
+    }
+
+    fn sanitize_chunks(chunks: &[&[u8]]) -> (String, SanitizeStats) {
+        let mut san = Sanitizer::default();
+        let mut screen = Screen::default();
+        let mut sink = Collect::default();
+        for c in chunks {
+            san.push(c, &mut screen, &mut sink);
+        }
+        san.finish(&mut screen, &mut sink);
+        screen.finish(&mut sink);
+        (String::from_utf8(sink.0).unwrap(), san.stats)
+    }
+
+    fn sanitize(input: &[u8]) -> String {
+        sanitize_chunks(&[input]).0
+    }
+
+    #[test]
+    fn colour_codes_are_removed_and_the_text_kept() {
+        assert_eq!(sanitize(b"\x1b[1;31merror\x1b[0m: bad\n"), "error: bad\n");
+    }
+
+    #[test]
+    fn osc_hyperlink_keeps_its_text_and_drops_the_target() {
+        let input = b"see \x1b]8;;https://x.invalid/\x1b\\docs\x1b]8;;\x1b\\ now";
+        assert_eq!(sanitize(input), "see docs now");
+    }
+
+    #[test]
+    fn osc_52_clipboard_write_is_removed_whole() {
+        let input = b"a\x1b]52;c;ZXZpbCBwYXlsb2Fk\x07b";
+        assert_eq!(sanitize(input), "ab");
+    }
+
+    #[test]
+    fn dcs_sos_pm_and_apc_strings_are_removed_whole() {
+        let input = b"1\x1bPq#0;2;0;0;0\x1b\\2\x1bXsos\x1b\\3\x1b^pm\x1b\\4\x1b_apc\x1b\\5";
+        assert_eq!(sanitize(input), "12345");
+    }
+
+    #[test]
+    fn raw_c1_bytes_and_c0_controls_are_dropped_and_counted() {
+        let (out, stats) = sanitize_chunks(&[b"a\x9bb\x07c\x00d\x7fe\tf"]);
+        assert_eq!(out, "abcde\tf");
+        assert_eq!(stats.controls, 4);
+    }
+
+    #[test]
+    fn invisible_and_bidi_characters_are_removed_and_counted() {
+        let input = "pay\u{200B}ment \u{202E}evil\u{202C} \u{2066}x\u{2069} tag\u{E0041}";
+        let (out, stats) = sanitize_chunks(&[input.as_bytes()]);
+        assert_eq!(out, "payment evil x tag");
+        assert_eq!(stats.invisible, 6);
+    }
+
+    #[test]
+    fn invalid_utf8_becomes_replacement_characters() {
+        assert_eq!(sanitize(b"a\xffb\xe2\x28c"), "a\u{FFFD}b\u{FFFD}(c");
+    }
+
+    #[test]
+    fn an_escape_split_across_chunks_is_still_removed() {
+        let (out, _) = sanitize_chunks(&[b"ok \x1b[3", b"2mgreen\x1b", b"[0m done"]);
+        assert_eq!(out, "ok green done");
+    }
+
+    #[test]
+    fn a_character_split_across_chunks_is_kept_whole() {
+        let (out, _) = sanitize_chunks(&[b"caf\xc3", b"\xa9 \xe2\x9c", b"\x93"]);
+        assert_eq!(out, "café ✓");
+    }
+
+    #[test]
+    fn every_split_point_gives_the_same_output() {
+        let input: &[u8] = b"\x1b[32m\xe2\x9c\x93\x1b[0m ok\r\n\x1b]0;title\x07pro\x1b[2K\rgress 9\xe2\x80\x8b%\r100%\n\xf0\x9f\x98\x80 \xc3";
+        let whole = sanitize(input);
+        for i in 0..=input.len() {
+            for j in i..=input.len() {
+                let (split, _) = sanitize_chunks(&[&input[..i], &input[i..j], &input[j..]]);
+                assert_eq!(split, whole, "split at {i},{j}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_endless_osc_payload_does_not_reach_the_output() {
+        let mut input = b"x\x1b]52;c;".to_vec();
+        input.extend(std::iter::repeat_n(b'A', 1 << 20));
+        input.extend_from_slice(b"\x07y");
+        assert_eq!(sanitize(&input), "xy");
+    }
+}

@@ -1,0 +1,391 @@
+//! The spill store: full raw output kept on disk, named by its SHA-256, paged back on request.
+//!
+//! The shaped observation is a bounded view; the spill keeps what the view left out, so a model
+//! that needs line 40,000 can ask for it instead of re-running the command. Files are named by the
+//! hex SHA-256 of their content (identical outputs share one file) in one configured directory.
+//! The store has a total size cap: after each new file, the oldest files are removed until the
+//! store fits. A single spill is capped too; a stream beyond it is kept up to the cap and its
+//! handle says `complete: false`.
+//!
+//! Handles are validated before use (`sha256:` and 64 lowercase hex digits), so a handle can never
+//! name a path outside the store.
+
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ring0_core::observation::SpillHandle;
+use sha2::{Digest, Sha256};
+
+/// Default size cap of a whole store.
+pub const SPILL_STORE_BYTES_DEFAULT: u64 = 1024 * 1024 * 1024;
+/// Default size cap of one spilled stream.
+pub const SPILL_FILE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// Largest page `read_spill` returns.
+pub const SPILL_PAGE_BYTES_MAX: usize = 64 * 1024;
+
+const HANDLE_PREFIX: &str = "sha256:";
+const TEMP_PREFIX: &str = ".partial-";
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A content-addressed directory of spilled outputs.
+#[derive(Debug)]
+pub struct SpillStore {
+    dir: PathBuf,
+    store_bytes_max: u64,
+    file_bytes_max: u64,
+}
+
+/// What went wrong with the spill store.
+#[derive(Debug, thiserror::Error)]
+pub enum SpillError {
+    #[error("spill handle {0:?} is not of the form sha256:<64 lowercase hex digits>")]
+    BadHandle(String),
+    #[error("spill {0} is not in the store (never written, or evicted by the size cap)")]
+    NotFound(String),
+    #[error("spill store {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// One page of a spilled stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpillPage {
+    /// Offset of the first byte returned.
+    pub offset: u64,
+    /// Raw bytes (not shaped; pass them through `shape_bytes` to show them to a model).
+    pub bytes: Vec<u8>,
+    /// Size of the whole spill.
+    pub total_bytes: u64,
+    /// No bytes follow this page.
+    pub eof: bool,
+}
+
+impl SpillPage {
+    /// Offset to ask for next.
+    pub fn next_offset(&self) -> u64 {
+        self.offset + self.bytes.len() as u64
+    }
+}
+
+impl SpillStore {
+    /// A store in `dir` (created if missing) with the default caps.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, SpillError> {
+        Self::with_limits(dir, SPILL_STORE_BYTES_DEFAULT, SPILL_FILE_BYTES_DEFAULT)
+    }
+
+    /// A store with explicit caps.
+    pub fn with_limits(
+        dir: impl Into<PathBuf>,
+        store_bytes_max: u64,
+        file_bytes_max: u64,
+    ) -> Result<Self, SpillError> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(|source| SpillError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(Self {
+            dir,
+            store_bytes_max,
+            file_bytes_max: file_bytes_max.min(store_bytes_max),
+        })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Starts a spill; write the raw stream into it and [`SpillWriter::finish`] it.
+    pub fn writer(self: &Arc<Self>) -> Result<SpillWriter, SpillError> {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = self
+            .dir
+            .join(format!("{TEMP_PREFIX}{}-{n}", std::process::id()));
+        let file = File::create(&path).map_err(|source| SpillError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(SpillWriter {
+            store: Arc::clone(self),
+            path,
+            file: Some(BufWriter::with_capacity(64 * 1024, file)),
+            hasher: Sha256::new(),
+            bytes: 0,
+            complete: true,
+            error: None,
+        })
+    }
+
+    /// Stores a whole value at once (used for oversized structured content).
+    pub fn put(self: &Arc<Self>, bytes: &[u8]) -> Result<SpillHandle, SpillError> {
+        let mut w = self.writer()?;
+        w.write(bytes);
+        w.finish()
+    }
+
+    /// Reads up to `len` bytes (at most [`SPILL_PAGE_BYTES_MAX`]) from `offset`.
+    pub fn read(&self, handle: &str, offset: u64, len: usize) -> Result<SpillPage, SpillError> {
+        let hex = parse_handle(handle)?;
+        let path = self.dir.join(hex);
+        let mut file = File::open(&path).map_err(|source| match source.kind() {
+            io::ErrorKind::NotFound => SpillError::NotFound(handle.to_string()),
+            _ => SpillError::Io {
+                path: path.clone(),
+                source,
+            },
+        })?;
+        let io_err = |source| SpillError::Io {
+            path: path.clone(),
+            source,
+        };
+        let total_bytes = file.metadata().map_err(io_err)?.len();
+        let offset = offset.min(total_bytes);
+        file.seek(SeekFrom::Start(offset)).map_err(io_err)?;
+        let want = len.min(SPILL_PAGE_BYTES_MAX);
+        let mut bytes = Vec::with_capacity(want);
+        file.take(want as u64)
+            .read_to_end(&mut bytes)
+            .map_err(io_err)?;
+        let eof = offset + bytes.len() as u64 >= total_bytes;
+        Ok(SpillPage {
+            offset,
+            bytes,
+            total_bytes,
+            eof,
+        })
+    }
+
+    /// Removes the oldest spills until the store fits its cap, never `keep`.
+    fn evict(&self, keep: &Path) -> io::Result<()> {
+        let mut files = Vec::new();
+        let mut total = 0u64;
+        for entry in fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if parse_hex(name).is_none() {
+                continue;
+            }
+            let meta = entry.metadata()?;
+            total += meta.len();
+            let modified = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+            files.push((modified, meta.len(), entry.path()));
+        }
+        if total <= self.store_bytes_max {
+            return Ok(());
+        }
+        files.sort();
+        for (_, len, path) in files {
+            if total <= self.store_bytes_max {
+                break;
+            }
+            if path == keep {
+                continue;
+            }
+            match fs::remove_file(&path) {
+                Ok(()) => total -= len,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => total -= len,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a page of a spill: `read_spill(handle, offset, len)`.
+pub fn read_spill(
+    store: &SpillStore,
+    handle: &str,
+    offset: u64,
+    len: usize,
+) -> Result<SpillPage, SpillError> {
+    store.read(handle, offset, len)
+}
+
+/// A spill being written. Writing never fails loudly: an I/O error stops the copy and is
+/// reported by [`SpillWriter::finish`], while shaping goes on.
+pub struct SpillWriter {
+    store: Arc<SpillStore>,
+    path: PathBuf,
+    file: Option<BufWriter<File>>,
+    hasher: Sha256,
+    bytes: u64,
+    complete: bool,
+    error: Option<io::Error>,
+}
+
+impl SpillWriter {
+    /// Appends raw bytes, up to the store's per-file cap.
+    pub fn write(&mut self, data: &[u8]) {
+        let room = self.store.file_bytes_max - self.bytes;
+        let take = (data.len() as u64).min(room) as usize;
+        if take < data.len() {
+            self.complete = false;
+        }
+        let data = &data[..take];
+        if data.is_empty() {
+            return;
+        }
+        let Some(file) = self.file.as_mut() else {
+            return;
+        };
+        if let Err(e) = file.write_all(data) {
+            self.error = Some(e);
+            self.file = None;
+            return;
+        }
+        self.hasher.update(data);
+        self.bytes += data.len() as u64;
+    }
+
+    /// Bytes written so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Names the file by its hash (keeping an existing identical one) and applies the store cap.
+    pub fn finish(mut self) -> Result<SpillHandle, SpillError> {
+        let path = self.path.clone();
+        let io_err = |source| SpillError::Io {
+            path: path.clone(),
+            source,
+        };
+        if let Some(e) = self.error.take() {
+            let _ = fs::remove_file(&self.path);
+            return Err(io_err(e));
+        }
+        if let Some(mut file) = self.file.take() {
+            file.flush().map_err(io_err)?;
+        }
+        let hex = hex(&self.hasher.clone().finalize());
+        let target = self.store.dir.join(&hex);
+        if target.exists() {
+            fs::remove_file(&self.path).map_err(io_err)?;
+        } else {
+            fs::rename(&self.path, &target).map_err(io_err)?;
+        }
+        self.store.evict(&target).map_err(io_err)?;
+        Ok(SpillHandle {
+            id: format!("{HANDLE_PREFIX}{hex}"),
+            bytes: self.bytes,
+            complete: self.complete,
+        })
+    }
+}
+
+impl Drop for SpillWriter {
+    fn drop(&mut self) {
+        // An abandoned writer leaves no partial file behind.
+        if self.file.is_some() {
+            self.file = None;
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn parse_handle(handle: &str) -> Result<&str, SpillError> {
+    handle
+        .strip_prefix(HANDLE_PREFIX)
+        .and_then(parse_hex)
+        .ok_or_else(|| SpillError::BadHandle(handle.to_string()))
+}
+
+fn parse_hex(s: &str) -> Option<&str> {
+    (s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+    .then_some(s)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spill_is_named_by_its_sha256_and_pages_back_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SpillStore::open(dir.path()).unwrap());
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let h = store.put(&data).unwrap();
+        assert_eq!(h.id, format!("sha256:{}", hex(&Sha256::digest(&data))));
+        assert!(h.complete);
+        let mut back = Vec::new();
+        let mut offset = 0;
+        loop {
+            let page = read_spill(&store, &h.id, offset, 50_000).unwrap();
+            back.extend_from_slice(&page.bytes);
+            offset = page.next_offset();
+            if page.eof {
+                break;
+            }
+        }
+        assert_eq!(back, data);
+    }
+
+    #[test]
+    fn a_page_is_capped_at_the_page_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SpillStore::open(dir.path()).unwrap());
+        let h = store.put(&vec![b'x'; SPILL_PAGE_BYTES_MAX * 2]).unwrap();
+        let page = store.read(&h.id, 0, usize::MAX).unwrap();
+        assert_eq!(page.bytes.len(), SPILL_PAGE_BYTES_MAX);
+        assert!(!page.eof);
+    }
+
+    #[test]
+    fn a_handle_that_is_not_a_hash_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SpillStore::open(dir.path()).unwrap());
+        let err = store.read("sha256:../../etc/passwd", 0, 10).unwrap_err();
+        assert!(matches!(err, SpillError::BadHandle(_)));
+    }
+
+    #[test]
+    fn a_stream_beyond_the_file_cap_is_kept_up_to_it_and_marked_incomplete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SpillStore::with_limits(dir.path(), 1 << 20, 1000).unwrap());
+        let h = store.put(&[b'a'; 5000]).unwrap();
+        assert_eq!(h.bytes, 1000);
+        assert!(!h.complete);
+    }
+
+    #[test]
+    fn the_store_cap_evicts_the_oldest_spills() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SpillStore::with_limits(dir.path(), 2500, 1000).unwrap());
+        let age = |h: &SpillHandle, secs: u64| {
+            let path = dir.path().join(h.id.trim_start_matches(HANDLE_PREFIX));
+            let file = File::options().write(true).open(path).unwrap();
+            file.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+                .unwrap();
+        };
+        let first = store.put(&[b'1'; 1000]).unwrap();
+        age(&first, 1_000);
+        let second = store.put(&[b'2'; 1000]).unwrap();
+        age(&second, 2_000);
+        let third = store.put(&[b'3'; 1000]).unwrap();
+        assert!(matches!(
+            store.read(&first.id, 0, 10),
+            Err(SpillError::NotFound(_))
+        ));
+        assert!(store.read(&third.id, 0, 10).is_ok());
+    }
+}

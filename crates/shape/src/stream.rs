@@ -1,0 +1,563 @@
+//! The streaming shaper: process output in, one [`Observation`] out.
+//!
+//! ```
+//! use ring0_shape::{ExitInfo, ShapeConfig, Stream, StreamShaper};
+//!
+//! let mut shaper = StreamShaper::new(ShapeConfig::with_budget(4096)).unwrap();
+//! shaper.push(Stream::Stdout, b"\x1b[32mcompiling\x1b[0m 10%\r");
+//! shaper.push(Stream::Stdout, b"compiling 100%\n");
+//! shaper.push(Stream::Stderr, b"warning: unused variable\n");
+//! let obs = shaper.finish(ExitInfo::exited(0));
+//! assert_eq!(obs.stdout.unwrap().text, "compiling 100%\n");
+//! assert_eq!(obs.exit_code, Some(0));
+//! ```
+//!
+//! Each stream goes through its own pipeline — sanitizer, line model, framing defense,
+//! diagnostics, budget — as its chunks arrive, in whatever sizes the reader produced them; the
+//! output does not depend on the chunking. Memory is bounded by the configuration (about twice the
+//! budget per stream plus the line model's window and the token sample), never by the input.
+//!
+//! `push` does blocking file I/O when a spill store is configured (buffered writes of the raw
+//! bytes); call it where blocking briefly is acceptable.
+
+use std::time::Duration;
+
+use ring0_core::Observation;
+use ring0_core::observation::{StreamName, StreamReport, TokenCounts, TruncationReason};
+
+use crate::budget::{StreamBudget, group};
+use crate::config::{ConfigError, RENDER_RESERVE_BYTES, ShapeConfig};
+use crate::diagnostics::Extractor;
+use crate::framing::FramingDefense;
+use crate::sanitize::Sanitizer;
+use crate::screen::{LineSink, Screen};
+use crate::spill::SpillWriter;
+use crate::tokens;
+
+/// Longest truncation notice, in bytes.
+const NOTICE_BYTES_MAX: usize = 400;
+/// Longest exit status line, in bytes.
+const STATUS_BYTES_MAX: usize = 64;
+
+/// Which output stream a chunk came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    fn index(self) -> usize {
+        match self {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        }
+    }
+
+    fn name(self) -> StreamName {
+        match self {
+            Stream::Stdout => StreamName::Stdout,
+            Stream::Stderr => StreamName::Stderr,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// How a process ended, as the operating system reported it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// `WEXITSTATUS` when the process exited normally.
+    pub code: Option<i32>,
+    /// `WTERMSIG` when a signal killed it.
+    pub signal: Option<i32>,
+    /// `WCOREDUMP`.
+    pub core_dumped: bool,
+    /// Time from start to exit.
+    pub duration: Option<Duration>,
+}
+
+impl ExitInfo {
+    /// No exit status (the output did not come from a process, or its end is unknown).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// A normal exit with `code`.
+    pub fn exited(code: i32) -> Self {
+        Self {
+            code: Some(code),
+            ..Self::default()
+        }
+    }
+
+    /// Killed by `signal`.
+    pub fn signaled(signal: i32, core_dumped: bool) -> Self {
+        Self {
+            signal: Some(signal),
+            core_dumped,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the duration.
+    pub fn with_duration(mut self, duration: Duration) -> Self {
+        self.duration = Some(duration);
+        self
+    }
+
+    /// From a waited-for child's status.
+    #[cfg(unix)]
+    pub fn from_status(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        Self {
+            code: status.code(),
+            signal: status.signal(),
+            core_dumped: status.core_dumped(),
+            duration: None,
+        }
+    }
+}
+
+/// Shapes the output of one call as it streams in. See the module documentation.
+pub struct StreamShaper {
+    config: ShapeConfig,
+    streams: [StreamState; 2],
+    spill_errors: Vec<String>,
+}
+
+struct StreamState {
+    sanitizer: Sanitizer,
+    screen: Screen,
+    sink: Sink,
+    raw_bytes: u64,
+    raw_sample: Vec<u8>,
+    spill: Option<SpillWriter>,
+}
+
+/// Where finished lines go: framing defense, then diagnostics, then the budget.
+struct Sink {
+    framing: FramingDefense,
+    scratch: Vec<u8>,
+    framing_neutralized: u64,
+    extractor: Extractor,
+    budget: StreamBudget,
+}
+
+impl LineSink for Sink {
+    fn lines(&mut self, block: &[u8], newlines: u64) {
+        let n = self.framing.neutralize(block, &mut self.scratch);
+        self.framing_neutralized += n;
+        let text = if n > 0 { &self.scratch[..] } else { block };
+        self.extractor.feed(text);
+        self.budget.push(text, newlines);
+    }
+}
+
+impl StreamShaper {
+    /// A shaper for one call's output.
+    pub fn new(config: ShapeConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let stream_cap = config.budget_bytes - RENDER_RESERVE_BYTES;
+        let head_cap = stream_cap * usize::from(config.head_percent) / 100 + 1;
+        let tail_cap = stream_cap - head_cap.min(stream_cap) + 64;
+        let root = config
+            .workspace_root
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned());
+        let mut spill_errors = Vec::new();
+        let mut state = |stream: Stream| StreamState {
+            sanitizer: Sanitizer::default(),
+            screen: Screen::default(),
+            sink: Sink {
+                framing: config.framing.clone(),
+                scratch: Vec::new(),
+                framing_neutralized: 0,
+                extractor: Extractor::new(stream.name(), root.clone()),
+                budget: StreamBudget::new(head_cap, tail_cap),
+            },
+            raw_bytes: 0,
+            raw_sample: Vec::new(),
+            spill: config.spill.as_ref().and_then(|s| match s.writer() {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    spill_errors.push(format!("{}: {e}", stream.label()));
+                    None
+                }
+            }),
+        };
+        let streams = [state(Stream::Stdout), state(Stream::Stderr)];
+        Ok(Self {
+            config,
+            streams,
+            spill_errors,
+        })
+    }
+
+    /// Feeds a chunk of one stream, in arrival order. Chunks may split escape sequences, UTF-8
+    /// characters and lines anywhere.
+    pub fn push(&mut self, stream: Stream, bytes: &[u8]) {
+        let sample_room = self
+            .config
+            .raw_token_sample_bytes
+            .saturating_sub(self.streams[0].raw_sample.len() + self.streams[1].raw_sample.len());
+        let s = &mut self.streams[stream.index()];
+        s.raw_bytes += bytes.len() as u64;
+        if self.config.count_tokens && sample_room > 0 {
+            s.raw_sample
+                .extend_from_slice(&bytes[..bytes.len().min(sample_room)]);
+        }
+        if let Some(w) = s.spill.as_mut() {
+            w.write(bytes);
+        }
+        s.sanitizer.push(bytes, &mut s.screen, &mut s.sink);
+    }
+
+    /// Raw bytes received so far on `stream` (for a caller enforcing an abort ceiling).
+    pub fn raw_bytes(&self, stream: Stream) -> u64 {
+        self.streams[stream.index()].raw_bytes
+    }
+
+    /// Ends both streams and builds the observation. The exit status is recorded as given; an
+    /// exit code of 0 is reported as 0 and does not set or clear `is_error`.
+    pub fn finish(mut self, exit: ExitInfo) -> Observation {
+        for s in &mut self.streams {
+            s.sanitizer.finish(&mut s.screen, &mut s.sink);
+            s.screen.finish(&mut s.sink);
+            s.sink.extractor.finish();
+        }
+        let avail = self.config.budget_bytes - RENDER_RESERVE_BYTES;
+        let allowances = share(
+            avail,
+            self.streams[0].sink.budget.whole_len(),
+            self.streams[1].sink.budget.whole_len(),
+        );
+
+        let mut reports: [Option<StreamReport>; 2] = [None, None];
+        let mut notice_parts = Vec::new();
+        let mut spill_parts = Vec::new();
+        let mut spill_errors = std::mem::take(&mut self.spill_errors);
+        let mut diagnostics = Vec::new();
+        let mut diagnostics_omitted = 0;
+        let mut invisible = 0;
+        let mut framing = 0;
+        for (i, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
+            let s = &mut self.streams[i];
+            let budget = &s.sink.budget;
+            let reason = match budget.whole_len() {
+                Some(len) if len <= avail => TruncationReason::SharedBudget,
+                _ => TruncationReason::StreamBudget,
+            };
+            let cut = budget.cut(allowances[i], self.config.head_percent, reason);
+            let spill = match s.spill.take() {
+                Some(w) if cut.truncation.is_some() => match w.finish() {
+                    Ok(h) => Some(h),
+                    Err(e) => {
+                        spill_errors.push(format!("{}: {e}", stream.label()));
+                        None
+                    }
+                },
+                // Nothing was cut: dropping the writer removes its file.
+                _ => None,
+            };
+            if let Some(t) = &cut.truncation {
+                notice_parts.push(format!(
+                    "{} kept {}+{} of {} bytes",
+                    stream.label(),
+                    group(t.head_bytes),
+                    group(t.tail_bytes),
+                    group(budget.total_bytes),
+                ));
+                if let Some(h) = &spill {
+                    spill_parts.push(format!("{} {}", stream.label(), h.id));
+                }
+            }
+            diagnostics.append(&mut s.sink.extractor.found);
+            diagnostics_omitted += s.sink.extractor.omitted;
+            invisible += s.sanitizer.stats.invisible;
+            framing += s.sink.framing_neutralized;
+            if s.raw_bytes > 0 || stream == Stream::Stdout {
+                reports[i] = Some(StreamReport {
+                    text: cut.text,
+                    raw_bytes: s.raw_bytes,
+                    shaped_bytes: budget.total_bytes,
+                    lines: budget.total_lines,
+                    truncation: cut.truncation,
+                    spill,
+                    escapes_removed: s.sanitizer.stats.escapes,
+                    controls_removed: s.sanitizer.stats.controls,
+                    clipped_bytes: s.screen.clipped_bytes,
+                });
+            }
+        }
+        if diagnostics.len() > crate::config::DIAGNOSTICS_MAX {
+            diagnostics_omitted += (diagnostics.len() - crate::config::DIAGNOSTICS_MAX) as u64;
+            diagnostics.truncate(crate::config::DIAGNOSTICS_MAX);
+        }
+
+        let truncated = !notice_parts.is_empty();
+        let mut notice = None;
+        if truncated || !spill_errors.is_empty() {
+            let mut n = String::new();
+            if truncated {
+                n.push_str(&format!(
+                    "Output cut to fit {} bytes: {}.",
+                    group(self.config.budget_bytes as u64),
+                    notice_parts.join(", ")
+                ));
+                if spill_parts.is_empty() {
+                    n.push_str(" The omitted text was not kept; re-run with narrower output.");
+                } else {
+                    n.push_str(&format!(
+                        " Full raw output: {}; page it with read_spill(handle, offset, len).",
+                        spill_parts.join(", ")
+                    ));
+                }
+            }
+            for e in &spill_errors {
+                n.push_str(" Spill failed: ");
+                n.push_str(e);
+                n.push('.');
+            }
+            notice = Some(clip(n.trim_start(), NOTICE_BYTES_MAX));
+        }
+
+        let [stdout, stderr] = reports;
+        let text = render_text(
+            stdout.as_ref(),
+            stderr.as_ref(),
+            &exit,
+            notice.as_deref(),
+            self.config.budget_bytes,
+        );
+
+        let tokens = self.config.count_tokens.then(|| {
+            let mut raw = 0;
+            let mut sampled = 0u64;
+            let mut total = 0u64;
+            for s in &self.streams {
+                raw += tokens::count(&String::from_utf8_lossy(&s.raw_sample)).unwrap_or(0);
+                sampled += s.raw_sample.len() as u64;
+                total += s.raw_bytes;
+            }
+            let exact = sampled == total;
+            if !exact && sampled > 0 {
+                raw = ((raw as u128 * total as u128) / sampled as u128) as u64;
+            }
+            TokenCounts {
+                encoding: tokens::ENCODING.to_string(),
+                raw,
+                raw_exact: exact,
+                shaped: tokens::count(&text).unwrap_or(0),
+            }
+        });
+
+        Observation {
+            text,
+            structured: None,
+            is_error: false,
+            exit_code: exit.code,
+            signal: exit.signal,
+            core_dumped: exit.core_dumped,
+            duration_ms: exit.duration.map(|d| d.as_millis() as u64),
+            stdout,
+            stderr,
+            truncated,
+            truncation_notice: notice,
+            diagnostics,
+            diagnostics_omitted,
+            provenance: self.config.provenance.clone(),
+            tokens,
+            invisible_removed: invisible,
+            framing_neutralized: framing,
+        }
+    }
+}
+
+/// Splits `avail` bytes between two streams: a stream that fits in half gets what it needs, the
+/// other gets the rest.
+fn share(avail: usize, a: Option<usize>, b: Option<usize>) -> [usize; 2] {
+    let half = avail / 2;
+    match (a, b) {
+        (Some(a), Some(b)) if a + b <= avail => [a, b],
+        (Some(a), _) if a <= half => [a, avail - a],
+        (_, Some(b)) if b <= half => [avail - b, b],
+        _ => [half, avail - half],
+    }
+}
+
+/// The model-visible text: the streams (labelled when both have text), the exit status, then
+/// the notice. Within `budget` by construction; a final check cuts on a character boundary.
+fn render_text(
+    stdout: Option<&StreamReport>,
+    stderr: Option<&StreamReport>,
+    exit: &ExitInfo,
+    notice: Option<&str>,
+    budget: usize,
+) -> String {
+    let out = stdout.map_or("", |r| r.text.as_str());
+    let err = stderr.map_or("", |r| r.text.as_str());
+    let mut text = String::with_capacity(out.len() + err.len() + 128);
+    let both = !out.is_empty() && !err.is_empty();
+    let section = |label: &str, body: &str, text: &mut String| {
+        if body.is_empty() {
+            return;
+        }
+        if both || label == "stderr" {
+            text.push('[');
+            text.push_str(label);
+            text.push_str("]\n");
+        }
+        text.push_str(body);
+        if !body.ends_with('\n') {
+            text.push('\n');
+        }
+    };
+    section("stdout", out, &mut text);
+    section("stderr", err, &mut text);
+    if let Some(status) = status_line(exit) {
+        text.push_str(&clip(&status, STATUS_BYTES_MAX));
+        text.push('\n');
+    }
+    if let Some(n) = notice {
+        text.push('[');
+        text.push_str(n);
+        text.push_str("]\n");
+    }
+    clip(&text, budget)
+}
+
+/// `[exit code 1 · 0.84 s]`, `[killed by signal 9 (SIGKILL), core dumped]`.
+fn status_line(exit: &ExitInfo) -> Option<String> {
+    let mut s = match (exit.code, exit.signal) {
+        (Some(code), _) => format!("[exit code {code}"),
+        (None, Some(sig)) => match signal_name(sig) {
+            Some(name) => format!("[killed by signal {sig} ({name})"),
+            None => format!("[killed by signal {sig}"),
+        },
+        (None, None) => return None,
+    };
+    if exit.core_dumped {
+        s.push_str(", core dumped");
+    }
+    if let Some(d) = exit.duration {
+        s.push_str(&format!(" · {:.2} s", d.as_secs_f64()));
+    }
+    s.push(']');
+    Some(s)
+}
+
+fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        24 => "SIGXCPU",
+        25 => "SIGXFSZ",
+        _ => return None,
+    })
+}
+
+/// Cuts to `max` bytes on a character boundary.
+pub(crate) fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shaper(budget: usize) -> StreamShaper {
+        StreamShaper::new(ShapeConfig {
+            count_tokens: false,
+            ..ShapeConfig::with_budget(budget)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn stdout_and_stderr_are_kept_apart() {
+        let mut s = shaper(4096);
+        s.push(Stream::Stdout, b"out 1\n");
+        s.push(Stream::Stderr, b"err 1\n");
+        s.push(Stream::Stdout, b"out 2\n");
+        let obs = s.finish(ExitInfo::exited(1));
+        assert_eq!(obs.stdout.unwrap().text, "out 1\nout 2\n");
+        assert_eq!(obs.stderr.unwrap().text, "err 1\n");
+        assert_eq!(
+            obs.text,
+            "[stdout]\nout 1\nout 2\n[stderr]\nerr 1\n[exit code 1]\n"
+        );
+    }
+
+    #[test]
+    fn exit_code_zero_is_reported_and_not_called_success() {
+        let mut s = shaper(4096);
+        s.push(Stream::Stdout, b"0 tests collected\n");
+        let obs = s.finish(ExitInfo::exited(0));
+        assert_eq!(obs.exit_code, Some(0));
+        assert!(!obs.is_error);
+        assert!(obs.text.contains("[exit code 0]"));
+        assert!(!obs.text.to_lowercase().contains("success"));
+    }
+
+    #[test]
+    fn a_signal_is_reported_by_number_and_name() {
+        let s = shaper(4096);
+        let obs = s.finish(ExitInfo::signaled(11, true).with_duration(Duration::from_millis(1500)));
+        assert_eq!(obs.signal, Some(11));
+        assert!(obs.core_dumped);
+        assert_eq!(obs.duration_ms, Some(1500));
+        assert!(
+            obs.text
+                .contains("[killed by signal 11 (SIGSEGV), core dumped · 1.50 s]")
+        );
+    }
+
+    #[test]
+    fn a_quiet_stream_leaves_the_budget_to_the_other() {
+        let mut s = shaper(4096);
+        let big: Vec<u8> = (0..500)
+            .flat_map(|i| format!("line {i}\n").into_bytes())
+            .collect();
+        s.push(Stream::Stdout, &big);
+        s.push(Stream::Stderr, b"one error\n");
+        let obs = s.finish(ExitInfo::exited(1));
+        let out = obs.stdout.unwrap();
+        assert!(out.truncation.is_some());
+        assert!(out.text.len() > 3000);
+        assert_eq!(obs.stderr.unwrap().text, "one error\n");
+        assert!(obs.text.len() <= 4096);
+        assert!(obs.truncated);
+        assert!(obs.truncation_notice.unwrap().contains("stdout kept"));
+    }
+
+    #[test]
+    fn a_budget_below_the_minimum_is_a_clear_error() {
+        let err = StreamShaper::new(ShapeConfig::with_budget(10))
+            .err()
+            .unwrap();
+        assert_eq!(err, ConfigError::Budget { got: 10 });
+    }
+}
