@@ -1,0 +1,64 @@
+//! The `ring0` binary: thin glue over the library crates.
+//!
+//! Every subcommand parses its arguments, calls one library entry point and prints the result;
+//! no mediation logic lives here. Exit codes: 0 success, 1 the operation failed (reported on
+//! stderr), 2 bad usage.
+
+use clap::{Args, Parser, Subcommand};
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+mod journal_cmd;
+mod shape_cmd;
+
+/// Where the embedded defaults keep state, relative to the workspace.
+pub const STATE_DIR: &str = ".ring0";
+
+#[derive(Parser)]
+#[command(
+    name = "ring0",
+    version,
+    about = "The supervisor between a model's tool calls and the world."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Inspect the intent journal or run its deterministic simulation.
+    Journal(JournalArgs),
+    /// Shape standard input into a bounded, sanitized observation (`cargo build 2>&1 | ring0 shape`).
+    Shape(shape_cmd::ShapeArgs),
+}
+
+#[derive(Args)]
+struct JournalArgs {
+    #[command(subcommand)]
+    command: journal_cmd::JournalCommand,
+    /// The journal file.
+    #[arg(long, global = true, default_value = ".ring0/journal.db")]
+    path: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Journal(args) => journal_cmd::run(args.command, &args.path),
+        Command::Shape(args) => shape_cmd::run(args),
+    };
+    match result {
+        Ok(output) => {
+            let mut stdout = io::stdout().lock();
+            // A closed pipe (`ring0 journal ls | head`) is not an error worth reporting.
+            let _ = stdout.write_all(output.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("ring0: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs on a fresh machine, then runs every test of the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v script >/dev/null || need_apt+=(bsdutils)
+command -v python3 >/dev/null || need_apt+=(python3)
+if ((${#need_apt[@]})); then
+    apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
+fi
+command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+
+cargo nextest run --workspace --no-fail-fast --cargo-quiet
+cargo test --workspace --doc --quiet
