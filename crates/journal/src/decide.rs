@@ -274,8 +274,10 @@ pub(crate) fn plan_propose(
                     write: Some(Write::Update(updated)),
                 });
             }
-            // A rejected record does not stand in the way: a new record replaces it below.
-        } else if let Some(other) = found.by_content
+            // A rejected record does not stand in the way: a new record replaces it below,
+            // unless the same intent is live under another canonicalizer version.
+        }
+        if let Some(other) = found.by_content
             && other.semantic_key.version != p.semantic_key.version
             && !matches!(
                 other.state,

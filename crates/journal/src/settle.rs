@@ -140,15 +140,23 @@ pub async fn record_outcome(
     dispatched: &IntentRecord,
     outcome: DispatchOutcome,
 ) -> Result<IntentRecord, JournalError> {
-    let to = outcome.state();
+    let mut to = outcome.state();
+    // A re-dispatch after an ambiguous outcome that now fails "definitely not applied" says
+    // nothing about the earlier attempt: the intent as a whole is still unknown.
+    let after_ambiguity = dispatched.previous_state() == Some(IntentState::Reconciling);
+    if to == IntentState::Failed && after_ambiguity {
+        to = IntentState::Unknown;
+    }
     let (mut receipt, note) = match outcome {
         DispatchOutcome::Applied(receipt) => (receipt, None),
         DispatchOutcome::Failed { class, receipt } => (
             receipt,
-            Some(if class.definitely_not_applied() {
-                format!("{class:?}: definitely not applied")
-            } else {
-                format!("{class:?}: outcome unknown")
+            Some(match to {
+                IntentState::Failed => format!("{class:?}: definitely not applied"),
+                _ if class.definitely_not_applied() => format!(
+                    "{class:?}: this attempt was not applied, an earlier one is still unknown"
+                ),
+                _ => format!("{class:?}: outcome unknown"),
             }),
         ),
     };

@@ -1,0 +1,37 @@
+//! The deterministic simulation as part of the test suite.
+
+use ring0_journal::sim::{SimBackend, run_seeds, run_world};
+
+/// Seeds the test suite runs (`ring0 journal sim --seeds 100000` is the long run).
+const SUITE_SEEDS: u64 = 2_000;
+
+#[test]
+fn two_thousand_seeds_violate_nothing_and_reach_every_failure_class_and_state() {
+    let report = run_seeds(0..SUITE_SEEDS);
+    println!("{report}");
+    assert_eq!(report.seeds, SUITE_SEEDS);
+    assert_eq!(report.violations, 0, "{report}");
+    assert!(report.unreached_classes().is_empty(), "{report}");
+    assert!(report.unreached_states().is_empty(), "{report}");
+    assert!(report.crashes > SUITE_SEEDS, "{report}");
+}
+
+/// Seeds replayed on SQLite: fewer, since every write is a real fsynced transaction.
+const BACKEND_SEEDS: u64 = 40;
+
+#[test]
+fn the_sqlite_backend_makes_the_same_decisions_as_the_memory_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sim.db");
+    for seed in 0..BACKEND_SEEDS {
+        let memory = run_world(seed, 0, &SimBackend::Memory);
+        let sqlite = run_world(seed, 0, &SimBackend::Sqlite(path.clone()));
+        assert!(
+            sqlite.violations.is_empty(),
+            "seed {seed}: {:?}",
+            sqlite.violations
+        );
+        assert_eq!(memory.outcome, sqlite.outcome, "seed {seed}");
+        assert_eq!(memory.trace, sqlite.trace, "seed {seed}");
+    }
+}
