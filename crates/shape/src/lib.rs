@@ -17,12 +17,16 @@
 //!   `finish(ExitInfo) -> Observation` — for process output (`ring0-exec`);
 //! - [`shape_bytes`] / [`shape_reader`]: a whole text or a reader (the `ring0 shape` command),
 //!   with [`render`] for its text or JSON output;
-//! - [`read_spill`]: pages of a spilled stream.
+//! - [`shape_mcp_content`]: an MCP `tools/call` result's content array and structured content;
+//! - [`read_spill`]: pages of a spilled stream;
+//! - [`CursorSigner`]: signed, expiring, session-bound pagination cursors and page ceilings.
 
 mod budget;
 pub mod config;
+pub mod cursor;
 mod diagnostics;
 pub mod framing;
+pub mod mcp;
 mod sanitize;
 mod screen;
 pub mod spill;
@@ -32,7 +36,9 @@ pub mod tokens;
 use std::io::{self, Read};
 
 pub use config::{ConfigError, ShapeConfig};
+pub use cursor::{CursorError, CursorSigner, PageSize, clamp_page_size};
 pub use framing::FramingDefense;
+pub use mcp::shape_mcp_content;
 pub use ring0_core::Observation;
 pub use spill::{SpillError, SpillPage, SpillStore, read_spill};
 pub use stream::{ExitInfo, Stream, StreamShaper};
