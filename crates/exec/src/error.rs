@@ -52,6 +52,8 @@ pub enum ExecError {
         #[source]
         source: std::io::Error,
     },
+    #[error("shaping configuration: {0}")]
+    ShapeConfig(String),
     #[error("could not set up supervision: {0}")]
     Setup(String),
 }

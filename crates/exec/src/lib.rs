@@ -47,13 +47,13 @@ mod spec;
 mod supervise;
 mod teardown;
 
-pub use capture::{BoundedCapture, OutputShaper, Stream};
 pub use error::{ExecError, JobError};
 pub use jobs::{
     ExecutionMode, InputReceipt, JOB_TIMEOUT_DEFAULT, JobEvent, JobEvents, JobHandle, JobManager,
     JobReceipt, JobSnapshot, JobState, JobStatus, JobUsage, JobsConfig, Recovery, SessionId,
 };
 pub use ring0_core::Observation;
+pub use ring0_shape::{ShapeConfig, Stream};
 pub use run::{RunReport, RunSummary, run_command, run_prepared};
 pub use spec::{
     CommandLine, CommandSpec, ENV_ALLOW_DEFAULT, ExecPolicy, PreparedCommand, ResourceLimits,

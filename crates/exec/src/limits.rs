@@ -22,8 +22,9 @@ pub const POST_EXIT_DRAIN_MAX: Duration = Duration::from_secs(2);
 
 /// Cumulative stdout + stderr bytes after which the pipes are closed and the group is killed.
 pub const OUTPUT_CEILING_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
-/// Bytes kept for the model-visible observation when no shaper budget is configured.
-pub const OBSERVATION_BUDGET_BYTES_DEFAULT: usize = 16 * 1024;
+/// Bytes of the observation budget set aside for the supervision note (timeout, cancel, output
+/// ceiling) appended after the shaper's text, so the whole stays within the budget.
+pub const SUPERVISION_NOTE_BYTES_MAX: usize = 320;
 /// Size of one read from a child's pipe or pseudo-terminal.
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 

@@ -1,7 +1,7 @@
 //! One-shot supervised runs: spawn, capture, bound, tear down, shape — the path of a tool call
 //! whose implementation is a command, and of `ring0 run`.
 
-use crate::capture::{BoundedCapture, OutputShaper, Stream};
+use crate::capture::Shaping;
 use crate::error::ExecError;
 use crate::spawn;
 use crate::spec::{CommandSpec, ExecPolicy, PreparedCommand};
@@ -54,7 +54,36 @@ impl RunSummary {
         self.ending != Ending::Exited || self.error.is_some()
     }
 
-    /// One line stating how the run ended, for the end of the observation text.
+    /// What the model must be told beyond the exit status: why supervision ended the run, or
+    /// what went wrong supervising it. `None` for a run that exited by itself cleanly.
+    pub fn supervision_note(&self) -> Option<String> {
+        let ending = match self.ending {
+            Ending::Exited => None,
+            Ending::TimedOut => Some(format!(
+                "Timed out after {} ms; the process group was terminated. Output up to then is shown.",
+                self.timeout_ms
+            )),
+            Ending::Cancelled => Some(
+                "Cancelled; the process group was terminated. Output up to then is shown."
+                    .to_owned(),
+            ),
+            Ending::OutputCeiling => Some(format!(
+                "Output ceiling of {} bytes reached ({} further bytes discarded); the pipes were closed and the process group killed.",
+                self.output_ceiling_bytes, self.discarded_bytes
+            )),
+            Ending::SupervisionFailed => {
+                Some("Supervision failed; the process group was terminated.".to_owned())
+            }
+        };
+        let error = self.error.as_deref().map(|e| format!("ring0: {e}."));
+        match (ending, error) {
+            (None, None) => None,
+            (Some(a), None) | (None, Some(a)) => Some(format!("[{a}]")),
+            (Some(a), Some(b)) => Some(format!("[{a} {b}]")),
+        }
+    }
+
+    /// One line stating how the run ended.
     pub fn status_line(&self) -> String {
         let exit = match self.exit {
             Some(ExitReport {
@@ -94,18 +123,12 @@ pub struct RunReport {
     pub summary: RunSummary,
 }
 
-/// The shaper used for runs and jobs: the observation-shaping crate's when present, else the
-/// built-in bounded capture.
-pub(crate) fn new_shaper(budget_bytes: usize) -> Box<dyn OutputShaper> {
-    Box::new(BoundedCapture::new(budget_bytes))
-}
-
 struct RunMonitor {
-    shaper: Box<dyn OutputShaper>,
+    shaper: Shaping,
 }
 
 impl Monitor for RunMonitor {
-    fn on_output(&mut self, stream: Stream, bytes: &[u8]) {
+    fn on_output(&mut self, stream: ring0_shape::Stream, bytes: &[u8]) {
         self.shaper.push(stream, bytes);
     }
 }
@@ -141,11 +164,11 @@ where
     if prepared.stdin.is_interactive() {
         return Err(ExecError::InteractiveNeedsJob);
     }
+    let mut monitor = RunMonitor {
+        shaper: Shaping::new(&prepared.shape)?,
+    };
     let started = Instant::now();
     let spawned = spawn::spawn(prepared)?;
-    let mut monitor = RunMonitor {
-        shaper: new_shaper(prepared.observation_budget_bytes),
-    };
     let limits = Limits {
         deadline: started + prepared.timeout,
         grace: prepared.grace,

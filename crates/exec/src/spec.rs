@@ -9,6 +9,7 @@
 
 use crate::error::ExecError;
 use crate::limits;
+use ring0_shape::ShapeConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -163,8 +164,8 @@ pub struct ExecPolicy {
     pub termination_grace: Duration,
     /// Cumulative output bytes that end the run (`OutputCeiling`).
     pub output_ceiling_bytes: u64,
-    /// Model-visible observation budget handed to the shaper.
-    pub observation_budget_bytes: usize,
+    /// How output is shaped: model-visible budget, spill store, token counting, provenance.
+    pub shape: ShapeConfig,
 }
 
 impl ExecPolicy {
@@ -178,7 +179,7 @@ impl ExecPolicy {
             resource_limits: ResourceLimits::default(),
             termination_grace: limits::TERMINATION_GRACE_DEFAULT,
             output_ceiling_bytes: limits::OUTPUT_CEILING_BYTES_DEFAULT,
-            observation_budget_bytes: limits::OBSERVATION_BUDGET_BYTES_DEFAULT,
+            shape: ShapeConfig::default(),
         }
     }
 
@@ -197,8 +198,14 @@ impl ExecPolicy {
         self
     }
 
+    /// Sets the model-visible observation budget (the shaper's `budget_bytes`).
     pub fn observation_budget_bytes(mut self, bytes: usize) -> Self {
-        self.observation_budget_bytes = bytes;
+        self.shape.budget_bytes = bytes;
+        self
+    }
+
+    pub fn shape(mut self, shape: ShapeConfig) -> Self {
+        self.shape = shape;
         self
     }
 
@@ -220,13 +227,17 @@ pub struct PreparedCommand {
     pub(crate) limits: ResourceLimits,
     pub(crate) grace: Duration,
     pub(crate) output_ceiling_bytes: u64,
-    pub(crate) observation_budget_bytes: usize,
+    pub(crate) shape: ShapeConfig,
 }
 
 impl PreparedCommand {
     /// Checks `spec` against `policy`. Every rule of this module is applied here.
     pub fn prepare(policy: &ExecPolicy, spec: &CommandSpec) -> Result<Self, ExecError> {
         let (program, args) = prepare_command_line(policy, &spec.command)?;
+        policy
+            .shape
+            .validate()
+            .map_err(|e| ExecError::ShapeConfig(e.to_string()))?;
         let cwd = resolve_cwd(&policy.workspace_root, spec.cwd.as_deref())?;
         let env = prepare_env(&policy.env_allow, &spec.env)?;
         let timeout = match spec.timeout_ms {
@@ -253,7 +264,7 @@ impl PreparedCommand {
             limits: policy.resource_limits,
             grace: policy.termination_grace,
             output_ceiling_bytes: policy.output_ceiling_bytes,
-            observation_budget_bytes: policy.observation_budget_bytes,
+            shape: policy.shape.clone(),
         })
     }
 

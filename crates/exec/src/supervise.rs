@@ -6,11 +6,12 @@
 //! teardown. Output keeps being collected during teardown, so whatever a process printed before
 //! a timeout, a cancel or its SIGTERM handler ran is returned.
 
-use crate::capture::Stream;
+use crate::capture::stream_label;
 use crate::limits;
 use crate::probe;
 use crate::spawn::{OutputReaders, Spawned};
 use crate::teardown::{self, TeardownReport};
+use ring0_shape::Stream;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::io;
@@ -341,7 +342,7 @@ fn handle_read<R>(
             *reader = None;
             result
                 .error
-                .get_or_insert_with(|| format!("reading {}: {e}", stream.as_str()));
+                .get_or_insert_with(|| format!("reading {}: {e}", stream_label(stream)));
             if ending.is_none() {
                 *ending = Some(Ending::SupervisionFailed);
             }

@@ -320,11 +320,15 @@ async fn input_with_control_characters_is_refused_and_nothing_is_written() {
     let err = h.jobs.send_input(&s, &job, b"\x03").await.unwrap_err();
     assert!(matches!(err, JobError::InputRejected { .. }), "{err}");
     h.jobs.send_input(&s, &job, b"plain\n").await.unwrap();
+    for _ in 0..600 {
+        if h.jobs.inspect(&s, &job, 5).unwrap().tail.contains("plain") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let status = h.jobs.cancel(&s, &job).await.unwrap();
-    assert_eq!(
-        status.observation.unwrap().text.lines().nth(1),
-        Some("plain")
-    );
+    let stdout = status.observation.unwrap().stdout.unwrap().text;
+    assert_eq!(stdout, "plain\n", "only the accepted input reached the job");
 }
 
 #[tokio::test]

@@ -23,13 +23,14 @@ pub use types::{
     JobUsage, SessionId,
 };
 
-use crate::capture::{OutputShaper, Stream, printable};
+use crate::capture::{Shaping, sanitize_tail};
 use crate::error::{ExecError, JobError};
 use crate::limits;
-use crate::run::{RunSummary, new_shaper};
+use crate::run::RunSummary;
 use crate::spawn::{self, InputWriter};
 use crate::spec::{CommandSpec, ExecPolicy, PreparedCommand};
 use crate::supervise::{self, Limits, Monitor};
+use ring0_shape::Stream;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::Write;
@@ -215,7 +216,7 @@ impl Job {
 
     fn tail(&self, lines: usize) -> (String, usize) {
         let bytes: Vec<u8> = lock(&self.live).tail.iter().copied().collect();
-        last_lines(&printable(&bytes), lines)
+        last_lines(&sanitize_tail(&bytes), lines)
     }
 }
 
@@ -244,7 +245,7 @@ fn last_lines(text: &str, n: usize) -> (String, usize) {
 
 struct JobMonitor {
     job: Arc<Job>,
-    shaper: Box<dyn OutputShaper>,
+    shaper: Shaping,
     log: Option<File>,
     spill_bytes: u64,
     events: Option<mpsc::Sender<JobEvent>>,
@@ -485,6 +486,7 @@ impl JobManager {
                 dir: log_path.clone(),
                 reason: format!("creating the log: {e}"),
             })?;
+        let shaper = Shaping::new(&prepared.shape)?;
         let mut spawned = spawn::spawn(&prepared)?;
         let started = Instant::now();
         let started_at_ms = now_ms();
@@ -541,7 +543,7 @@ impl JobManager {
 
         let monitor = JobMonitor {
             job: Arc::clone(&job),
-            shaper: new_shaper(prepared.observation_budget_bytes),
+            shaper,
             log: Some(log),
             spill_bytes: inner.config.spill_bytes,
             events: Some(events),
