@@ -500,14 +500,19 @@ impl Extractor {
         }
     }
 
+    /// Inside the workspace: under the configured root (relative paths always are); without a
+    /// root, anything that is not the standard library or an installed package.
     fn in_workspace(&self, file: &str) -> bool {
-        if file.contains("site-packages") || file.contains("dist-packages") || file.starts_with('<')
-        {
+        let library = file.contains("site-packages")
+            || file.contains("dist-packages")
+            || file.contains("/lib/python")
+            || file.starts_with('<');
+        if library {
             return false;
         }
         match &self.workspace_root {
             Some(root) if file.starts_with('/') => file.starts_with(root.as_str()),
-            _ => !file.starts_with('/') && !file.contains("/lib/python"),
+            _ => true,
         }
     }
 

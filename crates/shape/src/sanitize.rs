@@ -255,6 +255,15 @@ impl<S: LineSink> vte::Perform for Perf<'_, S> {
                 s.carriage_return();
             }
             'G' => s.cursor_column(count - 1),
+            // Absolute positioning: the row has no meaning in a scrollback, the column does.
+            'H' | 'f' => {
+                let col = params
+                    .iter()
+                    .nth(1)
+                    .and_then(|p| p.first().copied())
+                    .unwrap_or(1);
+                s.cursor_column(usize::from(col.max(1)) - 1);
+            }
             'K' => s.erase_line(first),
             'J' => s.erase_display(first),
             _ => {}
