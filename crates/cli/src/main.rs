@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod journal_cmd;
+mod run_cmd;
 mod shape_cmd;
 
 /// Where the embedded defaults keep state, relative to the workspace.
@@ -32,6 +33,8 @@ enum Command {
     Journal(JournalArgs),
     /// Shape standard input into a bounded, sanitized observation (`cargo build 2>&1 | ring0 shape`).
     Shape(shape_cmd::ShapeArgs),
+    /// Run one command under supervision and print its shaped observation.
+    Run(run_cmd::RunArgs),
 }
 
 #[derive(Args)]
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Journal(args) => journal_cmd::run(args.command, &args.path),
         Command::Shape(args) => shape_cmd::run(args),
+        Command::Run(args) => run_cmd::run(args),
     };
     match result {
         Ok(output) => {
