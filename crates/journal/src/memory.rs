@@ -194,10 +194,11 @@ impl Journal for MemoryJournal {
             return Ok(false);
         };
         let mut st = self.lock();
-        if !st.memo.contains_key(fingerprint) && st.memo.len() >= MEMO_ENTRIES_MAX {
-            if let Some(oldest) = memo::oldest(st.memo.iter().map(|(fp, e)| (*fp, e.stored_ms))) {
-                st.memo.remove(&oldest);
-            }
+        if !st.memo.contains_key(fingerprint)
+            && st.memo.len() >= MEMO_ENTRIES_MAX
+            && let Some(oldest) = memo::oldest(st.memo.iter().map(|(fp, e)| (*fp, e.stored_ms)))
+        {
+            st.memo.remove(&oldest);
         }
         st.memo.insert(*fingerprint, entry);
         Ok(true)

@@ -1167,13 +1167,11 @@ pub fn run_world(seed: u64, model: u64, backend: &SimBackend) -> WorldRun {
                 ctx.lock().crashed = true;
                 world.crash_and_restart();
             }
-            53..=56 => {
+            53..=56 if !world.tasks.is_empty() => {
                 // The model's stream aborted: the host drops one call's future mid-protocol.
-                if !world.tasks.is_empty() {
-                    let i = ctx.lock().rng.random_range(0..world.tasks.len());
-                    drop(world.tasks.swap_remove(i));
-                    ctx.lock().hit(FailureClass::StreamAbort);
-                }
+                let i = ctx.lock().rng.random_range(0..world.tasks.len());
+                drop(world.tasks.swap_remove(i));
+                ctx.lock().hit(FailureClass::StreamAbort);
             }
             57..=59 => {
                 let j = world.journal.clone();

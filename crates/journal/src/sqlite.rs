@@ -6,6 +6,10 @@
 //!   waiting at the moment (up to [`GROUP_COMMIT_BATCH_MAX`]) and decides them all in one
 //!   transaction — one fsync for the batch — each inside its own savepoint, so one refused request
 //!   does not undo the others. Replies go out after the commit.
+//! - **Checkpoints off the commit path.** SQLite's automatic checkpoint would run inside some
+//!   commit and make it wait for the database file's fsync; a checkpointer thread with its own
+//!   connection folds the WAL back every [`CHECKPOINT_INTERVAL_MS`] instead (`PASSIVE`: it never
+//!   blocks the writer or the readers).
 //! - **Concurrent readers.** Reads run on a small pool of reader threads with their own
 //!   connections; WAL lets them read while the writer commits.
 //! - **One writer process.** An exclusive `flock` on `<db>.lock` is held while the journal is
@@ -42,6 +46,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+
+/// How often the checkpointer folds the WAL back into the database file (200 ms).
+pub const CHECKPOINT_INTERVAL_MS: u64 = 200;
 
 /// `PRAGMA application_id` of a ring0 journal ("r0jl").
 const APPLICATION_ID: i64 = 0x7230_6a6c;
@@ -186,7 +193,7 @@ type Reply<T> = oneshot::Sender<Result<T, JournalError>>;
 
 enum WriteJob {
     Propose(Proposal, Reply<ProposeDecision>),
-    Transition(Transition, Reply<IntentRecord>),
+    Transition(Box<Transition>, Reply<IntentRecord>),
     MemoPut(Fingerprint, MemoEntry, Reply<bool>),
 }
 
@@ -206,6 +213,7 @@ pub struct SqliteJournal {
     writer_tx: Option<SyncSender<WriteJob>>,
     reader_tx: Option<Sender<ReadJob>>,
     threads: Vec<JoinHandle<()>>,
+    checkpointer: Option<(Sender<()>, JoinHandle<()>)>,
     lock: Option<File>,
 }
 
@@ -247,12 +255,21 @@ impl SqliteJournal {
                     .map_err(|e| JournalError::Storage(format!("starting a reader thread: {e}")))?,
             );
         }
+        let conn = open_connection(&files, false)?;
+        conn.execute_batch("PRAGMA busy_timeout = 5000;")
+            .map_err(|e| files.sql(e))?;
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let checkpointer = std::thread::Builder::new()
+            .name("ring0-journal-checkpointer".into())
+            .spawn(move || checkpoint_loop(conn, stop_rx))
+            .map_err(|e| JournalError::Storage(format!("starting the checkpointer: {e}")))?;
         Ok(Self {
             files,
             clock: options.clock,
             writer_tx: Some(writer_tx),
             reader_tx: Some(reader_tx),
             threads,
+            checkpointer: Some((stop_tx, checkpointer)),
             lock: Some(lock),
         })
     }
@@ -285,7 +302,12 @@ impl SqliteJournal {
 impl Drop for SqliteJournal {
     fn drop(&mut self) {
         // Closing the channels ends the threads after the work already queued; the lock is
-        // released only once no connection is left.
+        // released only once no connection is left. The checkpointer stops first so the
+        // writer's closing checkpoint has the WAL to itself.
+        if let Some((stop, handle)) = self.checkpointer.take() {
+            drop(stop);
+            let _ = handle.join();
+        }
         self.writer_tx.take();
         self.reader_tx.take();
         for t in self.threads.drain(..) {
@@ -304,7 +326,7 @@ impl Journal for SqliteJournal {
     }
 
     async fn transition(&self, transition: Transition) -> Result<IntentRecord, JournalError> {
-        self.write(|reply| WriteJob::Transition(transition, reply))
+        self.write(|reply| WriteJob::Transition(Box::new(transition), reply))
             .await
     }
 
@@ -443,7 +465,8 @@ fn configure_writer(
     conn.execute_batch(
         "PRAGMA synchronous = FULL;
          PRAGMA foreign_keys = ON;
-         PRAGMA busy_timeout = 5000;",
+         PRAGMA busy_timeout = 5000;
+         PRAGMA wal_autocheckpoint = 0;",
     )
     .map_err(|e| files.sql(e))?;
     if let Some(max) = options.max_size_bytes {
@@ -797,6 +820,16 @@ fn spill(files: &Files, sha: &str, bytes: &[u8]) -> Result<(), JournalError> {
 
 // ---------------------------------------------------------------------------------------------
 // Reading
+
+/// Folds the WAL back into the database file every [`CHECKPOINT_INTERVAL_MS`] until told to
+/// stop (its channel closes). A failed checkpoint is retried at the next tick: the WAL stays
+/// valid, only larger.
+fn checkpoint_loop(conn: Connection, stop: Receiver<()>) {
+    let interval = std::time::Duration::from_millis(CHECKPOINT_INTERVAL_MS);
+    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(interval) {
+        let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+    }
+}
 
 fn reader_loop(conn: Connection, files: Files, rx: Arc<Mutex<Receiver<ReadJob>>>) {
     loop {
