@@ -114,8 +114,9 @@ impl Store {
             .mode(0o600)
             .open(&tmp)
             .map_err(|e| io_error(&self.jobs_dir, "writing a record", e))?;
+        // No fsync: a record must survive ring0 dying, which the page cache covers; a machine
+        // crash also ends every job (and changes the boot id the record is checked against).
         file.write_all(&bytes)
-            .and_then(|()| file.sync_data())
             .map_err(|e| io_error(&self.jobs_dir, "writing a record", e))?;
         fs::rename(&tmp, &path).map_err(|e| io_error(&self.jobs_dir, "renaming a record", e))
     }
