@@ -1,0 +1,362 @@
+//! Approvals: a person decides whether a held call runs.
+//!
+//! The policy builds an [`ApprovalRequest`] — a bounded, human-readable summary (tool, authority,
+//! arguments, why it is held) and the fingerprint of the exact prepared arguments — and asks its
+//! [`Approver`]. An approval names the fingerprint it approves; the policy runs the call only when
+//! that fingerprint is the call's own, so an approval can never be carried over to changed
+//! arguments. The policy bounds the wait by the approval timeout whatever the approver does.
+//!
+//! [`DirectoryApprover`] is the terminal channel: one JSON file per pending request in a
+//! directory (`.ring0/approvals/<id>.request.json`); `ring0 approve <id>` / `ring0 deny <id>` from
+//! another terminal write `<id>.decision.json` ([`decide_pending`]), and the waiting process picks
+//! it up. Other channels (a chat message, an MCP elicitation) implement [`Approver`] the same way.
+
+use async_trait::async_trait;
+use ring0_core::Authority;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Default time a held call waits for a person.
+pub const APPROVAL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
+/// Longest accepted approval timeout.
+pub const APPROVAL_TIMEOUT_MAX: Duration = Duration::from_secs(24 * 60 * 60);
+/// Longest human-readable summary of a held call.
+pub const SUMMARY_BYTES_MAX: usize = 2048;
+/// Longest approval id.
+pub const APPROVAL_ID_BYTES_MAX: usize = 64;
+/// How often [`DirectoryApprover`] looks for a decision file. A person's answer is not latency
+/// sensitive; the wait itself is bounded by the approval timeout.
+pub const APPROVAL_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Largest request or decision file read.
+const APPROVAL_FILE_BYTES_MAX: u64 = 64 * 1024;
+
+/// A call held for a person's decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalRequest {
+    /// Unique id of this request (`ap_` and hex digits).
+    pub id: String,
+    pub tool: String,
+    pub authority: Authority,
+    pub call_id: String,
+    pub scope: String,
+    pub session_id: String,
+    /// Fingerprint of the exact prepared arguments. An approval binds to it.
+    pub args_hash: String,
+    /// Why the call is held (A3, or a grant that requires approval).
+    pub reason: String,
+    /// At most [`SUMMARY_BYTES_MAX`] bytes: tool, authority, arguments (cut, saying so), reason.
+    pub summary: String,
+    pub created_at_ms: u64,
+    /// The request lapses at this time (Unix milliseconds).
+    pub deadline_ms: u64,
+}
+
+/// A person's answer (or its absence).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ApprovalOutcome {
+    /// Approved — for the arguments with this fingerprint.
+    Approved {
+        args_hash: String,
+    },
+    Denied {
+        reason: String,
+    },
+    /// No answer before the deadline.
+    TimedOut,
+}
+
+/// Asks a person. Implementations return when the person answered, or [`ApprovalOutcome::TimedOut`]
+/// at `request.deadline_ms`; the policy also cuts the wait at the deadline whatever happens.
+#[async_trait]
+pub trait Approver: Send + Sync {
+    async fn decide(&self, request: &ApprovalRequest) -> ApprovalOutcome;
+}
+
+/// Why a decision could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ApprovalError {
+    #[error(
+        "approval id {0:?} is not valid: ids are `ap_` followed by lowercase hex digits, as printed"
+    )]
+    InvalidId(String),
+    #[error("no pending approval {id:?} in {dir}")]
+    NotPending { id: String, dir: PathBuf },
+    #[error("approval {id:?} was already decided")]
+    AlreadyDecided { id: String },
+    #[error("{path}: {why}")]
+    Io { path: PathBuf, why: String },
+}
+
+/// Whether `id` has the form of an approval id (so it can never name a path outside the
+/// approvals directory).
+pub fn valid_approval_id(id: &str) -> bool {
+    id.len() <= APPROVAL_ID_BYTES_MAX
+        && id.strip_prefix("ap_").is_some_and(|hex| {
+            !hex.is_empty()
+                && hex
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+}
+
+pub(crate) fn new_approval_id() -> String {
+    format!("ap_{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Cuts `text` to at most `max` bytes on a character boundary, saying how much was left out.
+pub(crate) fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let note_room = 40;
+    let mut cut = max.saturating_sub(note_room);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} more bytes)", &text[..cut], text.len() - cut)
+}
+
+/// The decision `ring0 approve` / `ring0 deny` writes next to a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalDecisionFile {
+    pub id: String,
+    pub approve: bool,
+    /// The fingerprint the person approved (copied from the request they saw).
+    pub args_hash: String,
+    #[serde(default)]
+    pub reason: String,
+    pub decided_at_ms: u64,
+}
+
+fn request_path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{id}.request.json"))
+}
+
+fn decision_path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{id}.decision.json"))
+}
+
+fn io_err(path: &Path, e: impl std::fmt::Display) -> ApprovalError {
+    ApprovalError::Io {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    }
+}
+
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename), so a reader never sees
+/// half a file.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ApprovalError> {
+    let tmp = path.with_extension(format!("tmp{}", uuid::Uuid::new_v4().simple()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(|e| io_err(path, e))
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).ok()?;
+    let mut bytes = Vec::new();
+    f.take(APPROVAL_FILE_BYTES_MAX)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Pending requests in `dir`, oldest first.
+pub fn list_pending(dir: &Path) -> Vec<ApprovalRequest> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<ApprovalRequest> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let id = name.strip_suffix(".request.json")?;
+            if !valid_approval_id(id) || decision_path(dir, id).exists() {
+                return None;
+            }
+            read_json(&e.path())
+        })
+        .collect();
+    out.sort_by_key(|r| r.created_at_ms);
+    out
+}
+
+/// Records a person's decision on pending request `id` in `dir` and returns the request.
+/// The decision carries the fingerprint of the request it answers.
+pub fn decide_pending(
+    dir: &Path,
+    id: &str,
+    approve: bool,
+    reason: &str,
+) -> Result<ApprovalRequest, ApprovalError> {
+    if !valid_approval_id(id) {
+        return Err(ApprovalError::InvalidId(id.to_string()));
+    }
+    let request: ApprovalRequest =
+        read_json(&request_path(dir, id)).ok_or_else(|| ApprovalError::NotPending {
+            id: id.to_string(),
+            dir: dir.to_path_buf(),
+        })?;
+    let decision = decision_path(dir, id);
+    if decision.exists() {
+        return Err(ApprovalError::AlreadyDecided { id: id.to_string() });
+    }
+    let file = ApprovalDecisionFile {
+        id: id.to_string(),
+        approve,
+        args_hash: request.args_hash.clone(),
+        reason: bounded(reason, SUMMARY_BYTES_MAX),
+        decided_at_ms: now_ms(),
+    };
+    let bytes = serde_json::to_vec_pretty(&file).map_err(|e| io_err(&decision, e))?;
+    write_atomic(&decision, &bytes)?;
+    Ok(request)
+}
+
+/// The terminal approval channel: request files in a directory, decisions written by
+/// `ring0 approve` / `ring0 deny`.
+pub struct DirectoryApprover {
+    dir: PathBuf,
+    /// Called once per request when it is written, e.g. to tell the person at the terminal.
+    notify: Option<Box<dyn Fn(&ApprovalRequest) + Send + Sync>>,
+}
+
+impl DirectoryApprover {
+    /// Requests go to `dir` (created, private, if missing).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            notify: None,
+        }
+    }
+
+    /// Calls `notify` with each request once it is pending.
+    pub fn on_request(mut self, notify: impl Fn(&ApprovalRequest) + Send + Sync + 'static) -> Self {
+        self.notify = Some(Box::new(notify));
+        self
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn cleanup(&self, id: &str) {
+        let _ = std::fs::remove_file(request_path(&self.dir, id));
+        let _ = std::fs::remove_file(decision_path(&self.dir, id));
+    }
+}
+
+#[async_trait]
+impl Approver for DirectoryApprover {
+    async fn decide(&self, request: &ApprovalRequest) -> ApprovalOutcome {
+        if !valid_approval_id(&request.id) {
+            return ApprovalOutcome::Denied {
+                reason: "invalid approval id".into(),
+            };
+        }
+        let written = (|| {
+            std::fs::create_dir_all(&self.dir).map_err(|e| io_err(&self.dir, e))?;
+            set_private(&self.dir);
+            let bytes = serde_json::to_vec_pretty(request)
+                .map_err(|e| io_err(&request_path(&self.dir, &request.id), e))?;
+            write_atomic(&request_path(&self.dir, &request.id), &bytes)
+        })();
+        if let Err(e) = written {
+            return ApprovalOutcome::Denied {
+                reason: format!("the approval request could not be written: {e}"),
+            };
+        }
+        if let Some(notify) = &self.notify {
+            notify(request);
+        }
+        let decision = decision_path(&self.dir, &request.id);
+        let outcome = loop {
+            if let Some(d) = read_json::<ApprovalDecisionFile>(&decision) {
+                break if d.id != request.id {
+                    ApprovalOutcome::Denied {
+                        reason: "the decision names another request".into(),
+                    }
+                } else if d.approve {
+                    ApprovalOutcome::Approved {
+                        args_hash: d.args_hash,
+                    }
+                } else {
+                    ApprovalOutcome::Denied {
+                        reason: if d.reason.is_empty() {
+                            "denied".into()
+                        } else {
+                            d.reason
+                        },
+                    }
+                };
+            }
+            if now_ms() >= request.deadline_ms {
+                break ApprovalOutcome::TimedOut;
+            }
+            tokio::time::sleep(APPROVAL_POLL_INTERVAL).await;
+        };
+        self.cleanup(&request.id);
+        outcome
+    }
+}
+
+#[cfg(unix)]
+fn set_private(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+}
+
+#[cfg(not(unix))]
+fn set_private(_dir: &Path) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_cannot_name_paths() {
+        assert!(valid_approval_id("ap_0123abcd"));
+        for bad in [
+            "",
+            "ap_",
+            "../x",
+            "ap_../../etc",
+            "ap_ABC",
+            "xx_12",
+            "ap_12/3",
+        ] {
+            assert!(!valid_approval_id(bad), "{bad}");
+        }
+        assert!(valid_approval_id(&new_approval_id()));
+    }
+
+    #[test]
+    fn bounded_text_says_what_was_cut() {
+        let long = "é".repeat(3000);
+        let cut = bounded(&long, 100);
+        assert!(cut.len() <= 100 + 30, "{}", cut.len());
+        assert!(cut.contains("more bytes"));
+        assert_eq!(bounded("short", 100), "short");
+    }
+}

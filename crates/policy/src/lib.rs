@@ -1,0 +1,54 @@
+//! Authorization for ring0: who may run which tool, with which arguments, how often, and when a
+//! person must say yes first.
+//!
+//! A [`Policy`] is a session's [`Authorizer`](ring0_kernel::Authorizer). It holds the session's
+//! [`Grant`]s (tool-name patterns, an authority ceiling, CEL argument rules, a per-tool rate
+//! limit, whether a person must approve, whether a shell command string is allowed), a per-session
+//! rate limit, an [`Approver`] and an [`AuditSink`]. Every call's decision is made in this order,
+//! and the first refusal wins:
+//!
+//! 1. **grant** — the first grant whose pattern names the tool decides; none → `default_deny`;
+//! 2. **authority** — the tool's authority must be within the grant's ceiling. A1 means "inside
+//!    the workspace sandbox", so an A1 tool whose executor is not one of the sandboxed built-ins
+//!    is judged as A2. A2 requires the tool to declare how an ambiguous outcome is settled
+//!    (idempotency key or probe) — or a grant that puts a person in front of every call;
+//! 3. **shell** — a command string for a shell is refused unless the grant allows a shell;
+//! 4. **rules** — every CEL rule of the grant must evaluate to `true` over the *validated*
+//!    arguments (`args`), the session (`session`) and the tool's metadata (`tool`). A rule that
+//!    errors denies; a rule naming an absent argument errors (and so denies) — it is never
+//!    skipped;
+//! 5. **rate** — the grant's per-tool limit, then the session's limit (GCRA, `governor`);
+//! 6. **approval** — A3 tools, and every tool of a grant that says so, are held: the
+//!    [`Approver`] receives a bounded human-readable summary and the fingerprint of the prepared
+//!    arguments; an approval binds to that fingerprint, so changed arguments need a new one. No
+//!    answer within the approval timeout is `approval_timeout`; a refusal is `approval_denied`.
+//!
+//! The same grants filter discovery: [`Authorizer::visible`](ring0_kernel::Authorizer::visible)
+//! lists a tool only if steps 1–2 would let some call of it through.
+//!
+//! Every decision — allowed, denied, held, approved, approval denied, approval timed out — is
+//! written to the [`AuditSink`] with the rule that fired and the arguments' fingerprint (the
+//! arguments themselves only when configured). An audit record that cannot be written denies the
+//! call: authorization fails closed.
+//!
+//! This crate never runs a tool, never reads a tool's arguments before they are validated, and
+//! never lets a tool, a tool server or a model grant authority: everything it allows comes from
+//! the grants the host configured.
+
+mod approval;
+mod audit;
+mod engine;
+mod rate;
+mod rules;
+
+pub use approval::{
+    APPROVAL_ID_BYTES_MAX, APPROVAL_POLL_INTERVAL, APPROVAL_TIMEOUT_DEFAULT, APPROVAL_TIMEOUT_MAX,
+    ApprovalDecisionFile, ApprovalError, ApprovalOutcome, ApprovalRequest, Approver,
+    DirectoryApprover, SUMMARY_BYTES_MAX, decide_pending, list_pending, valid_approval_id,
+};
+pub use audit::{
+    AUDIT_LINE_BYTES_MAX, AuditDecision, AuditEntry, AuditSink, JsonlAudit, MemoryAudit,
+};
+pub use engine::{APPROVALS_REMEMBERED_MAX, GRANTS_MAX, Grant, Policy, PolicyBuilder, ShellArg};
+pub use rate::{RATE_PERIOD_MAX, RateLimit, RateLimitError};
+pub use rules::{ArgRule, RULE_SOURCE_BYTES_MAX, RULES_PER_GRANT_MAX, RuleError};
