@@ -1,0 +1,76 @@
+"""Reads the outputs of the peer benchmarks and of ring0's `mediation` bench and prints ring0's
+per-call overhead as a fraction of each peer's, and whether the target holds.
+
+Target: ring0's per-call overhead is at most 1/20 of the fastest peer's.
+
+Usage: compare.py FILE...   (each FILE holds one benchmark's output)
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+TARGET_FRACTION = 1 / 20
+
+PEERS = {
+    "langgraph": "LangGraph ToolNode",
+    "openai_agents": "OpenAI Agents SDK function tool",
+}
+
+
+def figures(paths: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                m = re.fullmatch(r"([a-z0-9_]+)=([0-9.]+)", line.strip())
+                if m:
+                    out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def need(values: dict[str, float], key: str) -> float:
+    if key not in values:
+        sys.exit(f"compare.py: no `{key}=` line in the benchmark outputs")
+    return values[key]
+
+
+def ratio(fraction: float) -> str:
+    """`1/12.5` when ring0 is cheaper, `4.5x` when it is dearer."""
+    return f"1/{1 / fraction:.1f}" if fraction <= 1 else f"{fraction:.1f}x"
+
+
+def main() -> None:
+    values = figures(sys.argv[1:])
+    ring0 = need(values, "ring0_overhead_us_per_call")
+    ring0_round = need(values, "ring0_overhead_us_per_call_round64")
+    print()
+    print("ring0 per-call overhead against its peers (lower fraction is better)")
+    print(f"{'':<44} {'one call':>12} {'64-call round':>16}")
+    print(f"{'ring0 (overhead, µs/call)':<44} {ring0:>12.3f} {ring0_round:>16.3f}")
+    peers = {}
+    for key, name in PEERS.items():
+        single = need(values, f"{key}_us_per_call")
+        round_ = need(values, f"{key}_us_per_call_round64")
+        peers[name] = single
+        print(f"{name + ' (µs/call)':<44} {single:>12.3f} {round_:>16.3f}")
+        print(
+            f"{'  ring0 as a fraction of it':<44} {ring0 / single:>12.4f} {ring0_round / round_:>16.4f}"
+            f"   ({ratio(ring0 / single)} and {ratio(ring0_round / round_)})"
+        )
+    fastest_name, fastest = min(peers.items(), key=lambda kv: kv[1])
+    fraction = ring0 / fastest
+    holds = fraction <= TARGET_FRACTION
+    print()
+    print(f"fastest peer: {fastest_name}, {fastest:.3f} µs/call")
+    print(
+        f"target ring0 <= 1/20 of the fastest peer ({fastest * TARGET_FRACTION:.3f} µs/call): "
+        f"{'HOLDS' if holds else 'DOES NOT HOLD'} (ring0 is {fraction:.4f} of it: {ratio(fraction)})"
+    )
+    print(f"ring0_fraction_of_fastest_peer={fraction:.4f}")
+    print(f"target_holds={'true' if holds else 'false'}")
+
+
+if __name__ == "__main__":
+    main()

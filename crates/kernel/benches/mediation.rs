@@ -1,0 +1,260 @@
+//! Per-call mediation overhead: a no-op in-process tool called through the whole pipeline
+//! (provider parse, prepare, admit, plan, commit to the in-memory journal, dispatch, settle,
+//! project, render) against the same async function awaited directly, in the same run.
+//!
+//! `cargo bench -p ring0-kernel --bench mediation`
+//!
+//! Three shapes are measured:
+//! - one call per round through `Session::handle_turn` (OpenAI Chat Completions in and out): the
+//!   headline figure, and the one `bench/peers` compares against other frameworks;
+//! - one call per round through `Session::run_round` (no provider parse or render);
+//! - a round of 64 read-only calls in `SafeParallel` through `handle_turn`, reported per call.
+//!
+//! Inputs (turns, rounds, arguments) are built before each timed batch, so only the call is
+//! timed. Each batch gets a fresh kernel and session, so the journal holds one batch's intents
+//! (as a long run would) instead of growing for the whole benchmark. Each figure is the median
+//! of several batches after warm-up batches; the spread (fastest and slowest batch) is printed
+//! beside it. The last lines are machine-readable for `bench/peers/run.sh`.
+//!
+//! This is a plain timing loop rather than a statistics framework: the quantity is a ratio of two
+//! loops measured side by side, and the peers script needs a single parseable number.
+
+use ring0_core::{Observation, ProposedArguments, ProposedCall, ProviderFormat, Round, ToolSpec};
+use ring0_kernel::{
+    CallContext, ExecutionMode, GrantTable, Kernel, RoundOptions, Session, SessionConfig,
+    ToolError, tool_fn,
+};
+use serde_json::{Value, json};
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Calls per timed batch (the journal of one batch's kernel holds this many intents).
+const CALLS_PER_BATCH: usize = 2048;
+/// Calls in the parallel round shape.
+const ROUND_CALLS: usize = 64;
+/// Untimed batches before measuring, per shape.
+const WARMUP_BATCHES: usize = 3;
+/// Timed batches per shape; the median is reported.
+const SAMPLES: usize = 21;
+/// Direct calls per timed batch: the direct call is tens of nanoseconds, so it needs more
+/// iterations than the mediated one for the clock to resolve it well.
+const DIRECT_CALLS_PER_BATCH: usize = 200_000;
+
+const TOOL: &str = "noop";
+
+/// The tool: echoes its one integer argument. The same function is registered with the kernel
+/// and awaited directly as the baseline.
+async fn noop(_ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
+    Ok(Observation::json(json!({"x": args["x"]})))
+}
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"x": {"type": "integer", "description": "any integer"}},
+        "required": ["x"]
+    })
+}
+
+fn session(mode: ExecutionMode) -> Session {
+    let kernel = Kernel::builder()
+        .tool(
+            ToolSpec::read(TOOL, "returns its argument", schema()),
+            tool_fn(noop),
+        )
+        .expect("the benchmark tool registers")
+        .authorizer(Arc::new(GrantTable::allow(
+            &[TOOL],
+            ring0_core::Authority::A0,
+        )))
+        .build();
+    kernel.open_session(SessionConfig::new("bench").mode(mode))
+}
+
+/// An OpenAI Chat Completions assistant turn with calls `first..first + n`. Arguments differ
+/// per call so the exact-repeat guard and the journal see distinct intents, as in a real run.
+fn chat_turn(first: usize, n: usize) -> Value {
+    let calls: Vec<Value> = (first..first + n)
+        .map(|i| {
+            json!({"id": format!("call_{i}"), "type": "function",
+                   "function": {"name": TOOL, "arguments": format!("{{\"x\":{i}}}")}})
+        })
+        .collect();
+    json!({"role": "assistant", "content": null, "tool_calls": calls})
+}
+
+fn one_call_round(i: usize) -> Round {
+    Round {
+        calls: vec![ProposedCall {
+            index: 0,
+            call_id: format!("call_{i}"),
+            tool: TOOL.into(),
+            arguments: ProposedArguments::Text(format!("{{\"x\":{i}}}")),
+        }],
+        text: None,
+    }
+}
+
+/// Nanoseconds per call of each timed batch.
+struct Samples(Vec<f64>);
+
+impl Samples {
+    fn sorted(&self) -> Vec<f64> {
+        let mut v = self.0.clone();
+        v.sort_by(f64::total_cmp);
+        v
+    }
+    fn median(&self) -> f64 {
+        let v = self.sorted();
+        v[v.len() / 2]
+    }
+    fn min(&self) -> f64 {
+        self.sorted()[0]
+    }
+    fn max(&self) -> f64 {
+        self.sorted()[self.0.len() - 1]
+    }
+}
+
+/// Runs `WARMUP_BATCHES + SAMPLES` batches of `batch`, which returns (elapsed, calls).
+async fn measure<F, Fut>(mut batch: F) -> Samples
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = (Duration, usize)>,
+{
+    let mut out = Vec::with_capacity(SAMPLES);
+    for b in 0..WARMUP_BATCHES + SAMPLES {
+        let (elapsed, calls) = batch(b).await;
+        if b >= WARMUP_BATCHES {
+            out.push(elapsed.as_nanos() as f64 / calls as f64);
+        }
+    }
+    Samples(out)
+}
+
+async fn direct_batch(b: usize) -> (Duration, usize) {
+    let ctx = CallContext {
+        call_id: "call_0".into(),
+        intent_id: None,
+        idempotency_key: None,
+        scope: Arc::from("bench"),
+        cancel: CancellationToken::new(),
+        timeout_ms: ring0_core::spec::TIMEOUT_MS_DEFAULT,
+    };
+    let base = b * DIRECT_CALLS_PER_BATCH;
+    let args: Vec<Value> = (base..base + DIRECT_CALLS_PER_BATCH)
+        .map(|i| json!({"x": i}))
+        .collect();
+    let start = Instant::now();
+    for a in args {
+        let out = noop(ctx.clone(), a).await;
+        black_box(out.expect("the tool never fails"));
+    }
+    (start.elapsed(), DIRECT_CALLS_PER_BATCH)
+}
+
+async fn handle_turn_batch(b: usize, per_round: usize, mode: ExecutionMode) -> (Duration, usize) {
+    let session = session(mode);
+    let rounds = CALLS_PER_BATCH / per_round;
+    let base = b * CALLS_PER_BATCH;
+    let turns: Vec<Value> = (0..rounds)
+        .map(|r| chat_turn(base + r * per_round, per_round))
+        .collect();
+    let options = RoundOptions::default();
+    let mut failed = 0;
+    let start = Instant::now();
+    for turn in &turns {
+        let out = session
+            .handle_turn(ProviderFormat::OpenAiChat, turn, &options)
+            .await
+            .expect("a well-formed turn");
+        failed += out.round.results.iter().filter(|r| r.is_error).count();
+        black_box(out);
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(failed, 0, "benchmark calls must complete, not be rejected");
+    (elapsed, rounds * per_round)
+}
+
+async fn run_round_batch(b: usize) -> (Duration, usize) {
+    let session = session(ExecutionMode::SafeParallel);
+    let base = b * CALLS_PER_BATCH;
+    let rounds: Vec<Round> = (base..base + CALLS_PER_BATCH).map(one_call_round).collect();
+    let options = RoundOptions::default();
+    let mut failed = 0;
+    let start = Instant::now();
+    for round in rounds {
+        let out = session.run_round(round, &options).await;
+        failed += out.results.iter().filter(|r| r.is_error).count();
+        black_box(out);
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(failed, 0, "benchmark calls must complete, not be rejected");
+    (elapsed, CALLS_PER_BATCH)
+}
+
+fn us(ns: f64) -> f64 {
+    ns / 1000.0
+}
+
+fn line(label: &str, s: &Samples, direct: f64) {
+    let m = s.median();
+    println!(
+        "{label:<52} {:>9.3} µs/call  (batches {:.3}–{:.3})  {:>8.0}× direct  overhead {:>8.3} µs/call",
+        us(m),
+        us(s.min()),
+        us(s.max()),
+        m / direct,
+        us(m - direct),
+    );
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let direct = measure(direct_batch).await;
+        let single =
+            measure(|b| handle_turn_batch(b, 1, ExecutionMode::SafeParallel)).await;
+        let core = measure(run_round_batch).await;
+        let round64 =
+            measure(|b| handle_turn_batch(b, ROUND_CALLS, ExecutionMode::SafeParallel)).await;
+        // The direct figure is measured again at the end: if the machine's speed changed during
+        // the run, the two direct figures disagree and the ratios deserve less trust.
+        let direct_after = measure(direct_batch).await;
+
+        let d = direct.median();
+        println!(
+            "ring0 mediation overhead: no-op in-process tool, in-memory journal, current-thread runtime"
+        );
+        println!(
+            "median of {SAMPLES} batches after {WARMUP_BATCHES} warm-up batches; \
+             {CALLS_PER_BATCH} mediated calls or {DIRECT_CALLS_PER_BATCH} direct calls per batch"
+        );
+        println!(
+            "{:<52} {:>9.3} µs/call  (batches {:.3}–{:.3}; again at the end: {:.3})",
+            "direct: the tool function awaited",
+            us(d),
+            us(direct.min()),
+            us(direct.max()),
+            us(direct_after.median()),
+        );
+        line("one call per round, handle_turn (OpenAI chat)", &single, d);
+        line("one call per round, run_round", &core, d);
+        line(
+            &format!("{ROUND_CALLS} reads per round, SafeParallel, handle_turn"),
+            &round64,
+            d,
+        );
+        println!("ring0_direct_us_per_call={:.4}", us(d));
+        println!("ring0_overhead_us_per_call={:.3}", us(single.median() - d));
+        println!(
+            "ring0_overhead_us_per_call_round{ROUND_CALLS}={:.3}",
+            us(round64.median() - d)
+        );
+    });
+}
