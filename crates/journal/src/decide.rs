@@ -20,14 +20,20 @@ use ring0_core::limits::{CALL_ID_BYTES_MAX, TOOL_NAME_BYTES_MAX};
 use ring0_core::receipt::TimelineEntry;
 use sha2::{Digest, Sha256};
 
-/// SHA-256 of a byte string as lowercase hex.
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    let mut out = String::with_capacity(64);
-    for b in digest {
-        out.push_str(&format!("{b:02x}"));
+/// Lowercase hex of bytes (a table lookup per nibble: this runs for every proposal).
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 0xf)] as char);
     }
     out
+}
+
+/// SHA-256 of a byte string as lowercase hex.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
 }
 
 /// A version-independent digest of what an intent *is*: tool, scope, epoch and canonical
@@ -43,11 +49,7 @@ pub(crate) fn content_digest(tool: &str, scope: &str, epoch: u64, canonical_args
     h.update([0]);
     h.update(epoch.to_be_bytes());
     h.update(canonical_args.as_bytes());
-    let mut out = String::with_capacity(64);
-    for b in h.finalize() {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
+    hex(&h.finalize())
 }
 
 pub(crate) fn record_content_digest(r: &IntentRecord) -> String {

@@ -454,6 +454,8 @@ fn configure_writer(
     files: &Files,
     options: &SqliteOptions,
 ) -> Result<(), JournalError> {
+    // Every statement the writer runs per request stays prepared.
+    conn.set_prepared_statement_cache_capacity(32);
     // The first statement that reads the header: a file that is not a database fails here.
     let mode = pragma_text(conn, files, "PRAGMA journal_mode = WAL")?;
     if !mode.eq_ignore_ascii_case("wal") {
@@ -583,13 +585,13 @@ fn commit_batch(
     batch: &[WriteJob],
 ) -> Vec<Result<Done, JournalError>> {
     let fail_all = |e: JournalError| batch.iter().map(|_| Err(e.clone())).collect::<Vec<_>>();
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(e) = exec_cached(conn, "BEGIN IMMEDIATE") {
         return fail_all(files.sql(e));
     }
     let now = clock.now_ms();
     let mut results = Vec::with_capacity(batch.len());
     for job in batch {
-        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+        if let Err(e) = exec_cached(conn, "SAVEPOINT job") {
             results.push(Err(files.sql(e)));
             continue;
         }
@@ -602,11 +604,11 @@ fn commit_batch(
             return fail_all(e.clone());
         }
         let end = if result.is_ok() {
-            "RELEASE job"
+            exec_cached(conn, "RELEASE job")
         } else {
-            "ROLLBACK TO job; RELEASE job"
+            exec_cached(conn, "ROLLBACK TO job").and_then(|()| exec_cached(conn, "RELEASE job"))
         };
-        match conn.execute_batch(end) {
+        match end {
             Ok(()) => results.push(result),
             Err(e) => {
                 let _ = conn.execute_batch("ROLLBACK");
@@ -614,7 +616,7 @@ fn commit_batch(
             }
         }
     }
-    match conn.execute_batch("COMMIT") {
+    match exec_cached(conn, "COMMIT") {
         Ok(()) => results,
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
@@ -694,6 +696,11 @@ fn apply(
     }
 }
 
+/// Runs a parameterless statement through the statement cache (no re-parsing per request).
+fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -715,13 +722,13 @@ fn insert(
     } else {
         Some(r.canonical_args.as_str())
     };
-    conn.execute(
-        &format!(
-            "INSERT INTO intents ({COLS}, created_ms, updated_ms)
+    conn.prepare_cached(&format!(
+        "INSERT INTO intents ({COLS}, created_ms, updated_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
                      ?18, ?18)"
-        ),
-        params![
+    ))
+    .and_then(|mut stmt| {
+        stmt.execute(params![
             r.id.to_string(),
             r.semantic_key.encode(),
             r.scope,
@@ -740,22 +747,22 @@ fn insert(
             r.receipt.as_ref().map(json),
             r.snapshot.as_ref().map(json),
             to_i64(now),
-        ],
-    )
+        ])
+    })
     .map_err(|e| files.sql(e))?;
     if r.mutating {
         let seq = conn.last_insert_rowid();
-        conn.execute(
+        conn.prepare_cached(
             "INSERT INTO intent_keys (semantic_key, intent_seq) VALUES (?1, ?2)
              ON CONFLICT(semantic_key) DO UPDATE SET intent_seq = excluded.intent_seq",
-            params![r.semantic_key.encode(), seq],
         )
+        .and_then(|mut stmt| stmt.execute(params![r.semantic_key.encode(), seq]))
         .map_err(|e| files.sql(e))?;
-        conn.execute(
+        conn.prepare_cached(
             "INSERT INTO intent_contents (content_digest, intent_seq) VALUES (?1, ?2)
              ON CONFLICT(content_digest) DO UPDATE SET intent_seq = excluded.intent_seq",
-            params![decide::record_content_digest(r), seq],
         )
+        .and_then(|mut stmt| stmt.execute(params![decide::record_content_digest(r), seq]))
         .map_err(|e| files.sql(e))?;
     }
     Ok(())
@@ -771,11 +778,13 @@ fn update(
     now: u64,
 ) -> Result<(), JournalError> {
     let changed = conn
-        .execute(
+        .prepare_cached(
             "UPDATE intents SET call_ids = ?1, fence = ?2, attempts = ?3, state = ?4,
                timeline = ?5, receipt = ?6, snapshot = ?7, updated_ms = ?8
              WHERE id = ?9 AND fence = ?10",
-            params![
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
                 json(&r.call_ids),
                 to_i64(r.fence),
                 r.attempts,
@@ -786,8 +795,8 @@ fn update(
                 to_i64(now),
                 r.id.to_string(),
                 to_i64(expected_fence),
-            ],
-        )
+            ])
+        })
         .map_err(|e| files.sql(e))?;
     if changed != 1 {
         return Err(JournalError::StaleFence {
