@@ -4,10 +4,32 @@
 //! before dispatch, and the journal answers: record it (new), refuse it as a duplicate (already in
 //! flight), replay the stored receipt (already acknowledged), or refuse it as a conflict. Every
 //! transition afterwards is a compare-and-set on the record's fence, so a stale worker cannot
-//! overwrite a newer decision, and the state machine in [`machine`] refuses illegal moves.
+//! overwrite a newer decision, and the state machine in [`machine`] refuses illegal moves. The
+//! invariant: for one user-intent scope, a canonical tool intent produces at most one external
+//! effect, whatever the model retries, whatever ids it invents, whatever crashes or times out.
 //!
-//! This crate owns the [`Journal`] trait, the state machine and the backends. It must never run a
-//! tool or decide authorization: it records and decides identity, nothing else.
+//! What lives here:
+//! - [`Journal`], the trait the kernel holds as `Arc<dyn Journal>`, and two backends that share
+//!   every decision ([`decide_existing`] and the private `decide` module): [`MemoryJournal`] and
+//!   the durable [`SqliteJournal`] (WAL, `synchronous=FULL`, group commit, one writer process);
+//! - [`mod@settle`]: outcome classification and settlement of ambiguous outcomes
+//!   ([`begin_dispatch`], [`record_outcome`], [`settle()`], [`compensate`]);
+//! - [`recovery`]: [`drive`] one owned record to a settled state, and [`recover`] everything a
+//!   crash left open, from the log alone;
+//! - [`memo`]: memoized observations of deterministic reads;
+//! - [`inspect`] and [`JournalReader`]: `ring0 journal ls | show`;
+//! - [`sim`]: the deterministic simulation behind `ring0 journal sim` ([`run_simulation`]).
+//!
+//! The kernel's sequence for one mutating call: [`Journal::propose`]; on
+//! [`ProposeDecision::Recorded`], [`begin_dispatch`] (RECORDED → DISPATCHED with the
+//! pre-dispatch snapshot) before the executor is touched, then [`record_outcome`]
+//! (→ ACKED | FAILED | UNKNOWN), and for UNKNOWN [`settle()`] by the tool's
+//! [`ring0_core::Settlement`]. [`drive`] is that sequence behind an [`Executor`]. On start,
+//! [`recover`].
+//!
+//! Invariants: this crate never runs a tool of its own accord — dispatches and probes happen
+//! only through an [`Executor`] its caller provides, and only as the state machine allows; it
+//! never decides authorization; nothing in it reads a model's call id as identity.
 
 pub mod clock;
 mod decide;

@@ -2,7 +2,7 @@
 //! accept losing the log with the process.
 //!
 //! It stores records and three indexes (id, semantic key, content digest) and leaves every
-//! decision to [`crate::decide`], the code the durable backend runs too. The indexes are derived
+//! decision to the private `decide` module, the code the durable backend runs too. The indexes are derived
 //! from the records alone ([`MemoryJournal::from_records`]), which is what P4 ("decisions from
 //! the log alone") asks of a backend.
 

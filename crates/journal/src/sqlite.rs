@@ -25,7 +25,7 @@
 //!   digest.
 //! - **Migrations** are numbered; `PRAGMA user_version` says which ran.
 //!
-//! Every decision is made by [`crate::decide`], the code [`crate::MemoryJournal`] runs.
+//! Every decision is made by the private `decide` module, the code [`crate::MemoryJournal`] runs.
 
 use crate::clock::{Clock, SystemClock};
 use crate::decide::{self, Found, Write};
