@@ -52,7 +52,7 @@ pub use record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 pub use recovery::{Executor, RecoveryPolicy, RecoveryReport, drive, recover};
 pub use settle::{
     DispatchOutcome, ErrorClass, ProbeVerdict, Settled, begin_dispatch, begin_reconcile,
-    compensate, record_outcome, settle,
+    cancel_before_dispatch, compensate, record_outcome, settle,
 };
 pub use sim::{SimReport, run_simulation};
 pub use sqlite::{JournalReader, SqliteJournal, SqliteOptions};

@@ -235,6 +235,20 @@ pub async fn settle(
     }
 }
 
+/// Cancels an intent before dispatch: RECORDED → REJECTED_CONFLICT. The executor has not been
+/// touched and will not be: a dispatcher that loses this race gets a stale fence at
+/// [`begin_dispatch`]. A caller that prefers to leave the intent RECORDED (resumable) simply
+/// does not dispatch it.
+pub async fn cancel_before_dispatch(
+    journal: &dyn Journal,
+    recorded: &IntentRecord,
+    note: &str,
+) -> Result<IntentRecord, JournalError> {
+    journal
+        .transition(Transition::to(recorded, IntentState::RejectedConflict).note(note))
+        .await
+}
+
 /// A declared compensating action undid the effect of an ACKED (or unsettled) intent.
 pub async fn compensate(
     journal: &dyn Journal,

@@ -34,7 +34,10 @@ use crate::clock::ManualClock;
 use crate::memory::MemoryJournal;
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 use crate::recovery::{Executor, RecoveryPolicy, drive, recover};
-use crate::settle::{DispatchOutcome, ErrorClass, ProbeVerdict, compensate, synthetic_receipt};
+use crate::settle::{
+    DispatchOutcome, ErrorClass, ProbeVerdict, cancel_before_dispatch, compensate,
+    synthetic_receipt,
+};
 use crate::sqlite::{SqliteJournal, SqliteOptions};
 use crate::{Journal, JournalError, machine};
 use async_trait::async_trait;
@@ -855,8 +858,10 @@ async fn host_cancel(j: Arc<SimJournal>) {
         st.rng.random_range(0..recorded.len())
     };
     let r = &recorded[pick];
-    let t = Transition::to(r, IntentState::RejectedConflict).note("cancelled before dispatch");
-    if j.transition(t).await.is_ok() {
+    if cancel_before_dispatch(&*j, r, "cancelled before dispatch")
+        .await
+        .is_ok()
+    {
         let mut st = j.ctx.lock();
         st.hit(FailureClass::CancelBeforeDispatch);
         let seen = st.service.requests.len();

@@ -309,3 +309,30 @@ fn sigkilled_hosts_never_apply_an_intent_twice() {
         "no kill landed while an intent was in flight"
     );
 }
+
+#[test]
+fn a_second_process_cannot_open_a_journal_held_for_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal.db");
+    let _held = SqliteJournal::open(&journal).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ring0-journal-crash-worker"))
+        .args([
+            journal.to_str().unwrap(),
+            "127.0.0.1:9",
+            "idempotent",
+            "1",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("is open for writing by another process"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("pid {}", std::process::id())),
+        "{stderr}"
+    );
+}
