@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 mod journal_cmd;
 mod run_cmd;
+mod serve_cmd;
 mod shape_cmd;
 
 /// Where the embedded defaults keep state, relative to the workspace.
@@ -35,6 +36,10 @@ enum Command {
     Shape(shape_cmd::ShapeArgs),
     /// Run one command under supervision and print its shaped observation.
     Run(run_cmd::RunArgs),
+    /// Serve MCP (stdio, or Streamable HTTP with --http): built-in and upstream tools, every call mediated.
+    Serve(serve_cmd::ServeArgs),
+    /// Approve a quarantined upstream tool (`alias__tool`), or list those waiting (--list).
+    ApproveTool(serve_cmd::ApproveArgs),
 }
 
 #[derive(Args)]
@@ -52,6 +57,8 @@ fn main() -> ExitCode {
         Command::Journal(args) => journal_cmd::run(args.command, &args.path),
         Command::Shape(args) => shape_cmd::run(args),
         Command::Run(args) => run_cmd::run(args),
+        Command::Serve(args) => serve_cmd::run(args),
+        Command::ApproveTool(args) => serve_cmd::approve(args),
     };
     match result {
         Ok(output) => {

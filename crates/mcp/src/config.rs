@@ -1,0 +1,222 @@
+//! Configuration of upstream connections: the `[[upstreams]]` entries of ring0's TOML config.
+//!
+//! ```toml
+//! [[upstreams]]
+//! alias = "fs"                       # tools appear as fs__read_file, …
+//! command = "npx"                    # a stdio child …
+//! args = ["-y", "@modelcontextprotocol/server-filesystem", "."]
+//! env = ["PATH", "HOME"]             # variables passed through from ring0's environment
+//! env_set = { NODE_ENV = "production" }
+//! cwd = "."
+//! # url = "http://127.0.0.1:9000/mcp"   # … or a Streamable HTTP server
+//! # headers = { Authorization = "Bearer …" }
+//! trusted = false                    # MCP annotations decide nothing unless trusted
+//! call_idle_timeout_ms = 120000      # reset by progress
+//! call_max_timeout_ms = 600000       # hard limit
+//! report_new_optional_params = true  # a new optional parameter alone does not quarantine
+//!
+//! [upstreams.tools."*"]              # runtime metadata for every tool of this server …
+//! authority = "A2"
+//! [upstreams.tools.read_file]        # … and per tool (unqualified name)
+//! effect = "nullipotent"
+//! authority = "A0"
+//! strategy = ["exploration"]
+//! ```
+
+use crate::limits::{CALL_IDLE_TIMEOUT_DEFAULT, CALL_MAX_TIMEOUT_DEFAULT};
+use crate::names::check_alias;
+use ring0_core::{Authority, ConcurrencyMark, ConflictKeyTemplate, Effect, Settlement, Strategy};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One upstream MCP server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    pub alias: String,
+    /// Program of a stdio server (exclusive with `url`).
+    #[serde(default)]
+    pub command: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Names of environment variables passed through; nothing else is inherited.
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// Variables set explicitly.
+    #[serde(default)]
+    pub env_set: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// Endpoint of a Streamable HTTP server (exclusive with `command`).
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Whether the server's MCP annotations may inform effect and strategy.
+    #[serde(default)]
+    pub trusted: bool,
+    #[serde(default)]
+    pub call_idle_timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub call_max_timeout_ms: Option<u64>,
+    /// A changed definition whose only change is a new optional parameter is reported and
+    /// accepted instead of quarantined.
+    #[serde(default = "default_true")]
+    pub report_new_optional_params: bool,
+    /// Runtime metadata by unqualified tool name; `"*"` applies to every tool and is overridden
+    /// field by field by a tool's own entry.
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolOverride>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Runtime metadata a config gives an upstream tool. Absent fields keep what annotations (for a
+/// trusted server) or the conservative default decided.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolOverride {
+    pub effect: Option<Effect>,
+    pub authority: Option<Authority>,
+    pub strategy: Option<Vec<Strategy>>,
+    pub concurrency: Option<ConcurrencyMark>,
+    pub conflict_key: Option<ConflictKeyTemplate>,
+    pub settlement: Option<Settlement>,
+    pub observation_budget_bytes: Option<usize>,
+    pub track_exact_repeats: Option<bool>,
+    pub deterministic: Option<bool>,
+    /// Accept arguments the schema does not name (ring0 closes schemas by default).
+    pub open_schema: Option<bool>,
+}
+
+/// How the server is reached.
+#[derive(Debug, Clone)]
+pub enum Endpoint {
+    Stdio,
+    Http,
+}
+
+/// A config that cannot be used, with the offending key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("upstreams[{index}].{key}: {why}")]
+pub struct ConfigError {
+    pub index: usize,
+    pub key: String,
+    pub why: String,
+}
+
+impl UpstreamConfig {
+    pub fn endpoint(&self) -> Endpoint {
+        if self.url.is_some() {
+            Endpoint::Http
+        } else {
+            Endpoint::Stdio
+        }
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        self.call_idle_timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(CALL_IDLE_TIMEOUT_DEFAULT)
+    }
+
+    pub fn max_timeout(&self) -> Duration {
+        self.call_max_timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(CALL_MAX_TIMEOUT_DEFAULT)
+    }
+
+    /// The override for one tool: `"*"` then the tool's own entry, field by field.
+    pub fn override_for(&self, tool: &str) -> ToolOverride {
+        let mut out = self.tools.get("*").cloned().unwrap_or_default();
+        if let Some(own) = self.tools.get(tool) {
+            macro_rules! take {
+                ($($f:ident),*) => { $( if own.$f.is_some() { out.$f = own.$f.clone(); } )* };
+            }
+            take!(
+                effect,
+                authority,
+                strategy,
+                concurrency,
+                conflict_key,
+                settlement,
+                observation_budget_bytes,
+                track_exact_repeats,
+                deterministic,
+                open_schema
+            );
+        }
+        out
+    }
+}
+
+/// Checks a list of upstreams: aliases valid and unique, exactly one endpoint each, timeouts
+/// sensible.
+pub fn validate(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (index, u) in upstreams.iter().enumerate() {
+        let err = |key: &str, why: String| ConfigError {
+            index,
+            key: key.into(),
+            why,
+        };
+        check_alias(&u.alias).map_err(|e| err("alias", e.to_string()))?;
+        if !seen.insert(u.alias.clone()) {
+            return Err(err("alias", format!("{:?} is used twice", u.alias)));
+        }
+        match (&u.command, &u.url) {
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    "url",
+                    "give either `command` or `url`, not both".into(),
+                ));
+            }
+            (None, None) => return Err(err("command", "give `command` or `url`".into())),
+            (Some(c), None) if c.trim().is_empty() => {
+                return Err(err("command", "is empty".into()));
+            }
+            (None, Some(url)) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+                return Err(err("url", format!("{url:?} is not an http(s) URL")));
+            }
+            _ => {}
+        }
+        if u.url.is_some() && (!u.args.is_empty() || !u.env.is_empty() || u.cwd.is_some()) {
+            return Err(err(
+                "args",
+                "args, env and cwd apply to stdio servers only".into(),
+            ));
+        }
+        if u.idle_timeout().is_zero() || u.max_timeout().is_zero() {
+            return Err(err(
+                "call_idle_timeout_ms",
+                "timeouts must be positive".into(),
+            ));
+        }
+        if u.idle_timeout() > u.max_timeout() {
+            return Err(err(
+                "call_idle_timeout_ms",
+                "the idle timeout exceeds the hard maximum".into(),
+            ));
+        }
+        for (name, o) in &u.tools {
+            if let Some(b) = o.observation_budget_bytes
+                && !(ring0_shape::config::BUDGET_BYTES_MIN..=ring0_shape::config::BUDGET_BYTES_MAX)
+                    .contains(&b)
+            {
+                return Err(err(
+                    &format!("tools.{name}.observation_budget_bytes"),
+                    format!(
+                        "{b} is outside {}..={}",
+                        ring0_shape::config::BUDGET_BYTES_MIN,
+                        ring0_shape::config::BUDGET_BYTES_MAX
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,512 @@
+//! The gateway: built-in tools and upstream tools over one kernel, one catalog.
+//!
+//! The kernel's registry is fixed when it is built, and upstream listings change (a restart, a
+//! `list_changed`, an approval), so the gateway keeps a [`Generation`]: a kernel built from the
+//! built-in tools and the current listing of every upstream, sharing the one journal. Each change
+//! builds the next generation and tells every downstream session, which then lists anew and opens
+//! its next kernel session on it.
+//!
+//! Quarantined tools are registered too, so that a call to one is recognized and refused during
+//! authorization with the reason (its definition changed, it appeared after approval) instead of
+//! being reported as unknown; they are never listed.
+
+use crate::config::UpstreamConfig;
+use crate::forward::ForwardConfig;
+use crate::log::Log;
+use crate::pin::{PinBook, PinVerdict};
+use crate::route::Calls;
+use crate::upstream::Upstream;
+use async_trait::async_trait;
+use jsonschema::Validator;
+use ring0_core::observation::Provenance;
+use ring0_core::{Authority, Effect, Observation, Strategy, StrategySet, ToolSpec};
+use ring0_journal::Journal;
+use ring0_kernel::{
+    AuthDecision, AuthRequest, Authorizer, CallContext, Kernel, SessionInfo, Tool, ToolError,
+};
+use ring0_shape::SpillStore;
+use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::broadcast;
+
+/// How often the lock file is checked for approvals made by `ring0 approve-tool`.
+pub const LOCK_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Extra time the kernel's hard timeout gives an upstream call beyond the upstream's own hard
+/// limit, so that the upstream side expires first and says why.
+const KERNEL_TIMEOUT_GRACE: Duration = Duration::from_secs(2);
+
+/// What a gateway is built from.
+pub struct GatewayOptions {
+    /// Built-in tools with their specs.
+    pub builtins: Vec<(ToolSpec, Arc<dyn Tool>)>,
+    pub upstreams: Vec<UpstreamConfig>,
+    pub journal: Arc<dyn Journal>,
+    /// The grants: who may see and call what.
+    pub authorizer: Arc<dyn Authorizer>,
+    /// The workspace root (where `ring0.lock` lives).
+    pub workspace: PathBuf,
+    /// The state directory (`.ring0`).
+    pub state_dir: PathBuf,
+    /// Where shaped-away output is kept.
+    pub spill: Option<Arc<SpillStore>>,
+    pub log: Log,
+}
+
+/// A tool as the downstream catalog shows it.
+#[derive(Debug, Clone)]
+pub struct ExposedTool {
+    /// The MCP tool object sent in `tools/list`.
+    pub definition: Value,
+    /// The upstream alias, for upstream tools.
+    pub upstream: Option<String>,
+}
+
+/// One build of the catalog.
+pub struct Generation {
+    pub number: u64,
+    pub kernel: Kernel,
+    pub tools: BTreeMap<String, ExposedTool>,
+    pub quarantined: BTreeMap<String, String>,
+    /// The generation's authorizer: quarantine, then the grants.
+    pub gate: Arc<dyn Authorizer>,
+}
+
+struct Inner {
+    builtins: Vec<(ToolSpec, Arc<dyn Tool>)>,
+    upstreams: RwLock<Vec<Arc<Upstream>>>,
+    journal: Arc<dyn Journal>,
+    authorizer: Arc<dyn Authorizer>,
+    pins: Arc<PinBook>,
+    calls: Arc<Calls>,
+    spill: Option<Arc<SpillStore>>,
+    log: Log,
+    generation: RwLock<Arc<Generation>>,
+    counter: AtomicU64,
+    changes: broadcast::Sender<u64>,
+}
+
+/// The catalog of built-in and upstream tools over one kernel.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+/// Refuses quarantined tools with their reason, then asks the grants.
+struct QuarantineGate {
+    inner: Arc<dyn Authorizer>,
+    quarantined: Arc<BTreeMap<String, String>>,
+}
+
+#[async_trait]
+impl Authorizer for QuarantineGate {
+    async fn authorize(&self, request: &AuthRequest<'_>) -> AuthDecision {
+        if let Some(reason) = self.quarantined.get(&request.spec.name) {
+            return AuthDecision::Deny {
+                rule: "pin:quarantined".into(),
+                reason: format!(
+                    "tool {:?} is quarantined: {reason}. A person must approve it with `ring0 approve-tool {}`",
+                    request.spec.name, request.spec.name
+                ),
+            };
+        }
+        self.inner.authorize(request).await
+    }
+
+    fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool {
+        !self.quarantined.contains_key(&spec.name) && self.inner.visible(session, spec)
+    }
+}
+
+/// Runs a tool of an upstream.
+struct UpstreamExecutor {
+    upstream: Arc<Upstream>,
+    tool: String,
+    output_schema: Option<Arc<Validator>>,
+    forward: ForwardConfig,
+    calls: Arc<Calls>,
+}
+
+#[async_trait]
+impl Tool for UpstreamExecutor {
+    async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
+        let entry = self.calls.get(&ctx.call_id);
+        self.upstream
+            .call(
+                &self.tool,
+                args,
+                &ctx,
+                entry,
+                self.output_schema.as_deref(),
+                &self.forward,
+            )
+            .await
+    }
+}
+
+/// The runtime metadata of an upstream tool: conservative unless the upstream is trusted (then
+/// its annotations inform effect and strategy), then the config's overrides.
+pub fn upstream_spec(
+    config: &UpstreamConfig,
+    qualified: &str,
+    name: &str,
+    raw: &Value,
+) -> ToolSpec {
+    let description = raw
+        .get("description")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let input_schema = raw
+        .get("inputSchema")
+        .cloned()
+        .unwrap_or_else(|| json!({"type": "object"}));
+    let mut spec = ToolSpec::new(qualified, description, input_schema);
+    if let Some(out) = raw.get("outputSchema").filter(|v| v.is_object()) {
+        spec.output_schema = Some(out.clone());
+    }
+    if config.trusted {
+        let hint = |k: &str| {
+            raw.pointer(&format!("/annotations/{k}"))
+                .and_then(Value::as_bool)
+        };
+        if hint("readOnlyHint") == Some(true) {
+            spec.effect = Effect::Nullipotent;
+            spec.authority = Authority::A0;
+            spec.strategy = StrategySet::of(&[Strategy::Exploration]);
+        } else {
+            spec.effect = if hint("idempotentHint") == Some(true) {
+                Effect::Idempotent
+            } else {
+                Effect::NonIdempotent
+            };
+            // Destructive is the protocol's default; only an explicit `false` lowers it.
+            let destructive = hint("destructiveHint") != Some(false);
+            let open_world = hint("openWorldHint") != Some(false);
+            spec.authority = match (destructive, open_world) {
+                (true, _) => Authority::A3,
+                (false, true) => Authority::A2,
+                (false, false) => Authority::A1,
+            };
+            spec.strategy = StrategySet::of(&[Strategy::Exploitation]);
+        }
+    }
+    let o = config.override_for(name);
+    if let Some(v) = o.effect {
+        spec.effect = v;
+    }
+    if let Some(v) = o.authority {
+        spec.authority = v;
+    }
+    if let Some(v) = &o.strategy {
+        spec.strategy = StrategySet::of(v);
+    }
+    if let Some(v) = o.concurrency {
+        spec.concurrency = v;
+    }
+    if let Some(v) = &o.conflict_key {
+        spec.conflict_key = Some(v.clone());
+    }
+    if let Some(v) = o.settlement {
+        spec.settlement = v;
+    }
+    if let Some(v) = o.observation_budget_bytes {
+        spec.observation_budget_bytes = v;
+    }
+    if let Some(v) = o.track_exact_repeats {
+        spec.track_exact_repeats = v;
+    }
+    if let Some(v) = o.deterministic {
+        spec.deterministic = v;
+    }
+    if let Some(v) = o.open_schema {
+        spec.open_schema = v;
+    }
+    spec.timeout_ms = (config.max_timeout() + KERNEL_TIMEOUT_GRACE).as_millis() as u64;
+    spec
+}
+
+/// The MCP tool object of a built-in tool.
+pub fn builtin_definition(spec: &ToolSpec) -> Value {
+    let mut tool = Map::new();
+    tool.insert("name".into(), Value::String(spec.name.clone()));
+    tool.insert(
+        "description".into(),
+        Value::String(spec.description.clone()),
+    );
+    tool.insert("inputSchema".into(), spec.input_schema.clone());
+    if let Some(out) = &spec.output_schema {
+        tool.insert("outputSchema".into(), out.clone());
+    }
+    tool.insert(
+        "annotations".into(),
+        json!({
+            "readOnlyHint": spec.effect == Effect::Nullipotent,
+            "destructiveHint": spec.authority >= Authority::A3,
+            "idempotentHint": spec.effect != Effect::NonIdempotent,
+            "openWorldHint": spec.authority >= Authority::A2,
+        }),
+    );
+    Value::Object(tool)
+}
+
+impl Gateway {
+    /// Builds the gateway and starts a supervisor for every upstream (call inside a runtime).
+    pub fn start(options: GatewayOptions) -> Result<Self, String> {
+        crate::config::validate(&options.upstreams).map_err(|e| e.to_string())?;
+        let pins = Arc::new(PinBook::open(&options.workspace, &options.state_dir)?);
+        let (changes, _) = broadcast::channel(64);
+        let builtin_kernel = build_kernel(&options.builtins, &[], &options, &options.log);
+        let inner = Arc::new(Inner {
+            builtins: options.builtins,
+            upstreams: RwLock::new(Vec::new()),
+            journal: options.journal.clone(),
+            authorizer: options.authorizer.clone(),
+            pins,
+            calls: Arc::new(Calls::default()),
+            spill: options.spill,
+            log: options.log.clone(),
+            generation: RwLock::new(Arc::new(builtin_kernel)),
+            counter: AtomicU64::new(0),
+            changes,
+        });
+        let http_client = if options.upstreams.iter().any(|u| u.url.is_some()) {
+            Some(crate::upstream::http::client()?)
+        } else {
+            None
+        };
+        let mut ups = Vec::new();
+        for config in options.upstreams {
+            let weak = Arc::downgrade(&inner);
+            let on_change: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                if let Some(inner) = weak.upgrade() {
+                    Gateway { inner }.rebuild();
+                }
+            });
+            ups.push(Upstream::new(
+                config,
+                inner.pins.clone(),
+                inner.log.clone(),
+                http_client.clone(),
+                on_change,
+            ));
+        }
+        *inner.upstreams.write().expect("upstreams") = ups.clone();
+        for up in &ups {
+            up.start();
+        }
+        let gw = Gateway { inner };
+        gw.watch_lock();
+        Ok(gw)
+    }
+
+    /// The current generation.
+    pub fn generation(&self) -> Arc<Generation> {
+        self.inner.generation.read().expect("generation").clone()
+    }
+
+    /// Catalog changes: the new generation number after each rebuild.
+    pub fn subscribe(&self) -> broadcast::Receiver<u64> {
+        self.inner.changes.subscribe()
+    }
+
+    pub fn calls(&self) -> &Arc<Calls> {
+        &self.inner.calls
+    }
+
+    pub fn journal(&self) -> &Arc<dyn Journal> {
+        &self.inner.journal
+    }
+
+    pub fn upstreams(&self) -> Vec<Arc<Upstream>> {
+        self.inner.upstreams.read().expect("upstreams").clone()
+    }
+
+    /// Waits until every upstream is connected and listed, or the timeout passes. Returns the
+    /// aliases still not up.
+    pub async fn wait_for_upstreams(&self, timeout: Duration) -> Vec<String> {
+        let mut down = Vec::new();
+        for up in self.upstreams() {
+            if !up.wait_connected(timeout).await {
+                down.push(up.alias().to_string());
+            }
+        }
+        down
+    }
+
+    fn rebuild(&self) {
+        let ups = self.upstreams();
+        let listings: Vec<(Arc<Upstream>, Arc<crate::upstream::Listing>)> = ups
+            .iter()
+            .filter_map(|u| u.listing().map(|l| (u.clone(), l)))
+            .collect();
+        let options_like = BuildEnv {
+            journal: self.inner.journal.clone(),
+            authorizer: self.inner.authorizer.clone(),
+            spill: self.inner.spill.clone(),
+            calls: self.inner.calls.clone(),
+        };
+        let mut generation = build(
+            &self.inner.builtins,
+            &listings,
+            &options_like,
+            &self.inner.log,
+        );
+        let number = self.inner.counter.fetch_add(1, Ordering::Relaxed) + 1;
+        generation.number = number;
+        *self.inner.generation.write().expect("generation") = Arc::new(generation);
+        let _ = self.inner.changes.send(number);
+    }
+
+    fn watch_lock(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(LOCK_POLL_INTERVAL).await;
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.pins.reload_if_changed() {
+                    inner
+                        .log
+                        .line("ring0.lock changed; listing upstreams again");
+                    for up in inner.upstreams.read().expect("upstreams").iter() {
+                        up.request_relist();
+                    }
+                }
+            }
+        });
+    }
+}
+
+struct BuildEnv {
+    journal: Arc<dyn Journal>,
+    authorizer: Arc<dyn Authorizer>,
+    spill: Option<Arc<SpillStore>>,
+    calls: Arc<Calls>,
+}
+
+fn build_kernel(
+    builtins: &[(ToolSpec, Arc<dyn Tool>)],
+    listings: &[(Arc<Upstream>, Arc<crate::upstream::Listing>)],
+    options: &GatewayOptions,
+    log: &Log,
+) -> Generation {
+    build(
+        builtins,
+        listings,
+        &BuildEnv {
+            journal: options.journal.clone(),
+            authorizer: options.authorizer.clone(),
+            spill: options.spill.clone(),
+            calls: Arc::new(Calls::default()),
+        },
+        log,
+    )
+}
+
+fn build(
+    builtins: &[(ToolSpec, Arc<dyn Tool>)],
+    listings: &[(Arc<Upstream>, Arc<crate::upstream::Listing>)],
+    env: &BuildEnv,
+    log: &Log,
+) -> Generation {
+    let mut builder = Kernel::builder().journal(env.journal.clone());
+    let mut tools = BTreeMap::new();
+    let mut quarantined = BTreeMap::new();
+    for (spec, tool) in builtins {
+        if let Err(e) = Kernel::builder().tool(spec.clone(), tool.clone()) {
+            log.line(&format!(
+                "built-in tool {:?} not registered: {e}",
+                spec.name
+            ));
+            continue;
+        }
+        builder = builder
+            .tool(spec.clone(), tool.clone())
+            .expect("checked above");
+        tools.insert(
+            spec.name.clone(),
+            ExposedTool {
+                definition: builtin_definition(spec),
+                upstream: None,
+            },
+        );
+    }
+    for (up, listing) in listings {
+        for t in &listing.tools {
+            if tools.len() >= ring0_core::limits::CATALOG_TOOLS_MAX {
+                log.line(&format!(
+                    "[{}] tool {} not listed: the catalog holds its maximum of {} tools",
+                    up.alias(),
+                    t.qualified,
+                    ring0_core::limits::CATALOG_TOOLS_MAX
+                ));
+                continue;
+            }
+            if tools.contains_key(&t.qualified) {
+                log.line(&format!(
+                    "[{}] tool {} collides with another tool's name; not listed",
+                    up.alias(),
+                    t.qualified
+                ));
+                continue;
+            }
+            let spec = upstream_spec(&up.config, &t.qualified, &t.name, &t.raw);
+            let output_schema = spec
+                .output_schema
+                .as_ref()
+                .and_then(|s| ring0_kernel::registry::compile_schema(s).ok())
+                .map(Arc::new);
+            let executor = Arc::new(UpstreamExecutor {
+                upstream: up.clone(),
+                tool: t.name.clone(),
+                output_schema,
+                forward: ForwardConfig {
+                    budget_bytes: spec.observation_budget_bytes,
+                    spill: env.spill.clone(),
+                    provenance: Provenance {
+                        tool: Some(t.name.clone()),
+                        server: Some(up.alias().to_string()),
+                        trusted: up.config.trusted,
+                    },
+                },
+                calls: env.calls.clone(),
+            });
+            let candidate = Kernel::builder().tool(spec.clone(), executor.clone());
+            if let Err(e) = candidate {
+                log.line(&format!(
+                    "[{}] tool {} not registered: {e}",
+                    up.alias(),
+                    t.qualified
+                ));
+                continue;
+            }
+            builder = builder.tool(spec, executor).expect("checked above");
+            let mut definition = t.raw.clone();
+            definition["name"] = Value::String(t.qualified.clone());
+            if let PinVerdict::Quarantined(why) = &t.verdict {
+                quarantined.insert(t.qualified.clone(), why.clone());
+            }
+            tools.insert(
+                t.qualified.clone(),
+                ExposedTool {
+                    definition,
+                    upstream: Some(up.alias().to_string()),
+                },
+            );
+        }
+    }
+    let gate = Arc::new(QuarantineGate {
+        inner: env.authorizer.clone(),
+        quarantined: Arc::new(quarantined.clone()),
+    });
+    Generation {
+        number: 0,
+        kernel: builder.authorizer(gate.clone()).build(),
+        tools,
+        quarantined,
+        gate,
+    }
+}

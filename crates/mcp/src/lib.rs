@@ -1,0 +1,37 @@
+//! ring0's MCP side: upstream connections and the downstream server, both protocol eras.
+//!
+//! ring0 serves MCP to any client (over stdio or Streamable HTTP) and is itself a client of the
+//! MCP servers configured behind it. Every `tools/call` it receives becomes a round of the kernel:
+//! validated against the tool's closed schema, authorized by the session's grants, committed to
+//! the journal, dispatched, settled, and its result shaped before the client sees it. Upstream
+//! tools are listed under their connection's alias (`alias__tool`), pinned by the hash of their
+//! complete definition, and quarantined when that definition changes.
+//!
+//! This is the only crate that speaks MCP wire. It must never call a tool except through the
+//! kernel, never let an upstream's annotations grant authority unless the upstream is configured
+//! as trusted, and never forward an upstream's output to a client without shaping it.
+//!
+//! - [`gateway::Gateway`]: the catalog of built-in and upstream tools over one kernel, rebuilt
+//!   when an upstream's listing changes;
+//! - [`server::GatewayServer`]: one downstream MCP session (rmcp `ServerHandler`), served over
+//!   stdio by [`serve_stdio`] or over HTTP by [`http::serve_http`];
+//! - [`upstream::Upstream`]: one supervised upstream connection;
+//! - [`pin`]: pins, the lock file, quarantine and approval.
+
+pub mod config;
+pub mod forward;
+pub mod gateway;
+pub mod http;
+pub mod limits;
+pub mod log;
+pub mod names;
+pub mod pin;
+pub mod route;
+pub mod rpc;
+pub mod server;
+pub mod upstream;
+
+pub use config::{ToolOverride, UpstreamConfig};
+pub use gateway::{Gateway, GatewayOptions};
+pub use log::Log;
+pub use server::{GatewayServer, serve_stdio};

@@ -1,0 +1,47 @@
+//! Named limits of the MCP gateway. Each has a documented default; reaching one produces a
+//! structured outcome (an error result, a logged refusal, a quarantined tool), never a hang.
+
+use std::time::Duration;
+
+/// Longest accepted JSON-RPC message from an upstream (one stdio line, one HTTP body or one SSE
+/// event). A larger message closes the connection with a clear error instead of growing memory.
+pub const UPSTREAM_MESSAGE_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// `tools/list` pages followed per listing; a server that keeps returning cursors past this is
+/// reported and its listing is refused rather than looped on.
+pub const LIST_PAGES_MAX: usize = 64;
+/// Tools accepted from one upstream.
+pub const UPSTREAM_TOOLS_MAX: usize = 1024;
+/// Requests in flight to one upstream at once; more wait for a slot.
+pub const UPSTREAM_IN_FLIGHT_MAX: usize = 256;
+/// How long initialize and each `tools/list` page may take.
+pub const UPSTREAM_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// First restart delay after an upstream dies; doubled after each failed start.
+pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_millis(250);
+/// Largest restart delay.
+pub const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A connection that stayed up this long resets the backoff to its initial value.
+pub const RESTART_BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
+/// Restarts attempted in a row before an upstream is given up (its tools stay unlisted until
+/// ring0 is restarted). 0 would mean "never give up"; it is bounded like everything else.
+pub const RESTARTS_MAX: u32 = 50;
+/// Default idle timeout of an upstream call: reset by every progress notification.
+pub const CALL_IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(120);
+/// Default hard limit of an upstream call, whatever progress it reports.
+pub const CALL_MAX_TIMEOUT_DEFAULT: Duration = Duration::from_secs(600);
+/// Longest stderr line of an upstream copied to the log; the rest of the line is counted.
+pub const STDERR_LINE_BYTES_MAX: usize = 4096;
+/// Tools per downstream `tools/list` page.
+pub const TOOLS_PAGE_SIZE: usize = 500;
+/// Base64 bytes of binary content (images, audio, blobs) forwarded whole in one result; larger
+/// items are replaced by a placeholder naming their type and size.
+pub const BINARY_CONTENT_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Longest qualified tool name: 64 is the smallest limit among the major provider APIs.
+pub const QUALIFIED_NAME_BYTES_MAX: usize = 64;
+/// Longest upstream alias.
+pub const ALIAS_BYTES_MAX: usize = 24;
+/// How long an approval question waits for a person before the call is refused.
+pub const APPROVAL_WAIT_DEFAULT: Duration = Duration::from_secs(300);
+/// Pending confirm tokens kept per gateway; the oldest is dropped beyond this.
+pub const CONFIRM_TOKENS_MAX: usize = 1024;
+/// How long a confirm token stays valid.
+pub const CONFIRM_TOKEN_TTL: Duration = Duration::from_secs(600);

@@ -1,0 +1,58 @@
+//! Per-call routing between the downstream request that made a call and the upstream serving it.
+//!
+//! The kernel hands a tool only its [`ring0_kernel::CallContext`]; the downstream server
+//! registers each `tools/call` here under the call id it gives the kernel, so the upstream side
+//! can find where to send progress, which client to relay the server's own requests (elicitation,
+//! sampling, roots) to, and where to leave the forwarded result for the response.
+
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The downstream end of one call.
+#[async_trait::async_trait]
+pub trait Downstream: Send + Sync {
+    /// Progress of the call, already remapped to the client's progress token (if it gave one).
+    fn progress(&self, progress: f64, total: Option<f64>, message: Option<String>);
+    /// A request the upstream server made while serving the call, relayed to the client.
+    async fn request(&self, method: &str, params: Option<Value>) -> Result<Value, Value>;
+}
+
+/// One call in flight.
+pub struct CallEntry {
+    pub downstream: Option<Arc<dyn Downstream>>,
+    /// The shaped upstream result, for the response (the journal keeps the observation).
+    pub forwarded: Mutex<Option<Value>>,
+}
+
+impl CallEntry {
+    pub fn new(downstream: Option<Arc<dyn Downstream>>) -> Arc<Self> {
+        Arc::new(Self {
+            downstream,
+            forwarded: Mutex::new(None),
+        })
+    }
+}
+
+/// Calls in flight by call id.
+#[derive(Default)]
+pub struct Calls {
+    map: Mutex<HashMap<String, Arc<CallEntry>>>,
+}
+
+impl Calls {
+    pub fn insert(&self, call_id: &str, entry: Arc<CallEntry>) {
+        self.map
+            .lock()
+            .expect("calls")
+            .insert(call_id.to_string(), entry);
+    }
+
+    pub fn get(&self, call_id: &str) -> Option<Arc<CallEntry>> {
+        self.map.lock().expect("calls").get(call_id).cloned()
+    }
+
+    pub fn remove(&self, call_id: &str) -> Option<Arc<CallEntry>> {
+        self.map.lock().expect("calls").remove(call_id)
+    }
+}

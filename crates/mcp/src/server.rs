@@ -1,0 +1,565 @@
+//! The downstream MCP server: one [`GatewayServer`] per client session.
+//!
+//! `tools/list` shows the session's catalog: every tool of the current generation its grants
+//! make visible, quarantined ones never, paginated by [`TOOLS_PAGE_SIZE`]. `tools/call` becomes
+//! one kernel round (validation, authorization, journal, dispatch, settlement, shaping); the
+//! client's cancellation cancels the round, its progress token receives the upstream's progress,
+//! and requests the upstream makes while serving the call (elicitation, sampling, roots) are
+//! relayed to this client. Calls to A3 tools the grants allow are held for a person's approval
+//! (see [`crate::server::Approvals`]). When the catalog changes, sessions that keep a connection
+//! get `notifications/tools/list_changed`.
+//!
+//! Results: an upstream tool's result is its shaped, otherwise unchanged result object; a
+//! built-in tool's is its observation text (and structured content); a refused or failed call's
+//! is the kernel's model-visible projection as text with `isError: true`. Every result carries
+//! `_meta["io.ring0/receipt"]` with the intent id, journal state and disposition.
+
+use crate::gateway::{Gateway, Generation};
+use crate::limits::{
+    APPROVAL_WAIT_DEFAULT, CONFIRM_TOKEN_TTL, CONFIRM_TOKENS_MAX, TOOLS_PAGE_SIZE,
+};
+use crate::log::Log;
+use crate::route::{CallEntry, Downstream};
+use crate::rpc::{code, error_object};
+use async_trait::async_trait;
+use ring0_core::receipt::CallOutcome;
+use ring0_core::{Authority, ProposedArguments, ProposedCall, Round, ToolSpec};
+use ring0_kernel::{
+    AuthDecision, AuthRequest, Authorizer, RoundOptions, Session, SessionConfig, SessionInfo,
+};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, ErrorData,
+    ListToolsResult, PaginatedRequestParams, ServerConfig, ServerRequest,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::{Peer, RoleServer, ServerHandler};
+use serde_json::{Map, Value, json};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// `_meta` key of a tools/call carrying a confirmation code a person gave.
+pub const CONFIRM_META_KEY: &str = "io.ring0/confirm";
+/// `_meta` key of the receipt summary on every result.
+pub const RECEIPT_META_KEY: &str = "io.ring0/receipt";
+
+static CALL_COUNTER: AtomicU64 = AtomicU64::new(1);
+static SESSION_COUNTER: AtomicU64 = AtomicU64::new(1);
+
+/// Confirmation codes minted for calls that need approval from a client without elicitation.
+/// A code is shown to the person (in ring0's log), never to the model; it binds to the tool and
+/// the prepared arguments' hash, and is used once.
+pub struct Approvals {
+    codes: Mutex<VecDeque<(String, String, String, Instant)>>,
+    log: Log,
+}
+
+impl Approvals {
+    pub fn new(log: Log) -> Arc<Self> {
+        Arc::new(Self {
+            codes: Mutex::new(VecDeque::new()),
+            log,
+        })
+    }
+
+    fn mint(&self, tool: &str, args_hash: &str) -> String {
+        let code = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+        let mut codes = self.codes.lock().expect("codes");
+        if codes.len() >= CONFIRM_TOKENS_MAX {
+            codes.pop_front();
+        }
+        codes.push_back((code.clone(), tool.into(), args_hash.into(), Instant::now()));
+        code
+    }
+
+    fn redeem(&self, code: &str, tool: &str, args_hash: &str) -> bool {
+        let mut codes = self.codes.lock().expect("codes");
+        codes.retain(|(_, _, _, at)| at.elapsed() < CONFIRM_TOKEN_TTL);
+        match codes
+            .iter()
+            .position(|(c, t, h, _)| c == code && t == tool && h == args_hash)
+        {
+            Some(i) => {
+                codes.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// What a call's entry knows about the downstream request, for approval.
+struct RequestFacts {
+    confirm: Option<String>,
+    elicitation: bool,
+}
+
+/// Per-session authorizer: the generation's gate (quarantine + grants), then approval for A3.
+struct SessionGate {
+    inner: Arc<dyn Authorizer>,
+    approvals: Arc<Approvals>,
+    facts: Arc<Mutex<HashMap<String, RequestFacts>>>,
+    calls: Arc<crate::route::Calls>,
+}
+
+#[async_trait]
+impl Authorizer for SessionGate {
+    async fn authorize(&self, request: &AuthRequest<'_>) -> AuthDecision {
+        let decision = self.inner.authorize(request).await;
+        let AuthDecision::Allow { rule } = decision else {
+            return decision;
+        };
+        if request.spec.authority < Authority::A3 {
+            return AuthDecision::Allow { rule };
+        }
+        let tool = &request.spec.name;
+        let (confirm, elicitation) = {
+            let facts = self.facts.lock().expect("facts");
+            match facts.get(request.call_id) {
+                Some(f) => (f.confirm.clone(), f.elicitation),
+                None => (None, false),
+            }
+        };
+        if let Some(code) = confirm
+            && self.approvals.redeem(&code, tool, request.args_hash)
+        {
+            return AuthDecision::Allow {
+                rule: format!("{rule}+approval:confirmation-code"),
+            };
+        }
+        let downstream = self
+            .calls
+            .get(request.call_id)
+            .and_then(|e| e.downstream.clone());
+        if elicitation && let Some(down) = downstream {
+            let args = serde_json::to_string(request.args).unwrap_or_default();
+            let message = format!(
+                "ring0: allow the irreversible action {tool} with arguments {args}? (argument hash {})",
+                request.args_hash
+            );
+            let params = json!({
+                "message": message,
+                "requestedSchema": {
+                    "type": "object",
+                    "properties": {"approve": {"type": "boolean", "title": "Approve", "description": "Run this call"}},
+                    "required": ["approve"]
+                }
+            });
+            let asked = tokio::time::timeout(
+                APPROVAL_WAIT_DEFAULT,
+                down.request("elicitation/create", Some(params)),
+            )
+            .await;
+            return match asked {
+                Err(_) => AuthDecision::ApprovalTimeout {
+                    rule: "approval:elicitation".into(),
+                },
+                Ok(Err(e)) => AuthDecision::Deny {
+                    rule: "approval:elicitation".into(),
+                    reason: format!("the approval question could not be asked: {e}"),
+                },
+                Ok(Ok(answer)) => {
+                    let accepted = answer.get("action").and_then(Value::as_str) == Some("accept")
+                        && answer.pointer("/content/approve").and_then(Value::as_bool)
+                            == Some(true);
+                    if accepted {
+                        AuthDecision::Allow {
+                            rule: format!("{rule}+approval:elicitation"),
+                        }
+                    } else {
+                        AuthDecision::ApprovalDenied {
+                            rule: "approval:elicitation".into(),
+                            reason: "the person declined this call".into(),
+                        }
+                    }
+                }
+            };
+        }
+        let code = self.approvals.mint(tool, request.args_hash);
+        self.approvals.log.line(&format!(
+            "approval needed: {tool} {} (argument hash {}): confirmation code {code}",
+            serde_json::to_string(request.args).unwrap_or_default(),
+            request.args_hash
+        ));
+        AuthDecision::Deny {
+            rule: "approval:required".into(),
+            reason: format!(
+                "{tool} is irreversible and needs a person's approval. ring0 showed the person a \
+                 confirmation code; ask the user for it, then call again with the same arguments \
+                 and _meta {{\"{CONFIRM_META_KEY}\": \"<code>\"}}"
+            ),
+        }
+    }
+
+    fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool {
+        self.inner.visible(session, spec)
+    }
+}
+
+/// Forwards progress and relays server requests to one downstream client.
+struct Relay {
+    peer: Peer<RoleServer>,
+    progress: Option<mpsc::UnboundedSender<Value>>,
+}
+
+impl Relay {
+    fn new(peer: Peer<RoleServer>, token: Option<Value>) -> Arc<Self> {
+        let progress = token.map(|token| {
+            let (tx, mut rx) = mpsc::unbounded_channel::<Value>();
+            let peer = peer.clone();
+            tokio::spawn(async move {
+                while let Some(mut p) = rx.recv().await {
+                    p["progressToken"] = token.clone();
+                    if let Ok(param) = serde_json::from_value(p) {
+                        let _ = peer.notify_progress(param).await;
+                    }
+                }
+            });
+            tx
+        });
+        Arc::new(Self { peer, progress })
+    }
+}
+
+#[async_trait]
+impl Downstream for Relay {
+    fn progress(&self, progress: f64, total: Option<f64>, message: Option<String>) {
+        if let Some(tx) = &self.progress {
+            let mut p = json!({"progress": progress});
+            if let Some(t) = total {
+                p["total"] = json!(t);
+            }
+            if let Some(m) = message {
+                p["message"] = json!(m);
+            }
+            let _ = tx.send(p);
+        }
+    }
+
+    async fn request(&self, method: &str, params: Option<Value>) -> Result<Value, Value> {
+        let request = ServerRequest::CustomRequest(CustomRequest::new(method, params));
+        match self.peer.send_request(request).await {
+            Ok(result) => serde_json::to_value(result)
+                .map_err(|e| error_object(code::INTERNAL_ERROR, e.to_string())),
+            Err(e) => Err(error_object(
+                code::INTERNAL_ERROR,
+                format!("the client did not answer {method}: {e}"),
+            )),
+        }
+    }
+}
+
+struct SessionSlot {
+    generation: u64,
+    session: Arc<Session>,
+}
+
+/// One downstream MCP session over the gateway.
+#[derive(Clone)]
+pub struct GatewayServer {
+    gw: Gateway,
+    scope: String,
+    approvals: Arc<Approvals>,
+    facts: Arc<Mutex<HashMap<String, RequestFacts>>>,
+    primary: Arc<Mutex<Option<SessionSlot>>>,
+    primary_busy: Arc<AtomicBool>,
+    listening: Arc<AtomicBool>,
+    instructions: Option<String>,
+}
+
+impl GatewayServer {
+    /// A session. `scope` is the user-intent scope of its semantic keys.
+    pub fn new(gw: Gateway, approvals: Arc<Approvals>, scope: impl Into<String>) -> Self {
+        Self {
+            gw,
+            scope: scope.into(),
+            approvals,
+            facts: Arc::new(Mutex::new(HashMap::new())),
+            primary: Arc::new(Mutex::new(None)),
+            primary_busy: Arc::new(AtomicBool::new(false)),
+            listening: Arc::new(AtomicBool::new(false)),
+            instructions: Some(
+                "Tools are mediated by ring0: arguments are validated against each tool's schema, \
+                 calls are authorized by the session's grants and recorded in a journal, and output \
+                 is bounded. A refused call says why and what to do next."
+                    .into(),
+            ),
+        }
+    }
+
+    /// A session with a fresh scope per connection.
+    pub fn new_session(gw: Gateway, approvals: Arc<Approvals>) -> Self {
+        let n = SESSION_COUNTER.fetch_add(1, Ordering::Relaxed);
+        Self::new(
+            gw,
+            approvals,
+            format!("mcp-session-{n}-{}", uuid::Uuid::new_v4().simple()),
+        )
+    }
+
+    fn open(&self, generation: &Generation) -> Arc<Session> {
+        let gate = Arc::new(SessionGate {
+            inner: generation.gate.clone(),
+            approvals: self.approvals.clone(),
+            facts: self.facts.clone(),
+            calls: self.gw.calls().clone(),
+        });
+        Arc::new(
+            generation
+                .kernel
+                .open_session(SessionConfig::new(self.scope.clone()).authorizer(gate)),
+        )
+    }
+
+    /// The session's kernel session on the current generation: the primary one when free
+    /// (exact-repeat counts accumulate there), a fresh one for a call that overlaps another.
+    fn session(&self, generation: &Generation) -> (Arc<Session>, bool) {
+        if self
+            .primary_busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let mut slot = self.primary.lock().expect("primary");
+            let fresh = match slot.as_ref() {
+                Some(s) if s.generation == generation.number => s.session.clone(),
+                _ => {
+                    let s = self.open(generation);
+                    *slot = Some(SessionSlot {
+                        generation: generation.number,
+                        session: s.clone(),
+                    });
+                    s
+                }
+            };
+            (fresh, true)
+        } else {
+            (self.open(generation), false)
+        }
+    }
+
+    fn list(&self, cursor: Option<&str>) -> Result<Value, ErrorData> {
+        let generation = self.gw.generation();
+        let session = self.open(&generation);
+        let names: Vec<String> = session.catalog().iter().map(|s| s.name.clone()).collect();
+        let offset = match cursor {
+            None => 0,
+            Some(c) => {
+                let parsed = c
+                    .split_once(':')
+                    .and_then(|(g, o)| Some((g.parse::<u64>().ok()?, o.parse::<usize>().ok()?)));
+                match parsed {
+                    Some((g, o)) if g == generation.number && o <= names.len() => o,
+                    Some(_) => {
+                        return Err(ErrorData::invalid_params(
+                            "the tool catalog changed since this cursor was issued; list again from the start",
+                            None,
+                        ));
+                    }
+                    None => return Err(ErrorData::invalid_params("invalid cursor", None)),
+                }
+            }
+        };
+        let end = (offset + TOOLS_PAGE_SIZE).min(names.len());
+        let tools: Vec<Value> = names[offset..end]
+            .iter()
+            .filter_map(|n| generation.tools.get(n).map(|t| t.definition.clone()))
+            .collect();
+        let mut out = json!({"tools": tools});
+        if end < names.len() {
+            out["nextCursor"] = json!(format!("{}:{end}", generation.number));
+        }
+        Ok(out)
+    }
+
+    async fn call(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Value {
+        let generation = self.gw.generation();
+        let call_id = format!("mcp-{}", CALL_COUNTER.fetch_add(1, Ordering::Relaxed));
+        let token = context
+            .meta
+            .get_progress_token()
+            .and_then(|t| serde_json::to_value(t).ok());
+        let confirm = request
+            .meta
+            .as_ref()
+            .and_then(|m| serde_json::to_value(m).ok())
+            .and_then(|m| {
+                m.get(CONFIRM_META_KEY)
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            });
+        let elicitation = context
+            .client_capabilities()
+            .is_some_and(|c| c.elicitation.is_some());
+        self.facts.lock().expect("facts").insert(
+            call_id.clone(),
+            RequestFacts {
+                confirm,
+                elicitation,
+            },
+        );
+        let entry = CallEntry::new(Some(Relay::new(context.peer.clone(), token)));
+        self.gw.calls().insert(&call_id, entry.clone());
+        let (session, primary) = self.session(&generation);
+        let round = Round {
+            calls: vec![ProposedCall {
+                index: 0,
+                call_id: call_id.clone(),
+                tool: request.name.to_string(),
+                arguments: ProposedArguments::Value(
+                    request
+                        .arguments
+                        .map(Value::Object)
+                        .unwrap_or_else(|| Value::Object(Map::new())),
+                ),
+            }],
+            text: None,
+        };
+        let options = RoundOptions::default();
+        let run = session.run_round(round, &options);
+        tokio::pin!(run);
+        let outcome = tokio::select! {
+            o = &mut run => o,
+            _ = context.ct.cancelled() => {
+                session.cancel();
+                run.await
+            }
+        };
+        if primary {
+            self.primary_busy.store(false, Ordering::Release);
+        }
+        self.gw.calls().remove(&call_id);
+        self.facts.lock().expect("facts").remove(&call_id);
+        let forwarded = entry.forwarded.lock().expect("forwarded").take();
+        render(&outcome, forwarded)
+    }
+}
+
+/// The MCP result of a one-call round.
+fn render(outcome: &ring0_kernel::RoundOutcome, forwarded: Option<Value>) -> Value {
+    let (Some(receipt), Some(result)) = (outcome.receipts.first(), outcome.results.first()) else {
+        return json!({"content": [{"type": "text", "text": "ring0: the call produced no receipt"}], "isError": true});
+    };
+    let summary = json!({
+        "intent_id": receipt.intent_id,
+        "state": receipt.state,
+        "disposition": receipt.disposition,
+    });
+    let mut out = match (&receipt.outcome, forwarded) {
+        (CallOutcome::Completed { .. }, Some(Value::Object(f)))
+            if receipt.disposition == ring0_core::receipt::Disposition::Dispatched =>
+        {
+            Value::Object(f)
+        }
+        (CallOutcome::Completed { observation }, _) => {
+            let text = if observation.text.is_empty() {
+                observation
+                    .structured
+                    .as_ref()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            } else {
+                observation.text.clone()
+            };
+            let mut r = json!({"content": [{"type": "text", "text": text}], "isError": observation.is_error});
+            if let Some(s) = &observation.structured {
+                r["structuredContent"] = s.clone();
+            }
+            r
+        }
+        _ => {
+            let text = serde_json::to_string(&result.content).unwrap_or_default();
+            json!({"content": [{"type": "text", "text": text}], "isError": true})
+        }
+    };
+    if let Some(obj) = out.as_object_mut() {
+        let meta = obj
+            .entry("_meta")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(m) = meta.as_object_mut() {
+            m.insert(RECEIPT_META_KEY.into(), summary);
+        }
+    }
+    out
+}
+
+impl ServerHandler for GatewayServer {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = json!({
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"tools": {"listChanged": true}},
+            "serverInfo": {"name": "ring0", "version": env!("CARGO_PKG_VERSION")},
+        });
+        if let Some(i) = &self.instructions {
+            info["instructions"] = json!(i);
+        }
+        serde_json::from_value(info).expect("a valid server config")
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let cursor = request.as_ref().and_then(|r| r.cursor.clone());
+        let value = self.list(cursor.as_deref())?;
+        serde_json::from_value(value)
+            .map_err(|e| ErrorData::internal_error(format!("tool list: {e}"), None))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let value = self.call(request, context).await;
+        let result: CallToolResult = serde_json::from_value(value.clone()).unwrap_or_else(|e| {
+            // A content item rmcp's model does not know: keep the text, say what was dropped.
+            let text = format!("ring0: the result could not be represented ({e}): {value}");
+            serde_json::from_value(
+                json!({"content": [{"type": "text", "text": text}], "isError": true}),
+            )
+            .expect("a text result")
+        });
+        Ok(CallToolResponse::Complete(result))
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        if self.listening.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut changes = self.gw.subscribe();
+        let peer = context.peer.clone();
+        tokio::spawn(async move {
+            loop {
+                match changes.recv().await {
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        if peer.notify_tool_list_changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+    }
+}
+
+/// Serves one session over stdin/stdout until the client disconnects.
+pub async fn serve_stdio(server: GatewayServer) -> Result<(), String> {
+    use rmcp::ServiceExt;
+    let running = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| format!("MCP session over stdio: {e}"))?;
+    running
+        .waiting()
+        .await
+        .map_err(|e| format!("MCP session over stdio: {e}"))?;
+    Ok(())
+}

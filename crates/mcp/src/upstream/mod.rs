@@ -1,0 +1,620 @@
+//! Upstream MCP servers: connection, supervision, listing, pinning and calls.
+//!
+//! Each configured upstream has a supervisor task: connect (spawn the child or reach the URL),
+//! `initialize`, `notifications/initialized`, list every page of `tools/list`, check every
+//! definition against the pin book, publish the listing, then wait. A `list_changed`
+//! notification lists and pins again; a lost connection (the child died, the session expired) is
+//! retried with exponential backoff, and the new connection is initialized, listed and pinned
+//! before it serves a call. While an upstream is down its last listing stays published and calls
+//! fail at once as "not applied" (nothing was sent); after [`RESTARTS_MAX`] failed starts in a row
+//! it is given up and its tools are withdrawn.
+
+pub mod http;
+pub mod stdio;
+
+use crate::config::{Endpoint, UpstreamConfig};
+use crate::forward::{ForwardConfig, forward};
+use crate::limits::{
+    LIST_PAGES_MAX, RESTART_BACKOFF_INITIAL, RESTART_BACKOFF_MAX, RESTART_BACKOFF_RESET_AFTER,
+    RESTARTS_MAX, UPSTREAM_HANDSHAKE_TIMEOUT, UPSTREAM_TOOLS_MAX,
+};
+use crate::log::Log;
+use crate::names::qualify;
+use crate::pin::{PinBook, PinVerdict, ServerIdentity};
+use crate::route::CallEntry;
+use crate::rpc::{InboundHandler, RpcError, RpcPeer, code, error_object};
+use jsonschema::Validator;
+use ring0_core::Observation;
+use ring0_kernel::{CallContext, ToolError};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// The protocol version ring0 asks upstreams for (they may answer an older one).
+pub const UPSTREAM_PROTOCOL_VERSION: &str = "2025-11-25";
+
+/// One tool of an upstream's listing.
+#[derive(Debug, Clone)]
+pub struct ListedTool {
+    /// The server's own name.
+    pub name: String,
+    /// `alias__name`.
+    pub qualified: String,
+    /// The definition exactly as listed.
+    pub raw: Value,
+    pub verdict: PinVerdict,
+}
+
+/// An upstream's last listing.
+#[derive(Debug, Clone)]
+pub struct Listing {
+    pub server: ServerIdentity,
+    pub protocol_version: String,
+    pub tools: Vec<ListedTool>,
+}
+
+enum Connection {
+    Stdio(#[allow(dead_code)] stdio::StdioConnection),
+    Http(#[allow(dead_code)] http::HttpConnection),
+}
+
+struct Live {
+    peer: Arc<RpcPeer>,
+    _connection: Connection,
+}
+
+struct ProgressRoute {
+    idle: Arc<Notify>,
+    entry: Option<Arc<CallEntry>>,
+}
+
+/// One upstream server and its supervisor's shared state.
+pub struct Upstream {
+    pub config: UpstreamConfig,
+    log: Log,
+    pins: Arc<PinBook>,
+    http_client: Option<reqwest::Client>,
+    live: RwLock<Option<Arc<Live>>>,
+    listing: RwLock<Option<Arc<Listing>>>,
+    progress: Mutex<HashMap<String, ProgressRoute>>,
+    /// Upstream request id → the call it serves, in start order (for relaying server requests).
+    in_flight: Mutex<Vec<(u64, Arc<CallEntry>)>>,
+    relist: Notify,
+    on_change: Arc<dyn Fn() + Send + Sync>,
+    next_token: AtomicU64,
+    /// Connections made so far (1 after the first start).
+    starts: AtomicU64,
+    connected: Notify,
+}
+
+struct Handler(Weak<Upstream>);
+
+#[async_trait::async_trait]
+impl InboundHandler for Handler {
+    fn notification(&self, method: &str, params: Option<Value>, _related: Option<u64>) {
+        let Some(up) = self.0.upgrade() else { return };
+        match method {
+            "notifications/tools/list_changed" => up.relist.notify_one(),
+            "notifications/progress" => up.on_progress(params.unwrap_or(Value::Null)),
+            "notifications/message" => {
+                let p = params.unwrap_or(Value::Null);
+                let level = p.get("level").and_then(Value::as_str).unwrap_or("info");
+                let data = p.get("data").map(|d| match d {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                });
+                up.log.line(&format!(
+                    "[{}] {level}: {}",
+                    up.config.alias,
+                    data.unwrap_or_default()
+                ));
+            }
+            _ => {}
+        }
+    }
+
+    async fn request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        related: Option<u64>,
+    ) -> Result<Value, Value> {
+        let Some(up) = self.0.upgrade() else {
+            return Err(error_object(code::INTERNAL_ERROR, "ring0 is shutting down"));
+        };
+        if method == "ping" {
+            return Ok(json!({}));
+        }
+        let entry = {
+            let flights = up.in_flight.lock().expect("in flight");
+            match related {
+                Some(id) => flights
+                    .iter()
+                    .find(|(i, _)| *i == id)
+                    .map(|(_, e)| e.clone()),
+                // stdio carries no association: the most recent call in flight made it.
+                None => flights.last().map(|(_, e)| e.clone()),
+            }
+        };
+        match entry.and_then(|e| e.downstream.clone()) {
+            Some(down) => down.request(method, params).await,
+            None => Err(error_object(
+                code::METHOD_NOT_FOUND,
+                format!(
+                    "{method}: no client is waiting on a call of this server, so ring0 cannot relay the request"
+                ),
+            )),
+        }
+    }
+}
+
+/// Removes a call's routes and tells the server when it is abandoned before its response.
+struct CallGuard<'a> {
+    up: &'a Upstream,
+    peer: Arc<RpcPeer>,
+    id: u64,
+    token: String,
+    done: bool,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        self.up
+            .progress
+            .lock()
+            .expect("progress")
+            .remove(&self.token);
+        self.up
+            .in_flight
+            .lock()
+            .expect("in flight")
+            .retain(|(i, _)| *i != self.id);
+        if !self.done {
+            self.peer.cancel(
+                self.id,
+                "the call was abandoned by ring0 (timeout or cancellation)",
+            );
+        }
+    }
+}
+
+impl Upstream {
+    pub fn new(
+        config: UpstreamConfig,
+        pins: Arc<PinBook>,
+        log: Log,
+        http_client: Option<reqwest::Client>,
+        on_change: Arc<dyn Fn() + Send + Sync>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            log,
+            pins,
+            http_client,
+            live: RwLock::new(None),
+            listing: RwLock::new(None),
+            progress: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(Vec::new()),
+            relist: Notify::new(),
+            on_change,
+            next_token: AtomicU64::new(1),
+            starts: AtomicU64::new(0),
+            connected: Notify::new(),
+        })
+    }
+
+    pub fn alias(&self) -> &str {
+        &self.config.alias
+    }
+
+    /// The last published listing, if any.
+    pub fn listing(&self) -> Option<Arc<Listing>> {
+        self.listing.read().expect("listing").clone()
+    }
+
+    /// Whether a connection is up now.
+    pub fn is_connected(&self) -> bool {
+        self.live
+            .read()
+            .expect("live")
+            .as_ref()
+            .is_some_and(|l| !l.peer.is_closed())
+    }
+
+    /// How many connections were made so far.
+    pub fn starts(&self) -> u64 {
+        self.starts.load(Ordering::Relaxed)
+    }
+
+    /// Waits until a connection is up and listed (or the timeout passes).
+    pub async fn wait_connected(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.connected.notified();
+            if self.is_connected() && self.listing().is_some() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.is_connected() && self.listing().is_some();
+            }
+        }
+    }
+
+    /// Starts the supervisor task.
+    pub fn start(self: &Arc<Self>) {
+        let this = Arc::downgrade(self);
+        tokio::spawn(async move { supervise(this).await });
+    }
+
+    fn on_progress(&self, params: Value) {
+        let Some(token) = params.get("progressToken").map(|t| match t {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        }) else {
+            return;
+        };
+        let routes = self.progress.lock().expect("progress");
+        let Some(route) = routes.get(&token) else {
+            return;
+        };
+        route.idle.notify_one();
+        if let Some(down) = route.entry.as_ref().and_then(|e| e.downstream.as_ref()) {
+            down.progress(
+                params
+                    .get("progress")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(0.0),
+                params.get("total").and_then(Value::as_f64),
+                params
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+            );
+        }
+    }
+
+    async fn connect_once(self: &Arc<Self>) -> Result<Arc<RpcPeer>, String> {
+        let handler: Arc<dyn InboundHandler> = Arc::new(Handler(Arc::downgrade(self)));
+        let alias = self.config.alias.clone();
+        let (peer, connection) = match self.config.endpoint() {
+            Endpoint::Stdio => {
+                let mut env = BTreeMap::new();
+                for name in &self.config.env {
+                    if let Ok(v) = std::env::var(name) {
+                        env.insert(name.clone(), v);
+                    }
+                }
+                env.extend(self.config.env_set.clone());
+                let spec = stdio::StdioSpec {
+                    command: self.config.command.clone().unwrap_or_default(),
+                    args: self.config.args.clone(),
+                    env,
+                    cwd: self.config.cwd.clone(),
+                };
+                let conn = stdio::spawn(&alias, &spec, handler, self.log.clone())
+                    .map_err(|e| format!("cannot start {:?}: {e}", spec.command))?;
+                (conn.peer.clone(), Connection::Stdio(conn))
+            }
+            Endpoint::Http => {
+                let spec = http::HttpSpec {
+                    url: self.config.url.clone().unwrap_or_default(),
+                    headers: self.config.headers.clone(),
+                };
+                let client = match &self.http_client {
+                    Some(c) => c.clone(),
+                    None => http::client()?,
+                };
+                let conn = http::connect(&alias, &spec, client, handler, self.log.clone());
+                (conn.peer.clone(), Connection::Http(conn))
+            }
+        };
+        let init = tokio::time::timeout(
+            UPSTREAM_HANDSHAKE_TIMEOUT,
+            peer.request(
+                "initialize",
+                Some(json!({
+                    "protocolVersion": UPSTREAM_PROTOCOL_VERSION,
+                    "capabilities": {"roots": {}, "sampling": {}, "elicitation": {}},
+                    "clientInfo": {"name": "ring0", "version": env!("CARGO_PKG_VERSION")},
+                })),
+            ),
+        )
+        .await
+        .map_err(|_| "initialize timed out".to_string())?
+        .map_err(|e| format!("initialize failed: {e}"))?;
+        let protocol = init
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        if let Connection::Http(c) = &connection {
+            c.set_protocol_version(&protocol);
+        }
+        peer.notify("notifications/initialized", None)
+            .map_err(|e| format!("notifications/initialized: {e}"))?;
+        if let Connection::Http(c) = &connection {
+            c.open_listen_stream();
+        }
+        let server = ServerIdentity::from_initialize(&init);
+        *self.live.write().expect("live") = Some(Arc::new(Live {
+            peer: peer.clone(),
+            _connection: connection,
+        }));
+        self.list(&peer, server, protocol).await?;
+        self.starts.fetch_add(1, Ordering::Relaxed);
+        self.connected.notify_waiters();
+        Ok(peer)
+    }
+
+    /// Lists every page, pins, and publishes the listing.
+    async fn list(
+        &self,
+        peer: &Arc<RpcPeer>,
+        server: ServerIdentity,
+        protocol_version: String,
+    ) -> Result<(), String> {
+        let alias = &self.config.alias;
+        let mut raw_tools: Vec<Value> = Vec::new();
+        let mut cursor: Option<Value> = None;
+        let mut pages = 0;
+        loop {
+            pages += 1;
+            if pages > LIST_PAGES_MAX {
+                return Err(format!(
+                    "tools/list returned more than {LIST_PAGES_MAX} pages; the listing is refused"
+                ));
+            }
+            let params = cursor.as_ref().map(|c| json!({"cursor": c}));
+            let page = tokio::time::timeout(
+                UPSTREAM_HANDSHAKE_TIMEOUT,
+                peer.request("tools/list", params),
+            )
+            .await
+            .map_err(|_| "tools/list timed out".to_string())?
+            .map_err(|e| format!("tools/list failed: {e}"))?;
+            if let Some(tools) = page.get("tools").and_then(Value::as_array) {
+                raw_tools.extend(tools.iter().cloned());
+            }
+            if raw_tools.len() > UPSTREAM_TOOLS_MAX {
+                return Err(format!(
+                    "the server lists more than {UPSTREAM_TOOLS_MAX} tools; the listing is refused"
+                ));
+            }
+            match page.get("nextCursor") {
+                Some(c) if !c.is_null() => cursor = Some(c.clone()),
+                _ => break,
+            }
+        }
+        // Names: qualified, duplicates refused on both sides.
+        let mut named: Vec<(String, String, Value)> = Vec::new();
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for raw in raw_tools {
+            let Some(name) = raw.get("name").and_then(Value::as_str).map(str::to_string) else {
+                self.log
+                    .line(&format!("[{alias}] a listed tool has no name; ignored"));
+                continue;
+            };
+            match qualify(alias, &name) {
+                Ok(q) => {
+                    *counts.entry(q.clone()).or_default() += 1;
+                    named.push((name, q, raw));
+                }
+                Err(e) => self
+                    .log
+                    .line(&format!("[{alias}] tool {name:?} cannot be exposed: {e}")),
+            }
+        }
+        named.retain(|(name, q, _)| {
+            let unique = counts[q] == 1;
+            if !unique {
+                self.log.line(&format!(
+                    "[{alias}] tool {name:?} is refused: another tool of this server maps to the same name {q:?}"
+                ));
+            }
+            unique
+        });
+        let pairs: Vec<(String, Value)> = named
+            .iter()
+            .map(|(n, _, r)| (n.clone(), r.clone()))
+            .collect();
+        let verdicts = self.pins.check_listing(
+            alias,
+            &server,
+            &pairs,
+            self.config.report_new_optional_params,
+        );
+        let mut tools = Vec::with_capacity(named.len());
+        for ((name, qualified, raw), verdict) in named.into_iter().zip(verdicts) {
+            match &verdict {
+                PinVerdict::Quarantined(why) => self.log.line(&format!(
+                    "[{alias}] tool {qualified} is quarantined: {why}; approve it with `ring0 approve-tool {qualified}`"
+                )),
+                PinVerdict::Reported(what) => {
+                    self.log.line(&format!("[{alias}] tool {qualified}: {what}"))
+                }
+                PinVerdict::TrustedOnFirstUse => self.log.line(&format!(
+                    "[{alias}] tool {qualified} trusted on first use and recorded in {}",
+                    self.pins.lock_path().display()
+                )),
+                PinVerdict::Approved => {}
+            }
+            tools.push(ListedTool {
+                name,
+                qualified,
+                raw,
+                verdict,
+            });
+        }
+        *self.listing.write().expect("listing") = Some(Arc::new(Listing {
+            server,
+            protocol_version,
+            tools,
+        }));
+        (self.on_change)();
+        Ok(())
+    }
+
+    /// Lists again (after an approval was written to the lock).
+    pub fn request_relist(&self) {
+        self.relist.notify_one();
+    }
+
+    /// Calls a tool of this upstream.
+    pub async fn call(
+        &self,
+        tool: &str,
+        args: Value,
+        ctx: &CallContext,
+        entry: Option<Arc<CallEntry>>,
+        output_schema: Option<&Validator>,
+        forward_config: &ForwardConfig,
+    ) -> Result<Observation, ToolError> {
+        let alias = &self.config.alias;
+        let live = self.live.read().expect("live").clone();
+        let Some(live) = live.filter(|l| !l.peer.is_closed()) else {
+            return Err(ToolError::not_applied(format!(
+                "upstream {alias:?} is not connected (it is restarting); nothing was sent, call again shortly"
+            )));
+        };
+        let peer = live.peer.clone();
+        let token = format!("ring0-{}", self.next_token.fetch_add(1, Ordering::Relaxed));
+        let idle = Arc::new(Notify::new());
+        self.progress.lock().expect("progress").insert(
+            token.clone(),
+            ProgressRoute {
+                idle: idle.clone(),
+                entry: entry.clone(),
+            },
+        );
+        let mut meta = serde_json::Map::new();
+        meta.insert("progressToken".into(), Value::String(token.clone()));
+        if let Some(key) = &ctx.idempotency_key {
+            meta.insert(
+                "io.ring0/idempotency-key".into(),
+                Value::String(key.clone()),
+            );
+        }
+        let params = json!({"name": tool, "arguments": args, "_meta": meta});
+        let flight = match peer.start("tools/call", Some(params)) {
+            Ok(f) => f,
+            Err(e) => {
+                self.progress.lock().expect("progress").remove(&token);
+                return Err(ToolError::not_applied(format!("upstream {alias:?}: {e}")));
+            }
+        };
+        if let Some(e) = &entry {
+            self.in_flight
+                .lock()
+                .expect("in flight")
+                .push((flight.id, e.clone()));
+        }
+        let mut guard = CallGuard {
+            up: self,
+            peer: peer.clone(),
+            id: flight.id,
+            token,
+            done: false,
+        };
+        let idle_timeout = self.config.idle_timeout();
+        let hard = tokio::time::sleep(self.config.max_timeout());
+        tokio::pin!(hard);
+        let mut result = flight.result;
+        let outcome = loop {
+            tokio::select! {
+                r = &mut result => {
+                    guard.done = true;
+                    break r.unwrap_or_else(|_| Err(RpcError::Lost("the connection closed".into())));
+                }
+                _ = idle.notified() => continue,
+                _ = tokio::time::sleep(idle_timeout) => {
+                    return Err(ToolError::unknown(format!(
+                        "upstream {alias:?} reported no progress for {} ms (idle timeout); the call was cancelled upstream and its outcome is unknown",
+                        idle_timeout.as_millis()
+                    )));
+                }
+                _ = &mut hard => {
+                    return Err(ToolError::unknown(format!(
+                        "upstream {alias:?} did not finish within {} ms (hard limit); the call was cancelled upstream and its outcome is unknown",
+                        self.config.max_timeout().as_millis()
+                    )));
+                }
+                _ = ctx.cancel.cancelled() => {
+                    return Err(ToolError::unknown(format!(
+                        "the call was cancelled; notifications/cancelled was sent to upstream {alias:?} and its outcome is unknown"
+                    )));
+                }
+            }
+        };
+        drop(guard);
+        match outcome {
+            Ok(raw) => {
+                let shaped = forward(&raw, output_schema, forward_config);
+                if let Some(e) = &entry {
+                    *e.forwarded.lock().expect("forwarded") = Some(shaped.result);
+                }
+                Ok(shaped.observation)
+            }
+            Err(e) => {
+                let message = format!("upstream {alias:?}: {e}");
+                if e.definitely_not_applied() {
+                    Err(ToolError::not_applied(message))
+                } else {
+                    Err(ToolError::unknown(message))
+                }
+            }
+        }
+    }
+}
+
+async fn supervise(this: Weak<Upstream>) {
+    let mut backoff = RESTART_BACKOFF_INITIAL;
+    let mut failures: u32 = 0;
+    loop {
+        let Some(up) = this.upgrade() else { return };
+        let started = Instant::now();
+        match up.connect_once().await {
+            Ok(peer) => {
+                loop {
+                    tokio::select! {
+                        _ = peer.closed().cancelled() => break,
+                        _ = up.relist.notified() => {
+                            let server = up.listing().map(|l| l.server.clone()).unwrap_or_default();
+                            let protocol = up.listing().map(|l| l.protocol_version.clone()).unwrap_or_default();
+                            if let Err(e) = up.list(&peer, server, protocol).await {
+                                up.log.line(&format!("[{}] listing again failed: {e}", up.config.alias));
+                            }
+                        }
+                    }
+                }
+                up.log.line(&format!(
+                    "[{}] connection lost; restarting",
+                    up.config.alias
+                ));
+            }
+            Err(e) => up
+                .log
+                .line(&format!("[{}] start failed: {e}", up.config.alias)),
+        }
+        *up.live.write().expect("live") = None;
+        if started.elapsed() >= RESTART_BACKOFF_RESET_AFTER {
+            backoff = RESTART_BACKOFF_INITIAL;
+            failures = 0;
+        }
+        failures += 1;
+        if failures > RESTARTS_MAX {
+            up.log.line(&format!(
+                "[{}] gave up after {RESTARTS_MAX} failed starts in a row; its tools are withdrawn",
+                up.config.alias
+            ));
+            *up.listing.write().expect("listing") = None;
+            (up.on_change)();
+            return;
+        }
+        drop(up);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
+    }
+}
