@@ -234,12 +234,15 @@ pub fn decide_pending(
     Ok(request)
 }
 
+/// Told about each request once it is pending.
+type RequestHook = Box<dyn Fn(&ApprovalRequest) + Send + Sync>;
+
 /// The terminal approval channel: request files in a directory, decisions written by
 /// `ring0 approve` / `ring0 deny`.
 pub struct DirectoryApprover {
     dir: PathBuf,
     /// Called once per request when it is written, e.g. to tell the person at the terminal.
-    notify: Option<Box<dyn Fn(&ApprovalRequest) + Send + Sync>>,
+    notify: Option<RequestHook>,
 }
 
 impl DirectoryApprover {
