@@ -78,6 +78,8 @@ pub enum RejectionKind {
     JournalUnavailable,
     RoundLimit,
     Unsettled,
+    /// The model's stream ended in the middle of this call's arguments; nothing was run.
+    StreamAborted,
 }
 
 impl RejectionKind {
@@ -103,6 +105,7 @@ impl RejectionKind {
             Self::JournalUnavailable => "journal_unavailable",
             Self::RoundLimit => "round_limit",
             Self::Unsettled => "unsettled",
+            Self::StreamAborted => "stream_aborted",
         }
     }
 
@@ -127,6 +130,7 @@ impl RejectionKind {
             Self::JournalUnavailable => "the call was not run; try again later",
             Self::RoundLimit => "send fewer calls per round",
             Self::Unsettled => "the outcome is being settled; do not retry",
+            Self::StreamAborted => "the call arrived incomplete; send it again whole",
         }
     }
 }
@@ -230,6 +234,7 @@ mod tests {
             JournalUnavailable,
             RoundLimit,
             Unsettled,
+            StreamAborted,
         ] {
             assert_eq!(
                 serde_json::to_value(k).unwrap(),

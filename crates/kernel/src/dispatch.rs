@@ -527,6 +527,7 @@ async fn run_call(
                     .await
                 {
                     ProbeVerdict::Applied(obs) => {
+                        let obs = *obs;
                         break finish(
                             env,
                             job,

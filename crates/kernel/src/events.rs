@@ -45,6 +45,12 @@ pub enum Event {
         calls: Vec<usize>,
         barrier: bool,
     },
+    /// A call started while the model was still generating the round.
+    EarlyStarted {
+        index: usize,
+        call_id: String,
+        tool: String,
+    },
     CallStarted {
         index: usize,
         call_id: String,

@@ -70,7 +70,10 @@ pub mod prepare;
 pub mod project;
 pub mod registry;
 mod session;
+pub mod stream;
+mod streaming;
 pub mod tool;
+pub mod traits;
 pub mod validate;
 
 pub use admit::{RepeatLimits, ToolChoice};
@@ -84,4 +87,5 @@ pub use session::{
     Kernel, KernelBuilder, MAX_CONCURRENT_TOOLS_DEFAULT, RoundOptions, RoundOutcome, Session,
     SessionConfig, Termination, TurnOutcome,
 };
+pub use streaming::{LEDGER_TURNS_MAX, RoundIdentity, StreamNotice, StreamingRound};
 pub use tool::{CallContext, FailureClass, ProbeVerdict, Tool, ToolError, tool_fn};

@@ -48,6 +48,10 @@ impl Retrieve for NoRetrieval {
 /// the executor.
 pub struct RegisteredTool {
     pub spec: ToolSpec,
+    /// The connection the tool came from ([`crate::traits::LOCAL_CONNECTION`] for in-process
+    /// tools) and its unqualified callable name there: what trait configuration is keyed by.
+    pub connection: String,
+    pub callable: String,
     pub validator: Validator,
     pub tool: Arc<dyn Tool>,
 }
@@ -92,6 +96,19 @@ impl Registry {
     /// Normalizes and compiles a spec, then registers it with its executor.
     pub fn register(
         &mut self,
+        spec: ToolSpec,
+        tool: Arc<dyn Tool>,
+    ) -> Result<(), RegistrationError> {
+        let callable = spec.name.clone();
+        self.register_in(crate::traits::LOCAL_CONNECTION, &callable, spec, tool)
+    }
+
+    /// Registers a tool of a connection (an MCP upstream, a configured tool set) under its
+    /// model-facing name `spec.name`, remembering its unqualified `callable` name.
+    pub fn register_in(
+        &mut self,
+        connection: &str,
+        callable: &str,
         mut spec: ToolSpec,
         tool: Arc<dyn Tool>,
     ) -> Result<(), RegistrationError> {
@@ -139,11 +156,38 @@ impl Registry {
             name,
             Arc::new(RegisteredTool {
                 spec,
+                connection: connection.to_string(),
+                callable: callable.to_string(),
                 validator,
                 tool,
             }),
         );
         Ok(())
+    }
+
+    /// Applies per-connection trait configuration to every registered tool (one metadata plane).
+    pub fn apply_traits(
+        &mut self,
+        config: &std::collections::BTreeMap<String, crate::traits::ConnectionTraits>,
+    ) {
+        for entry in self.tools.values_mut() {
+            let Some(conn) = config.get(&entry.connection) else {
+                continue;
+            };
+            let mut spec = entry.spec.clone();
+            crate::traits::resolve(&mut spec, &entry.callable, Some(conn));
+            if spec != entry.spec {
+                let validator = compile_schema(&spec.input_schema)
+                    .expect("the same schema compiled at registration");
+                *entry = Arc::new(RegisteredTool {
+                    spec,
+                    connection: entry.connection.clone(),
+                    callable: entry.callable.clone(),
+                    validator,
+                    tool: entry.tool.clone(),
+                });
+            }
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<RegisteredTool>> {

@@ -16,7 +16,7 @@ use crate::tool::Tool;
 use ring0_core::call::RejectionKind;
 use ring0_core::format::{FormatError, parse_turn, render_results};
 use ring0_core::limits::CALLS_PER_ROUND_MAX;
-use ring0_core::{ProviderFormat, Receipt, Rejection, Round, ToolResult, ToolSpec};
+use ring0_core::{ProposedCall, ProviderFormat, Receipt, Rejection, Round, ToolResult, ToolSpec};
 use ring0_journal::{Journal, MemoryJournal};
 use serde::Serialize;
 use serde_json::Value;
@@ -30,12 +30,12 @@ use tokio_util::sync::CancellationToken;
 /// Default bound on calls running at once in one epoch.
 pub const MAX_CONCURRENT_TOOLS_DEFAULT: usize = 8;
 
-struct KernelInner {
-    registry: Registry,
-    journal: Arc<dyn Journal>,
-    authorizer: Arc<dyn Authorizer>,
-    rewrites: Vec<Arc<dyn PolicyRewrite>>,
-    sessions: AtomicU64,
+pub(crate) struct KernelInner {
+    pub(crate) registry: Registry,
+    pub(crate) journal: Arc<dyn Journal>,
+    pub(crate) authorizer: Arc<dyn Authorizer>,
+    pub(crate) rewrites: Vec<Arc<dyn PolicyRewrite>>,
+    pub(crate) sessions: AtomicU64,
 }
 
 /// The mediation kernel: tools, journal and default policy, shared by its sessions.
@@ -47,6 +47,7 @@ pub struct Kernel {
 /// Builds a [`Kernel`].
 pub struct KernelBuilder {
     registry: Registry,
+    traits: BTreeMap<String, crate::traits::ConnectionTraits>,
     journal: Option<Arc<dyn Journal>>,
     authorizer: Option<Arc<dyn Authorizer>>,
     rewrites: Vec<Arc<dyn PolicyRewrite>>,
@@ -57,6 +58,32 @@ impl KernelBuilder {
     pub fn tool(mut self, spec: ToolSpec, tool: Arc<dyn Tool>) -> Result<Self, RegistrationError> {
         self.registry.register(spec, tool)?;
         Ok(self)
+    }
+
+    /// Registers a tool of a connection under its model-facing name, keeping its unqualified
+    /// callable name for trait configuration.
+    pub fn tool_in(
+        mut self,
+        connection: &str,
+        callable: &str,
+        spec: ToolSpec,
+        tool: Arc<dyn Tool>,
+    ) -> Result<Self, RegistrationError> {
+        self.registry
+            .register_in(connection, callable, spec, tool)?;
+        Ok(self)
+    }
+
+    /// Trait configuration of one connection (`tool_traits`), keyed by unqualified callable
+    /// name or `"*"`; it adds to and overrides the traits declared in code when the kernel is
+    /// built. In-process tools belong to [`crate::traits::LOCAL_CONNECTION`].
+    pub fn connection_traits(
+        mut self,
+        connection: &str,
+        traits: crate::traits::ConnectionTraits,
+    ) -> Self {
+        self.traits.insert(connection.to_string(), traits);
+        self
     }
 
     /// The journal. Without one, an in-memory journal is used.
@@ -76,7 +103,8 @@ impl KernelBuilder {
         self
     }
 
-    pub fn build(self) -> Kernel {
+    pub fn build(mut self) -> Kernel {
+        self.registry.apply_traits(&self.traits);
         Kernel {
             inner: Arc::new(KernelInner {
                 registry: self.registry,
@@ -194,28 +222,47 @@ pub struct TurnOutcome {
     pub round: RoundOutcome,
 }
 
-struct SessionState {
-    repeat: RepeatGuard,
-    terminated: Option<Termination>,
-    rounds: u64,
+pub(crate) struct SessionState {
+    pub(crate) repeat: RepeatGuard,
+    pub(crate) terminated: Option<Termination>,
+    pub(crate) rounds: u64,
+    /// An advisory raised by a call started early, for the round's outcome.
+    pub(crate) pending_policy_message: Option<String>,
+    /// Calls started early, per `(turn_id, iteration)`: survives decision retries of the turn.
+    pub(crate) ledger: crate::streaming::Ledger,
+}
+
+/// A receipt some task will deliver, awaitable from several places.
+pub(crate) type SharedReceipt =
+    futures::future::Shared<futures::future::BoxFuture<'static, Receipt>>;
+
+/// What a streaming round already decided about a call before the round's end.
+pub(crate) enum Pre {
+    Prepared(Prepared),
+    Rejected(Rejection),
+    Consumed {
+        prepared: Prepared,
+        receipt: SharedReceipt,
+    },
 }
 
 /// One agent run: its scope, grants, mode, limits, repeat counts and event stream.
 pub struct Session {
-    kernel: Arc<KernelInner>,
-    info: SessionInfo,
-    config: SessionConfig,
-    authorizer: Arc<dyn Authorizer>,
-    state: Mutex<SessionState>,
-    events: broadcast::Sender<Event>,
-    cancel: std::sync::Mutex<CancellationToken>,
-    start_gate: Arc<std::sync::Mutex<()>>,
+    pub(crate) kernel: Arc<KernelInner>,
+    pub(crate) info: SessionInfo,
+    pub(crate) config: SessionConfig,
+    pub(crate) authorizer: Arc<dyn Authorizer>,
+    pub(crate) state: Mutex<SessionState>,
+    pub(crate) events: broadcast::Sender<Event>,
+    pub(crate) cancel: std::sync::Mutex<CancellationToken>,
+    pub(crate) start_gate: Arc<std::sync::Mutex<()>>,
 }
 
 impl Kernel {
     pub fn builder() -> KernelBuilder {
         KernelBuilder {
             registry: Registry::new(),
+            traits: BTreeMap::new(),
             journal: None,
             authorizer: None,
             rewrites: Vec::new(),
@@ -247,6 +294,8 @@ impl Kernel {
                 repeat: RepeatGuard::new(config.repeat),
                 terminated: None,
                 rounds: 0,
+                pending_policy_message: None,
+                ledger: Default::default(),
             }),
             config,
             authorizer,
@@ -311,19 +360,53 @@ impl Session {
         })
     }
 
-    fn emit(&self, event: Event) {
+    pub(crate) fn dispatch_env(
+        &self,
+        round_start: Instant,
+        cancel: CancellationToken,
+        options: &RoundOptions,
+    ) -> DispatchEnv {
+        DispatchEnv {
+            journal: self.kernel.journal.clone(),
+            scope: Arc::from(self.config.scope.as_str()),
+            attempt_epoch: self.config.attempt_epoch,
+            events: self.events.clone(),
+            cancel,
+            max_concurrent_tools: self.config.max_concurrent_tools,
+            round_start,
+            intent_ids: Arc::new(options.intent_ids.clone()),
+            start_gate: self.start_gate.clone(),
+        }
+    }
+
+    pub(crate) fn current_cancel(&self) -> CancellationToken {
+        self.cancel.lock().expect("cancel mutex").clone()
+    }
+
+    pub(crate) fn emit(&self, event: Event) {
         let _ = self.events.send(event);
     }
 
     /// Runs one round of proposed calls through prepare, admit, plan, commit, dispatch, settle
     /// and project.
     pub async fn run_round(&self, round: Round, options: &RoundOptions) -> RoundOutcome {
-        let round_start = Instant::now();
+        self.run_round_with(round.calls, options, Instant::now(), BTreeMap::new())
+            .await
+    }
+
+    /// [`Session::run_round`] for calls some of which a streaming round already prepared,
+    /// rejected or started early (`pre`, by position).
+    pub(crate) async fn run_round_with(
+        &self,
+        calls: Vec<ProposedCall>,
+        options: &RoundOptions,
+        round_start: Instant,
+        mut pre: BTreeMap<usize, Pre>,
+    ) -> RoundOutcome {
         let cancel = self.cancel.lock().expect("cancel mutex").clone();
         let mut st = self.state.lock().await;
         st.rounds += 1;
         let round_no = st.rounds;
-        let calls = round.calls;
         self.emit(Event::RoundStarted {
             round: round_no,
             calls: calls.len(),
@@ -342,7 +425,25 @@ impl Session {
 
         let choice = check_tool_choice(&options.tool_choice, &calls);
         let mut candidates: Vec<usize> = Vec::new();
+        let mut consumed: Vec<(usize, Prepared, SharedReceipt)> = Vec::new();
+        let mut preprepared: BTreeMap<usize, Prepared> = BTreeMap::new();
         for (pos, call) in calls.iter().enumerate() {
+            match pre.remove(&pos) {
+                // Already started early: it ran through the dispatcher once and is not validated,
+                // written or executed again.
+                Some(Pre::Consumed { prepared, receipt }) => {
+                    consumed.push((pos, prepared, receipt));
+                    continue;
+                }
+                Some(Pre::Rejected(r)) => {
+                    reject(&mut receipts, pos, r);
+                    continue;
+                }
+                Some(Pre::Prepared(p)) => {
+                    preprepared.insert(pos, p);
+                }
+                None => {}
+            }
             if let Some(t) = &st.terminated {
                 let r = Rejection::new(
                     RejectionKind::RepeatTerminated,
@@ -373,9 +474,18 @@ impl Session {
             authorizer: self.authorizer.as_ref(),
             rewrites: &self.kernel.rewrites,
         };
-        let prepared_results =
-            futures::future::join_all(candidates.iter().map(|&pos| prepare(&cx, &calls[pos])))
-                .await;
+        let prepared_results = futures::future::join_all(candidates.iter().map(|&pos| {
+            let ready = preprepared.remove(&pos);
+            let cx = &cx;
+            let call = &calls[pos];
+            async move {
+                match ready {
+                    Some(p) => Ok(p),
+                    None => prepare(cx, call).await,
+                }
+            }
+        }))
+        .await;
         let mut prepared: Vec<(usize, Prepared)> = Vec::new();
         for (pos, result) in candidates.into_iter().zip(prepared_results) {
             match result {
@@ -384,7 +494,13 @@ impl Session {
             }
         }
 
-        // Admit: the round overseer, then the exact-repeat guard, in source order.
+        // Admit: the round overseer, then the exact-repeat guard, in source order. Calls started
+        // early count as accepted before the calls after them.
+        let early_positions: Vec<usize> = consumed.iter().map(|(pos, _, _)| *pos).collect();
+        for (pos, p, _) in &consumed {
+            prepared.push((*pos, p.clone()));
+        }
+        prepared.sort_by_key(|(pos, _)| *pos);
         let verdicts = oversee(
             &prepared
                 .iter()
@@ -397,10 +513,15 @@ impl Session {
                 })
                 .collect::<Vec<_>>(),
         );
-        let mut policy_message = None;
+        let mut policy_message = st.pending_policy_message.take();
         let mut terminated = None;
         let mut accepted: Vec<(usize, Prepared)> = Vec::new();
+        let mut args_by_pos: BTreeMap<usize, Value> = BTreeMap::new();
         for ((pos, p), verdict) in prepared.into_iter().zip(verdicts) {
+            if early_positions.contains(&pos) {
+                args_by_pos.insert(pos, p.call.args.clone());
+                continue;
+            }
             if let Some(r) = verdict {
                 reject(&mut receipts, pos, r);
                 continue;
@@ -464,19 +585,8 @@ impl Session {
                 .map(|(_, p)| (p.tool.spec.effect, p.tool.spec.concurrency))
                 .collect::<Vec<_>>(),
         );
-        let env = DispatchEnv {
-            journal: self.kernel.journal.clone(),
-            scope: Arc::from(self.config.scope.as_str()),
-            attempt_epoch: self.config.attempt_epoch,
-            events: self.events.clone(),
-            cancel,
-            max_concurrent_tools: self.config.max_concurrent_tools,
-            round_start,
-            intent_ids: Arc::new(options.intent_ids.clone()),
-            start_gate: self.start_gate.clone(),
-        };
+        let env = self.dispatch_env(round_start, cancel, options);
         let positions: Vec<usize> = accepted.iter().map(|(pos, _)| *pos).collect();
-        let mut args_by_pos: BTreeMap<usize, Value> = BTreeMap::new();
         let jobs: Vec<Prepared> = accepted
             .into_iter()
             .map(|(pos, p)| {
@@ -485,6 +595,12 @@ impl Session {
             })
             .collect();
         let dispatched = run_epochs(env, jobs, epochs).await;
+        for (pos, _, receipt) in consumed {
+            let mut r = receipt.await;
+            r.call_id = calls[pos].call_id.clone();
+            r.index = calls[pos].index;
+            receipts[pos] = Some(r);
+        }
         for (pos, receipt) in positions.into_iter().zip(dispatched) {
             if let ring0_core::receipt::CallOutcome::Rejected { rejection } = &receipt.outcome {
                 self.emit(Event::CallRejected {

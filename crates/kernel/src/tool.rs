@@ -78,7 +78,7 @@ impl ToolError {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProbeVerdict {
     /// The call's postcondition holds: it was applied. The observation becomes a synthetic receipt.
-    Applied(Observation),
+    Applied(Box<Observation>),
     /// The world is as the pre-dispatch snapshot recorded: it was not applied.
     Unchanged,
     /// Anything else: a person must decide.

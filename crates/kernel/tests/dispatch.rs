@@ -548,7 +548,7 @@ impl Tool for FlakyTool {
         }
         let before = snapshot.and_then(|s| s["effects"].as_u64()).unwrap_or(0) as usize;
         if self.0.effects.lock().unwrap().len() > before {
-            ProbeVerdict::Applied(Observation::text("found the effect"))
+            ProbeVerdict::Applied(Box::new(Observation::text("found the effect")))
         } else {
             ProbeVerdict::Unchanged
         }
