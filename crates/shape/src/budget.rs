@@ -63,6 +63,11 @@ impl StreamBudget {
         }
     }
 
+    /// Bytes of memory held.
+    pub fn buffered_bytes(&self) -> usize {
+        self.head.capacity() + self.tail.buf.capacity()
+    }
+
     /// Whether everything pushed is still held (head and ring together).
     fn complete(&self) -> bool {
         self.total_bytes == (self.head.len() + self.tail.len()) as u64 && !self.tail.wrapped

@@ -19,7 +19,7 @@
 
 use std::sync::LazyLock;
 
-use aho_corasick::AhoCorasick;
+use aho_corasick::{AhoCorasick, MatchKind};
 use ring0_core::observation::{Diagnostic, Location, Severity, StreamName, TestRunner};
 
 use crate::config::{DIAGNOSTIC_TEXT_BYTES_MAX, DIAGNOSTICS_MAX};
@@ -33,23 +33,62 @@ const PANIC_MESSAGE_LINES_MAX: u8 = 4;
 /// Lines a Go panic may take before its first frame outside the runtime.
 const GO_FRAME_LINES_MAX: u8 = 48;
 
-/// Substrings one of which every line that starts or summarizes a frame contains.
-static TRIGGERS: LazyLock<Option<AhoCorasick>> = LazyLock::new(|| {
-    AhoCorasick::new([
-        "Traceback (most recent call last)",
-        "error",
-        "warning",
-        "panicked at",
-        "panic: ",
-        "test result: ",
-        "passed",
-        "failed",
-        "FAILED ",
-        "---- ",
-        "no tests ran",
-    ])
-    .ok()
+/// How the lines that start or summarize a frame begin, and what GCC/Clang lines contain.
+const LINE_STARTS: &[&str] = &[
+    "Traceback (most recent call last)",
+    "error",
+    "warning",
+    "thread '",
+    "panic: ",
+    "test result: ",
+    "---- ",
+    "FAILED ",
+    "==",
+];
+const LINE_CONTAINS: &[&str] = &[": error: ", ": fatal error: ", ": warning: "];
+
+/// Finds the next line that may start or summarize a frame: a line break followed by one of
+/// [`LINE_STARTS`], or one of [`LINE_CONTAINS`]. Every pattern is at least three bytes with
+/// rare leading bytes, so the SIMD searcher (Teddy) skips ordinary lines without looking at them.
+enum Triggers {
+    Packed(aho_corasick::packed::Searcher),
+    Automaton(AhoCorasick),
+}
+
+impl Triggers {
+    fn find(&self, haystack: &[u8]) -> Option<usize> {
+        match self {
+            Triggers::Packed(s) => s.find(haystack).map(|m| m.start()),
+            Triggers::Automaton(a) => a.find(haystack).map(|m| m.start()),
+        }
+    }
+}
+
+static TRIGGERS: LazyLock<Option<Triggers>> = LazyLock::new(|| {
+    let patterns: Vec<String> = LINE_STARTS
+        .iter()
+        .map(|p| format!("\n{p}"))
+        .chain(LINE_CONTAINS.iter().map(|p| p.to_string()))
+        .collect();
+    if let Some(s) = aho_corasick::packed::Searcher::new(&patterns) {
+        return Some(Triggers::Packed(s));
+    }
+    // Without SIMD: the general automaton, slower on line-dense text but the same matches.
+    AhoCorasick::builder()
+        .match_kind(MatchKind::LeftmostFirst)
+        .build(&patterns)
+        .ok()
+        .map(Triggers::Automaton)
 });
+
+/// Whether a line is one [`TRIGGERS`] would find, for the first line of a block (which has no
+/// line break before it).
+fn is_trigger_line(line: &[u8]) -> bool {
+    LINE_STARTS.iter().any(|p| line.starts_with(p.as_bytes()))
+        || LINE_CONTAINS
+            .iter()
+            .any(|p| memchr::memmem::find(line, p.as_bytes()).is_some())
+}
 
 enum State {
     Idle,
@@ -105,7 +144,8 @@ impl Extractor {
         }
     }
 
-    /// Feeds shaped text: whole lines, except possibly a piece of an over-long line.
+    /// Feeds shaped text: whole lines, except possibly a piece of an over-long line. Which lines
+    /// are read does not depend on how the text was divided into blocks.
     pub fn feed(&mut self, block: &[u8]) {
         let Some(triggers) = TRIGGERS.as_ref() else {
             return;
@@ -113,11 +153,24 @@ impl Extractor {
         let mut pos = 0;
         while pos < block.len() {
             if matches!(self.state, State::Idle) {
-                let Some(m) = triggers.find(&block[pos..]) else {
-                    return;
-                };
-                let at = pos + m.start();
-                pos = memchr::memrchr(b'\n', &block[pos..at]).map_or(pos, |i| pos + i + 1);
+                if pos == 0 {
+                    let end = memchr::memchr(b'\n', block).unwrap_or(block.len());
+                    if !is_trigger_line(&block[..end]) {
+                        pos = end + 1;
+                        continue;
+                    }
+                } else {
+                    let from = pos - 1;
+                    let Some(start) = triggers.find(&block[from..]) else {
+                        return;
+                    };
+                    let at = from + start;
+                    pos = if block[at] == b'\n' {
+                        at + 1
+                    } else {
+                        memchr::memrchr(b'\n', &block[pos..at]).map_or(pos, |i| pos + i + 1)
+                    };
+                }
             }
             let end = memchr::memchr(b'\n', &block[pos..]).map_or(block.len(), |i| pos + i);
             if let Ok(line) = std::str::from_utf8(&block[pos..end]) {

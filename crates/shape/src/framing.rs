@@ -13,8 +13,6 @@
 
 use std::sync::{Arc, LazyLock};
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
-
 /// Framing strings neutralized by default. `<|` covers every `<|name|>` special token; the tag
 /// names are matched only when followed by `>`, `/` or whitespace.
 pub const DEFAULT_FRAMING_PATTERNS: &[&str] = &[
@@ -48,10 +46,13 @@ static DEFAULT: LazyLock<FramingDefense> = LazyLock::new(|| {
         .unwrap_or_else(|_| FramingDefense::off())
 });
 
-/// A compiled set of framing patterns (cheap to clone).
+/// A set of framing patterns (cheap to clone).
+///
+/// Every pattern starts with `<` or `[`, so the search is a `memchr` for those two bytes and a
+/// case-insensitive comparison at each; ordinary output, where they are rare, costs one scan.
 #[derive(Clone, Debug)]
 pub struct FramingDefense {
-    matcher: Option<Arc<AhoCorasick>>,
+    patterns: Option<Arc<Vec<Vec<u8>>>>,
 }
 
 impl Default for FramingDefense {
@@ -61,58 +62,74 @@ impl Default for FramingDefense {
     }
 }
 
-/// A pattern set that could not be compiled.
+/// A pattern the defense cannot use.
 #[derive(Debug, thiserror::Error)]
-#[error("framing patterns could not be compiled: {0}")]
+#[error("framing pattern {0:?} must be ASCII, start with '<' or '[' and be 2 to 64 bytes long")]
 pub struct FramingError(String);
 
 impl FramingDefense {
     /// Neutralizes nothing.
     pub fn off() -> Self {
-        Self { matcher: None }
+        Self { patterns: None }
     }
 
-    /// Neutralizes the given patterns (ASCII case-insensitive). Each should start with `<` or `[`.
+    /// Neutralizes the given patterns (ASCII case-insensitive). Each must be ASCII, start with
+    /// `<` or `[` and be 2 to 64 bytes long.
     pub fn new<'a>(patterns: impl IntoIterator<Item = &'a str>) -> Result<Self, FramingError> {
-        let patterns: Vec<&str> = patterns.into_iter().filter(|p| !p.is_empty()).collect();
-        if patterns.is_empty() {
+        let mut list = Vec::new();
+        for p in patterns {
+            let ok = p.is_ascii()
+                && (2..=64).contains(&p.len())
+                && (p.starts_with('<') || p.starts_with('['));
+            if !ok {
+                return Err(FramingError(p.to_string()));
+            }
+            list.push(p.to_ascii_lowercase().into_bytes());
+        }
+        if list.is_empty() {
             return Ok(Self::off());
         }
-        let ac = AhoCorasickBuilder::new()
-            .ascii_case_insensitive(true)
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(&patterns)
-            .map_err(|e| FramingError(e.to_string()))?;
+        // Longest first, so the first match at a position is the longest.
+        list.sort_by_key(|p| std::cmp::Reverse(p.len()));
         Ok(Self {
-            matcher: Some(Arc::new(ac)),
+            patterns: Some(Arc::new(list)),
         })
     }
 
     /// Whether any pattern is active.
     pub fn is_active(&self) -> bool {
-        self.matcher.is_some()
+        self.patterns.is_some()
     }
 
     /// Rewrites `text` into `out` if it contains framing; returns how many were neutralized.
     /// When it returns 0, `out` is left untouched and `text` should be used as is.
     pub(crate) fn neutralize(&self, text: &[u8], out: &mut Vec<u8>) -> u64 {
-        let Some(ac) = &self.matcher else { return 0 };
+        let Some(patterns) = &self.patterns else {
+            return 0;
+        };
         let mut count = 0;
         let mut copied = 0;
-        for m in ac.find_iter(text) {
-            let pattern_is_tag = text[m.start()] == b'<' && text.get(m.start() + 1) != Some(&b'|');
-            let ends_word = |i: usize| {
+        for start in memchr::memchr2_iter(b'<', b'[', text) {
+            if start < copied {
+                continue;
+            }
+            let rest = &text[start..];
+            let Some(p) = patterns
+                .iter()
+                .find(|p| rest.len() >= p.len() && rest[..p.len()].eq_ignore_ascii_case(p))
+            else {
+                continue;
+            };
+            let end = start + p.len();
+            // `<|` must open a special token (`<|name|>`); a tag name must end there ("<system>"
+            // but not "<systemd>").
+            let is_framing = if p.as_slice() == b"<|" {
+                special_token_at(rest)
+            } else if p[0] == b'<' && !p.ends_with(b">") {
                 matches!(
-                    text.get(i),
+                    text.get(end),
                     None | Some(b'>' | b'/' | b' ' | b'\t' | b'\n' | b'\r')
                 )
-            };
-            // A tag name must end there ("<system>" but not "<systemd>"); `<|` must open a
-            // special token, `<|name|>`.
-            let is_framing = if text[m.start()..m.end()] == *b"<|" {
-                special_token_at(&text[m.start()..])
-            } else if pattern_is_tag && !text[m.start()..m.end()].ends_with(b">") {
-                ends_word(m.end())
             } else {
                 true
             };
@@ -123,12 +140,12 @@ impl FramingDefense {
                 out.clear();
                 out.reserve(text.len() + 16);
             }
-            out.extend_from_slice(&text[copied..m.start()]);
-            out.extend_from_slice(match text[m.start()] {
+            out.extend_from_slice(&text[copied..start]);
+            out.extend_from_slice(match text[start] {
                 b'[' => "［".as_bytes(),
                 _ => "＜".as_bytes(),
             });
-            copied = m.start() + 1;
+            copied = start + 1;
             count += 1;
         }
         if count > 0 {

@@ -120,6 +120,13 @@ impl Sanitizer {
                 Decoded::Char(c, len) if !needs_decision(c) => {
                     run_ascii = false;
                     i += len;
+                    // Stay here while the text is non-ASCII (a bar of box-drawing characters).
+                    while bytes.get(i).is_some_and(|&b| b >= 0x80) {
+                        match plain_multibyte_len(&bytes[i..]) {
+                            Some(len) => i += len,
+                            None => break,
+                        }
+                    }
                 }
                 Decoded::Char(c, len) => {
                     screen.text(&bytes[run_start..i], run_ascii, sink);
@@ -345,6 +352,83 @@ enum Decoded {
 
 /// Decodes the character at the start of `b` (non-empty) the way `std::str::from_utf8` sees it.
 fn decode(b: &[u8]) -> Decoded {
+    if let Some((c, len)) = decode_valid(b) {
+        return Decoded::Char(c, len);
+    }
+    decode_slow(b)
+}
+
+/// Length of the valid multi-byte character at the start of `b` if it needs no decision (not a C1
+/// control, not invisible), decided on the bytes without building the character; `None` sends it
+/// to the general path. Agrees with [`decode`] and [`needs_decision`] (tested over every
+/// character).
+#[inline]
+fn plain_multibyte_len(b: &[u8]) -> Option<usize> {
+    let cont = |x: u8| x & 0xc0 == 0x80;
+    let lead = *b.first()?;
+    let b1 = *b.get(1)?;
+    match lead {
+        0xc2..=0xdf => {
+            let decision = (lead == 0xc2 && b1 <= 0x9f) || (lead == 0xd8 && b1 == 0x9c);
+            (cont(b1) && !decision).then_some(2)
+        }
+        0xe0..=0xef => {
+            let b2 = *b.get(2)?;
+            let second_ok = match lead {
+                0xe0 => (0xa0..=0xbf).contains(&b1),
+                0xed => (0x80..=0x9f).contains(&b1),
+                _ => cont(b1),
+            };
+            let decision = (lead == 0xe2
+                && ((b1 == 0x80 && matches!(b2, 0x8b..=0x8f | 0xaa..=0xae))
+                    || (b1 == 0x81 && matches!(b2, 0xa0..=0xa4 | 0xa6..=0xa9))))
+                || (lead == 0xef && b1 == 0xbb && b2 == 0xbf);
+            (second_ok && cont(b2) && !decision).then_some(3)
+        }
+        0xf0..=0xf4 => {
+            let (b2, b3) = (*b.get(2)?, *b.get(3)?);
+            let second_ok = match lead {
+                0xf0 => (0x90..=0xbf).contains(&b1),
+                0xf4 => (0x80..=0x8f).contains(&b1),
+                _ => cont(b1),
+            };
+            let decision = lead == 0xf3 && b1 == 0xa0 && (b2 == 0x80 || b2 == 0x81);
+            (second_ok && cont(b2) && cont(b3) && !decision).then_some(4)
+        }
+        _ => None,
+    }
+}
+
+/// The common case: a complete, valid multi-byte sequence, checked by hand against the UTF-8
+/// table (RFC 3629) so the standard decoder only runs on the rare invalid or cut sequence.
+#[inline]
+fn decode_valid(b: &[u8]) -> Option<(char, usize)> {
+    let cont = |i: usize| b.get(i).copied().filter(|&x| x & 0xc0 == 0x80);
+    let lead = *b.first()?;
+    let (len, second_ok) = match lead {
+        0xc2..=0xdf => (2, (0x80..=0xbf)),
+        0xe0 => (3, (0xa0..=0xbf)),
+        0xe1..=0xec | 0xee..=0xef => (3, (0x80..=0xbf)),
+        0xed => (3, (0x80..=0x9f)),
+        0xf0 => (4, (0x90..=0xbf)),
+        0xf1..=0xf3 => (4, (0x80..=0xbf)),
+        0xf4 => (4, (0x80..=0x8f)),
+        _ => return None,
+    };
+    let second = b.get(1).copied().filter(|x| second_ok.contains(x))?;
+    let mut code = match len {
+        2 => u32::from(lead & 0x1f),
+        3 => u32::from(lead & 0x0f),
+        _ => u32::from(lead & 0x07),
+    };
+    code = (code << 6) | u32::from(second & 0x3f);
+    for i in 2..len {
+        code = (code << 6) | u32::from(cont(i)? & 0x3f);
+    }
+    Some((char::from_u32(code)?, len))
+}
+
+fn decode_slow(b: &[u8]) -> Decoded {
     let w = &b[..b.len().min(4)];
     let valid = match std::str::from_utf8(w) {
         Ok(s) => s,
@@ -379,27 +463,27 @@ const fn plain_table() -> [bool; 256] {
 }
 static PLAIN: [bool; 256] = plain_table();
 
-/// Index of the first byte at or after `i` that is not plain ASCII, eight bytes at a time while
-/// the text is printable. Written by hand: memchr searches for at most three bytes, and this
-/// needs a class of them.
+/// Index of the first byte at or after `i` that is not plain ASCII (printable, `\n`, `\t`),
+/// eight bytes at a time. Written by hand: memchr searches for at most three bytes, and this
+/// needs a class of them. Each mask below is exact per byte (no carries cross byte lanes).
 fn scan_plain_ascii(b: &[u8], mut i: usize) -> usize {
     const LO: u64 = 0x0101_0101_0101_0101;
     const HI: u64 = 0x8080_8080_8080_8080;
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    // High bit set in each byte of `x` that is zero.
+    let zero = |x: u64| !(((x & LOW7) + LOW7) | x) & HI;
     while let Some(word) = b.get(i..i + 8) {
         let mut arr = [0u8; 8];
         arr.copy_from_slice(word);
         let w = u64::from_le_bytes(arr);
-        let below_space = w.wrapping_sub(LO * 0x20) & !w & HI;
-        let x = w ^ (LO * 0x7f);
-        let del = x.wrapping_sub(LO) & !x & HI;
-        if (w & HI) | below_space | del == 0 {
-            i += 8;
-            continue;
-        }
-        for (j, &c) in word.iter().enumerate() {
-            if !PLAIN[c as usize] {
-                return i + j;
-            }
+        let high = w & HI;
+        // Bytes below 0x20 (for bytes under 0x80: adding 0x60 reaches bit 7 iff b >= 0x20).
+        let below_space = !((w & LOW7) + LO * 0x60) & HI & !high;
+        let allowed = zero(w ^ (LO * b'\n' as u64)) | zero(w ^ (LO * b'\t' as u64));
+        let del = zero(w ^ (LO * 0x7f));
+        let special = high | (below_space & !allowed) | del;
+        if special != 0 {
+            return i + (special.trailing_zeros() / 8) as usize;
         }
         i += 8;
     }
@@ -510,5 +594,46 @@ mod tests {
         input.extend(std::iter::repeat_n(b'A', 1 << 20));
         input.extend_from_slice(b"\x07y");
         assert_eq!(sanitize(&input), "xy");
+    }
+}
+#[cfg(test)]
+mod scan_tests {
+    use super::*;
+
+    #[test]
+    fn the_byte_level_check_agrees_with_decoding_for_every_character() {
+        for cp in 0x80..=0x10ffffu32 {
+            let Some(c) = char::from_u32(cp) else {
+                continue;
+            };
+            let mut buf = [0u8; 4];
+            let bytes = c.encode_utf8(&mut buf).as_bytes();
+            let expected = (!needs_decision(c)).then_some(bytes.len());
+            assert_eq!(plain_multibyte_len(bytes), expected, "U+{cp:04X}");
+        }
+    }
+
+    #[test]
+    fn the_byte_level_check_refuses_every_invalid_two_byte_prefix() {
+        for a in 0x80..=0xffu8 {
+            for b in 0..=0xffu8 {
+                let seq = [a, b, 0x80, 0x80];
+                if let Some(len) = plain_multibyte_len(&seq) {
+                    assert!(std::str::from_utf8(&seq[..len]).is_ok(), "{seq:x?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_word_scan_agrees_with_the_byte_table_on_every_byte_in_every_lane() {
+        for lane in 0..8 {
+            for b in 0..=255u8 {
+                let mut buf = vec![b'a'; 16];
+                buf[lane] = b;
+                let expected = if PLAIN[b as usize] { 16 } else { lane };
+                assert_eq!(scan_plain_ascii(&buf, 0), expected, "byte {b:#x} at {lane}");
+            }
+        }
     }
 }

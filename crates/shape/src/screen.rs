@@ -30,11 +30,13 @@ pub(crate) trait LineSink {
     fn lines(&mut self, block: &[u8], newlines: u64);
 }
 
-/// Cursor column: at the end of the line, or at a character column.
+/// Cursor column: at the end of the line, or at a character column with, when known, its byte
+/// offset in the line (so a redraw of a long line does not count characters from its start for
+/// every piece of text).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Col {
     End,
-    At(usize),
+    At(usize, Option<usize>),
 }
 
 /// The editable window of a terminal screen.
@@ -82,6 +84,14 @@ impl Screen {
     /// says it has no multi-byte characters (a hint only, for speed).
     pub fn text<S: LineSink>(&mut self, mut text: &[u8], ascii: bool, sink: &mut S) {
         while !text.is_empty() {
+            if self.col == Col::End && self.row == self.bottom() {
+                let taken = self.append_lines(text);
+                if taken > 0 {
+                    text = &text[taken..];
+                    self.flush_if_full(sink);
+                    continue;
+                }
+            }
             match memchr::memchr(b'\n', text) {
                 Some(i) => {
                     self.write(&text[..i], ascii, sink);
@@ -96,65 +106,96 @@ impl Screen {
         }
     }
 
+    /// The common case in bulk: whole lines appended at the bottom, exactly as [`Self::write`]
+    /// then [`Self::newline`] would, line by line, add them. Stops before a line that would reach
+    /// the line limit and after the line that fills the window; returns the bytes taken.
+    fn append_lines(&mut self, text: &[u8]) -> usize {
+        let base = self.buf.len();
+        let mut line_len = base - self.starts[self.row];
+        let mut taken = 0;
+        for nl in memchr::memchr_iter(b'\n', text) {
+            if line_len + (nl - taken) > LINE_BYTES_MAX {
+                break;
+            }
+            taken = nl + 1;
+            line_len = 0;
+            self.starts.push_back(base + taken);
+            if self.window_full(base + taken) {
+                break;
+            }
+        }
+        if taken > 0 {
+            self.buf.extend_from_slice(&text[..taken]);
+            self.row = self.starts.len() - 1;
+        }
+        taken
+    }
+
+    fn window_full(&self, buf_len: usize) -> bool {
+        self.starts.len() > SCREEN_LINES_MAX + FLUSH_BATCH_LINES || buf_len > FLUSH_BATCH_BYTES
+    }
+
+    fn flush_if_full<S: LineSink>(&mut self, sink: &mut S) {
+        if self.window_full(self.buf.len()) {
+            self.flush_old(sink);
+        }
+    }
+
     /// Line feed: the cursor moves to the start of the next line; at the bottom a new line opens
     /// and old lines beyond the window are handed on.
     pub fn newline<S: LineSink>(&mut self, sink: &mut S) {
         if self.row < self.bottom() {
             self.row += 1;
-            self.col = Col::At(0);
+            self.col = Col::At(0, Some(0));
             return;
         }
         self.buf.push(b'\n');
         self.starts.push_back(self.buf.len());
         self.row += 1;
         self.col = Col::End;
-        if self.starts.len() > SCREEN_LINES_MAX + FLUSH_BATCH_LINES
-            || self.buf.len() > FLUSH_BATCH_BYTES
-        {
-            self.flush_old(sink);
-        }
+        self.flush_if_full(sink);
     }
 
     /// Carriage return: back to column 0 of the same line.
     pub fn carriage_return(&mut self) {
-        self.col = Col::At(0);
+        self.col = Col::At(0, Some(0));
     }
 
     /// Backspace: one column left, stopping at column 0.
     pub fn backspace(&mut self) {
         let c = self.column();
-        self.col = Col::At(c.saturating_sub(1));
+        self.col = Col::At(c.saturating_sub(1), None);
     }
 
     /// Cursor up (`CSI n A`), stopping at the oldest editable line.
     pub fn cursor_up(&mut self, n: usize) {
         let c = self.column();
         self.row = self.row.saturating_sub(n);
-        self.col = Col::At(c);
+        self.col = Col::At(c, None);
     }
 
     /// Cursor down (`CSI n B`), stopping at the bottom line.
     pub fn cursor_down(&mut self, n: usize) {
         let c = self.column();
         self.row = (self.row.saturating_add(n)).min(self.bottom());
-        self.col = Col::At(c);
+        self.col = Col::At(c, None);
     }
 
     /// Cursor forward (`CSI n C`).
     pub fn cursor_forward(&mut self, n: usize) {
         let c = self.column();
-        self.col = Col::At(c.saturating_add(n).min(LINE_BYTES_MAX));
+        self.col = Col::At(c.saturating_add(n).min(LINE_BYTES_MAX), None);
     }
 
     /// Cursor back (`CSI n D`).
     pub fn cursor_back(&mut self, n: usize) {
         let c = self.column();
-        self.col = Col::At(c.saturating_sub(n));
+        self.col = Col::At(c.saturating_sub(n), None);
     }
 
     /// Cursor to a column (`CSI n G`, 0-based here).
     pub fn cursor_column(&mut self, c: usize) {
-        self.col = Col::At(c.min(LINE_BYTES_MAX));
+        self.col = Col::At(c.min(LINE_BYTES_MAX), None);
     }
 
     /// Erase in line (`CSI n K`): 0 cursor to end, 1 start to cursor, 2 the whole line.
@@ -162,7 +203,7 @@ impl Screen {
         let (start, end) = self.line_range(self.row);
         match mode {
             0 => {
-                if let Col::At(c) = self.col {
+                if let Col::At(c, _) = self.col {
                     let off = char_offset(&self.buf[start..end], c);
                     if off.is_some_and(|o| start + o < end) {
                         let cut = start + off.unwrap_or(0);
@@ -178,11 +219,12 @@ impl Screen {
                 let byte_end = char_offset(line, n).unwrap_or(line.len());
                 let spaces = vec![b' '; n];
                 self.splice(self.row, start, start + byte_end, &spaces);
+                self.col = Col::At(c, None);
             }
             2 => {
                 let c = self.column();
                 self.splice(self.row, start, end, &[]);
-                self.col = Col::At(c);
+                self.col = Col::At(c, (c == 0).then_some(0));
             }
             _ => {}
         }
@@ -203,6 +245,11 @@ impl Screen {
         }
     }
 
+    /// Bytes of memory held.
+    pub fn buffered_bytes(&self) -> usize {
+        self.buf.capacity() + self.starts.capacity() * std::mem::size_of::<usize>()
+    }
+
     /// Hands every line on, the unterminated last one included, and empties the screen.
     pub fn finish<S: LineSink>(&mut self, sink: &mut S) {
         if !self.buf.is_empty() {
@@ -218,7 +265,7 @@ impl Screen {
     /// The cursor's column as a number.
     fn column(&self) -> usize {
         match self.col {
-            Col::At(c) => c,
+            Col::At(c, _) => c,
             Col::End => {
                 let (s, e) = self.line_range(self.row);
                 char_count(&self.buf[s..e])
@@ -235,19 +282,24 @@ impl Screen {
         if text.is_empty() {
             return;
         }
-        let c = match self.col {
+        let (c, known) = match self.col {
             Col::End => return self.append(text, sink),
-            Col::At(c) => c,
+            Col::At(c, known) => (c, known),
         };
         let (start, end) = self.line_range(self.row);
-        let line = &self.buf[start..end];
-        let line_chars = if line.is_ascii() {
-            line.len()
-        } else {
-            char_count(line)
+        let line_len = end - start;
+        // The cursor's byte offset, or how far past the end of the line it is.
+        let (off, pad) = match known {
+            Some(off) => (off, 0),
+            None => {
+                let line = &self.buf[start..end];
+                match char_offset(line, c) {
+                    Some(o) => (o, 0),
+                    None => (line_len, c - char_count(line)),
+                }
+            }
         };
-        let pad = c.saturating_sub(line_chars);
-        if (end - start) + pad + text.len() > LINE_BYTES_MAX {
+        if line_len + pad + text.len() > LINE_BYTES_MAX {
             for ch in Chars(text) {
                 self.write_one(ch, sink);
             }
@@ -258,16 +310,18 @@ impl Screen {
             self.splice(self.row, end, end, &spaces);
         }
         let (start, end) = self.line_range(self.row);
-        let at = start + char_offset(&self.buf[start..end], c).unwrap_or(end - start);
+        let at = start + off + pad;
         let text_chars = if ascii { text.len() } else { char_count(text) };
-        let avail = line_chars.max(c) - c;
-        if text_chars < avail {
-            let replace_end = at + char_offset(&self.buf[at..end], text_chars).unwrap_or(end - at);
-            self.splice(self.row, at, replace_end, text);
-            self.col = Col::At(c + text_chars);
-        } else {
-            self.splice(self.row, at, end, text);
-            self.col = Col::End;
+        // The bytes of the characters the text replaces, unless the line ends first.
+        match advance_chars(&self.buf[at..end], text_chars) {
+            Some(n) if at + n < end => {
+                self.splice(self.row, at, at + n, text);
+                self.col = Col::At(c + text_chars, Some(at - start + text.len()));
+            }
+            _ => {
+                self.splice(self.row, at, end, text);
+                self.col = Col::End;
+            }
         }
     }
 
@@ -277,7 +331,7 @@ impl Screen {
     fn write_one<S: LineSink>(&mut self, ch: &[u8], sink: &mut S) {
         let c = match self.col {
             Col::End => return self.append(ch, sink),
-            Col::At(c) => c,
+            Col::At(c, _) => c,
         };
         let (start, end) = self.line_range(self.row);
         let line = &self.buf[start..end];
@@ -304,7 +358,7 @@ impl Screen {
         self.col = if at + ch.len() == end {
             Col::End
         } else {
-            Col::At(c + 1)
+            Col::At(c + 1, None)
         };
     }
 
@@ -418,6 +472,14 @@ fn char_count(s: &[u8]) -> usize {
 
 fn is_char_start(b: u8) -> bool {
     (b as i8) >= -0x40
+}
+
+/// Bytes of the first `n` characters, or `None` if the text has fewer.
+fn advance_chars(s: &[u8], n: usize) -> Option<usize> {
+    if n <= s.len() && s[..n].is_ascii() {
+        return Some(n);
+    }
+    char_offset(s, n)
 }
 
 /// Byte offset of character `n`, or `None` if the text has fewer characters.

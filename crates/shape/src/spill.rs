@@ -246,6 +246,11 @@ impl SpillWriter {
         self.bytes += data.len() as u64;
     }
 
+    /// Bytes of memory held (the write buffer).
+    pub fn buffered_bytes(&self) -> usize {
+        self.file.as_ref().map_or(0, BufWriter::capacity)
+    }
+
     /// Bytes written so far.
     pub fn bytes(&self) -> u64 {
         self.bytes

@@ -218,6 +218,21 @@ impl StreamShaper {
         s.sanitizer.push(bytes, &mut s.screen, &mut s.sink);
     }
 
+    /// Bytes of memory the shaper's buffers hold now (capacities, both streams): the figure that
+    /// stays bounded by the configuration whatever the input size.
+    pub fn buffered_bytes(&self) -> usize {
+        self.streams
+            .iter()
+            .map(|s| {
+                s.screen.buffered_bytes()
+                    + s.sink.budget.buffered_bytes()
+                    + s.sink.scratch.capacity()
+                    + s.raw_sample.capacity()
+                    + s.spill.as_ref().map_or(0, SpillWriter::buffered_bytes)
+            })
+            .sum()
+    }
+
     /// Raw bytes received so far on `stream` (for a caller enforcing an abort ceiling).
     pub fn raw_bytes(&self, stream: Stream) -> u64 {
         self.streams[stream.index()].raw_bytes
