@@ -1,0 +1,196 @@
+//! ring0's built-in workspace tools.
+//!
+//! | tool | effect | authority | settlement |
+//! | --- | --- | --- | --- |
+//! | `read_file`, `list_dir`, `glob`, `search` | nullipotent | A0 | — |
+//! | `write_file` | idempotent, conflict key `file:{path}` | A1 | probe (content hash) |
+//! | `apply_patch` | non-idempotent | A1 | probe (every touched file's hash) |
+//! | `shell` | non-idempotent, strategy unknown (runs alone) | A2 (configurable) | none |
+//! | `job_inspect`, `job_wait` | nullipotent | A0 | — |
+//! | `job_send_input` | non-idempotent | as `shell` | none |
+//! | `job_cancel` | idempotent | A1 | probe (job finished) |
+//!
+//! Every file access goes through the [`sandbox`]: directory handles opened once at the roots
+//! the configuration grants, every path resolved beneath them by the kernel at the moment of use.
+//! Listings are paginated with signed cursors, at most [`page::PAGE_ENTRIES_MAX`] entries a page.
+//!
+//! This crate must never touch a file by a path string outside the sandbox, follow a symlink out
+//! of a root, or run a command except through `ring0-exec`. Tools are reached only through the
+//! kernel: [`builtin_tools`] returns specs and executors for `KernelBuilder::tool`.
+
+pub mod files;
+pub mod page;
+pub mod patch;
+pub mod sandbox;
+pub mod search;
+pub mod shell;
+pub mod walk;
+
+use ring0_core::{Authority, ToolSpec};
+use ring0_exec::{ExecPolicy, JobsConfig};
+use ring0_kernel::{Tool, ToolError};
+use ring0_shape::cursor::{CURSOR_TTL_DEFAULT, CursorSigner};
+use sandbox::Sandbox;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use files::{Glob, ListDir, ReadFile, WriteFile};
+pub use patch::ApplyPatch;
+pub use search::Search;
+pub use shell::{JobOp, JobTool, Shell, ShellConfig};
+
+/// Tools whose every effect stays inside the workspace sandbox (the policy may run these at A1).
+pub const SANDBOXED_TOOLS: &[&str] = &["write_file", "apply_patch", "job_cancel"];
+/// The tool and argument that carry a shell command string (refused unless a grant allows it).
+pub const SHELL_STRING_ARG: (&str, &str) = ("shell", "command");
+/// Default number of threads `search` uses.
+pub const SEARCH_WORKERS_DEFAULT: usize = 2;
+
+/// What the tools are configured with.
+#[derive(Debug, Clone)]
+pub struct ToolsConfig {
+    /// The workspace: relative paths start here; commands run here.
+    pub workspace: PathBuf,
+    /// Roots that may be read (relative to the workspace or absolute).
+    pub read_roots: Vec<PathBuf>,
+    /// Roots that may be written (and read).
+    pub write_roots: Vec<PathBuf>,
+    /// Key of the pagination cursors (at least 32 random bytes; keep it across restarts so
+    /// cursors stay valid).
+    pub cursor_key: Vec<u8>,
+    /// Bytes of file text one `read_file` result carries at most (JSON-escaped size).
+    pub read_text_bytes_max: usize,
+    pub search_workers: usize,
+    pub shell: ShellConfig,
+}
+
+impl ToolsConfig {
+    /// The workspace readable and writable, state under `state_dir`.
+    pub fn new(
+        workspace: impl Into<PathBuf>,
+        state_dir: impl Into<PathBuf>,
+        cursor_key: Vec<u8>,
+    ) -> Self {
+        let state_dir = state_dir.into();
+        Self {
+            workspace: workspace.into(),
+            read_roots: vec![PathBuf::from(".")],
+            write_roots: vec![PathBuf::from(".")],
+            cursor_key,
+            read_text_bytes_max: files::READ_TEXT_BYTES_DEFAULT,
+            search_workers: SEARCH_WORKERS_DEFAULT,
+            shell: ShellConfig {
+                authority: Authority::A2,
+                allow_command_string: true,
+                env_allow: ring0_exec::ENV_ALLOW_DEFAULT
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                jobs_dir: state_dir.join("jobs"),
+            },
+        }
+    }
+}
+
+/// Why the tools could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolsError {
+    #[error("workspace roots: {0}")]
+    Roots(std::io::Error),
+    #[error("cursor key: {0}")]
+    Cursor(String),
+}
+
+/// What every file tool shares.
+pub struct Workspace {
+    pub sandbox: Sandbox,
+    pub(crate) cursors: CursorSigner,
+    pub(crate) read_text_bytes_max: usize,
+    pub(crate) search_workers: usize,
+}
+
+impl Workspace {
+    pub fn open(config: &ToolsConfig) -> Result<Self, ToolsError> {
+        let sandbox = Sandbox::open(&config.workspace, &config.read_roots, &config.write_roots)
+            .map_err(ToolsError::Roots)?;
+        let cursors = CursorSigner::new(&config.cursor_key, CURSOR_TTL_DEFAULT)
+            .map_err(|e| ToolsError::Cursor(e.to_string()))?;
+        Ok(Self {
+            sandbox,
+            cursors,
+            read_text_bytes_max: config.read_text_bytes_max.max(1024),
+            search_workers: config.search_workers.clamp(1, 16),
+        })
+    }
+}
+
+/// Every built-in tool: its spec and executor, ready for `KernelBuilder::tool`.
+pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<(ToolSpec, Arc<dyn Tool>)>, ToolsError> {
+    let ws = Arc::new(Workspace::open(config)?);
+    let mut policy = ExecPolicy::new(ws.sandbox.workspace())
+        .allow_shell(config.shell.allow_command_string)
+        .observation_budget_bytes(shell::SHELL_OBSERVATION_BYTES);
+    policy.env_allow = config.shell.env_allow.clone();
+    let jobs = Arc::new(shell::Jobs::new(JobsConfig::new(
+        &config.shell.jobs_dir,
+        policy.clone(),
+    )));
+    let mut out: Vec<(ToolSpec, Arc<dyn Tool>)> = Vec::new();
+    let read = ReadFile { ws: ws.clone() };
+    out.push((read.spec(), Arc::new(read)));
+    let list = ListDir { ws: ws.clone() };
+    out.push((list.spec(), Arc::new(list)));
+    let glob = Glob { ws: ws.clone() };
+    out.push((glob.spec(), Arc::new(glob)));
+    let search = Search { ws: ws.clone() };
+    out.push((search.spec(), Arc::new(search)));
+    let write = WriteFile { ws: ws.clone() };
+    out.push((write.spec(), Arc::new(write)));
+    let patch = ApplyPatch {
+        ws: ws.clone(),
+        fault: None,
+    };
+    out.push((patch.spec(), Arc::new(patch)));
+    let shell = Shell {
+        ws: ws.clone(),
+        policy,
+        authority: config.shell.authority,
+        jobs: jobs.clone(),
+    };
+    out.push((shell.spec(), Arc::new(shell)));
+    for op in [JobOp::Inspect, JobOp::SendInput, JobOp::Cancel, JobOp::Wait] {
+        let tool = JobTool {
+            op,
+            jobs: jobs.clone(),
+            input_authority: config.shell.authority,
+        };
+        out.push((tool.spec(), Arc::new(tool)));
+    }
+    Ok(out)
+}
+
+/// An `apply_patch` over `ws` (hosts that register tools one by one, and tests).
+pub fn apply_patch_tool(ws: Arc<Workspace>) -> ApplyPatch {
+    ApplyPatch { ws, fault: None }
+}
+
+/// A `read_file` over `ws`.
+pub fn read_file_tool(ws: Arc<Workspace>) -> ReadFile {
+    ReadFile { ws }
+}
+
+/// Decodes validated arguments; a mismatch here means the schema and the struct disagree.
+pub(crate) fn args_of<T: DeserializeOwned>(args: Value) -> Result<T, ToolError> {
+    serde_json::from_value(args).map_err(|e| ToolError::not_applied(format!("arguments: {e}")))
+}
+
+pub(crate) fn not_applied(message: String) -> ToolError {
+    ToolError::not_applied(message)
+}
+
+/// A probe's "applied" verdict.
+pub(crate) fn applied(observation: ring0_core::Observation) -> ring0_kernel::ProbeVerdict {
+    ring0_kernel::ProbeVerdict::Applied(Box::new(observation))
+}

@@ -1,0 +1,395 @@
+//! `shell` and the job tools over `ring0-exec`.
+//!
+//! `shell` runs a command as explicit argv (no shell parses it) unless the caller passes a
+//! `command` string — which the policy allows only where a grant allows a shell. A foreground run
+//! returns its shaped observation; `background: true` starts a job and returns its opaque handle
+//! at once. `job_inspect`, `job_send_input`, `job_cancel` and `job_wait` act on the session's own
+//! jobs (a handle of another session is answered as unknown).
+
+use crate::{Workspace, args_of};
+use async_trait::async_trait;
+use ring0_core::{Authority, Effect, Observation, Settlement, Strategy, ToolSpec};
+use ring0_exec::{
+    CommandSpec, ExecPolicy, JobError, JobManager, JobsConfig, SessionId, StdinMode, run_command,
+};
+use ring0_kernel::{CallContext, ProbeVerdict, Tool, ToolError};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::OnceCell;
+
+/// Longest foreground or background run a call may ask for.
+pub const SHELL_TIMEOUT_MS_MAX: u64 = 30 * 60 * 1000;
+/// Default run time of a foreground command.
+pub const SHELL_TIMEOUT_MS_DEFAULT: u64 = 120_000;
+/// Longest `job_wait`.
+pub const JOB_WAIT_MS_MAX: u64 = 10 * 60 * 1000;
+/// Model-visible budget of a command's shaped output.
+pub const SHELL_OBSERVATION_BYTES: usize = 16 * 1024;
+
+/// What the shell tool needs besides the workspace.
+#[derive(Debug, Clone)]
+pub struct ShellConfig {
+    /// The authority `shell` and `job_send_input` declare. A2 by default.
+    pub authority: Authority,
+    /// Whether `ring0-exec` accepts a command string at all (the policy decides per grant).
+    pub allow_command_string: bool,
+    /// Environment names inherited by commands.
+    pub env_allow: Vec<String>,
+    /// Where job records and logs live.
+    pub jobs_dir: PathBuf,
+}
+
+/// The job table, opened on first use (opening locks its state directory).
+pub(crate) struct Jobs {
+    config: JobsConfig,
+    manager: OnceCell<Result<JobManager, String>>,
+    sessions: Mutex<HashSet<String>>,
+}
+
+impl Jobs {
+    pub(crate) fn new(config: JobsConfig) -> Self {
+        Self {
+            config,
+            manager: OnceCell::new(),
+            sessions: Mutex::new(HashSet::new()),
+        }
+    }
+
+    async fn manager(&self) -> Result<&JobManager, ToolError> {
+        let m = self
+            .manager
+            .get_or_init(|| async {
+                JobManager::open(self.config.clone())
+                    .await
+                    .map(|(m, _)| m)
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+        m.as_ref()
+            .map_err(|e| ToolError::not_applied(format!("the job table is unavailable: {e}")))
+    }
+
+    /// The job session of a scope (scopes are free text; job session ids are not).
+    async fn session(&self, scope: &str) -> Result<(&JobManager, SessionId), ToolError> {
+        let manager = self.manager().await?;
+        let digest = Sha256::digest(scope.as_bytes());
+        let id: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        let session = SessionId::new(format!("scope_{id}"))
+            .map_err(|e| ToolError::not_applied(e.to_string()))?;
+        let fresh = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id);
+        if fresh {
+            match manager.open_session(&session) {
+                Ok(mut events) => {
+                    // Completion is read through `job_wait` / `job_inspect`; the stream is drained
+                    // so a job never waits on a full channel.
+                    tokio::spawn(async move { while events.recv().await.is_some() {} });
+                }
+                Err(JobError::SessionAlreadyOpen { .. }) => {}
+                Err(e) => return Err(ToolError::not_applied(e.to_string())),
+            }
+        }
+        Ok((manager, session))
+    }
+}
+
+fn job_error(e: JobError) -> ToolError {
+    ToolError::not_applied(e.to_string())
+}
+
+pub struct Shell {
+    pub(crate) ws: Arc<Workspace>,
+    pub(crate) policy: ExecPolicy,
+    pub(crate) authority: Authority,
+    pub(crate) jobs: Arc<Jobs>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShellArgs {
+    #[serde(default)]
+    argv: Option<Vec<String>>,
+    #[serde(default)]
+    command: Option<String>,
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    background: bool,
+    #[serde(default)]
+    stdin: Option<String>,
+}
+
+impl Shell {
+    pub fn spec(&self) -> ToolSpec {
+        ToolSpec::new(
+            "shell",
+            "Run a command in the workspace. Give `argv` (program and arguments, no shell \
+             parsing); `command` (a shell script) only where a shell is granted. `background: \
+             true` returns a job handle at once (see job_inspect / job_wait); otherwise the \
+             shaped output, exit code and duration are returned.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "argv": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                    "command": {"type": "string"},
+                    "cwd": {"type": "string", "description": "Working directory inside the workspace."},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "timeout_ms": {"type": "integer", "minimum": 1, "maximum": SHELL_TIMEOUT_MS_MAX},
+                    "background": {"type": "boolean", "default": false},
+                    "stdin": {"type": "string", "enum": ["null", "pipe", "tty"], "description": "For background jobs that read input."}
+                }
+            }),
+        )
+        .effect(Effect::NonIdempotent)
+        .authority(self.authority)
+        .settlement(Settlement::None)
+        .timeout_ms(SHELL_TIMEOUT_MS_MAX + 30_000)
+        .observation_budget_bytes(SHELL_OBSERVATION_BYTES * 3)
+    }
+
+    fn command_spec(&self, a: &ShellArgs) -> Result<CommandSpec, ToolError> {
+        let mut spec = match (&a.argv, &a.command) {
+            (Some(argv), None) => CommandSpec::argv(argv.clone()),
+            (None, Some(script)) => CommandSpec::shell(script.clone()),
+            _ => {
+                return Err(ToolError::not_applied(
+                    "give exactly one of `argv` and `command`",
+                ));
+            }
+        };
+        if let Some(cwd) = &a.cwd {
+            let located = self
+                .ws
+                .sandbox
+                .locate(cwd, crate::sandbox::Access::Write)
+                .map_err(|e| ToolError::not_applied(e.to_string()))?;
+            // Opened beneath the root first, so a cwd that escapes is refused here.
+            located
+                .open_dir()
+                .map_err(|e| ToolError::not_applied(e.to_string()))?;
+            spec = spec.cwd(located.root.path().join(&located.rel));
+        }
+        for (k, v) in &a.env {
+            spec = spec.env(k, v);
+        }
+        if let Some(ms) = a.timeout_ms {
+            spec = spec.timeout(Duration::from_millis(ms.min(SHELL_TIMEOUT_MS_MAX)));
+        } else if !a.background {
+            spec = spec.timeout(Duration::from_millis(SHELL_TIMEOUT_MS_DEFAULT));
+        }
+        let stdin = match a.stdin.as_deref() {
+            None | Some("null") => StdinMode::Null,
+            Some("pipe") => StdinMode::Pipe,
+            Some("tty") => StdinMode::Tty,
+            Some(other) => {
+                return Err(ToolError::not_applied(format!(
+                    "stdin {other:?} is not null, pipe or tty"
+                )));
+            }
+        };
+        if stdin.is_interactive() && !a.background {
+            return Err(ToolError::not_applied(
+                "interactive stdin needs `background: true`",
+            ));
+        }
+        Ok(spec.stdin(stdin))
+    }
+}
+
+#[async_trait]
+impl Tool for Shell {
+    async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
+        let a: ShellArgs = args_of(args)?;
+        let spec = self.command_spec(&a)?;
+        if a.background {
+            let (manager, session) = self.jobs.session(&ctx.scope).await?;
+            let receipt = manager.start(&session, &spec).await.map_err(job_error)?;
+            return Ok(Observation::json(json!({
+                "job": receipt.job,
+                "state": receipt.state,
+                "execution_mode": receipt.execution_mode,
+                "started_at_ms": receipt.started_at_ms,
+                "note": "running in the background: use job_wait or job_inspect with this handle",
+            })));
+        }
+        let cancel = ctx.cancel.clone();
+        let report = run_command(&self.policy, &spec, async move { cancel.cancelled().await })
+            .await
+            // `run_command` errs only when nothing ran.
+            .map_err(|e| ToolError::not_applied(e.to_string()))?;
+        let mut obs = report.observation;
+        if obs.structured.is_none() {
+            obs.structured = serde_json::to_value(&report.summary).ok();
+        }
+        Ok(obs)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Which job operation a [`JobTool`] performs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobOp {
+    Inspect,
+    SendInput,
+    Cancel,
+    Wait,
+}
+
+pub struct JobTool {
+    pub(crate) op: JobOp,
+    pub(crate) jobs: Arc<Jobs>,
+    pub(crate) input_authority: Authority,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobArgs {
+    job: String,
+    #[serde(default)]
+    tail_lines: Option<usize>,
+    #[serde(default)]
+    input: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+impl JobTool {
+    pub fn spec(&self) -> ToolSpec {
+        let job = json!({"type": "string", "description": "The handle shell returned (job_…)."});
+        match self.op {
+            JobOp::Inspect => ToolSpec::read(
+                "job_inspect",
+                "State, resource use and the last lines of output of a background job.",
+                json!({"type": "object", "properties": {
+                    "job": job,
+                    "tail_lines": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 50}
+                }, "required": ["job"]}),
+            )
+            .observation_budget_bytes(SHELL_OBSERVATION_BYTES * 3),
+            JobOp::Wait => ToolSpec::read(
+                "job_wait",
+                "Wait until a background job finishes (or timeout_ms passes) and return its status \
+                 and shaped output.",
+                json!({"type": "object", "properties": {
+                    "job": job,
+                    "timeout_ms": {"type": "integer", "minimum": 0, "maximum": JOB_WAIT_MS_MAX, "default": 30000}
+                }, "required": ["job"]}),
+            )
+            .timeout_ms(JOB_WAIT_MS_MAX + 10_000)
+            .observation_budget_bytes(SHELL_OBSERVATION_BYTES * 3)
+            .track_exact_repeats(false),
+            JobOp::SendInput => ToolSpec::new(
+                "job_send_input",
+                "Write text to the standard input of a background job started with stdin pipe or tty.",
+                json!({"type": "object", "properties": {
+                    "job": job,
+                    "input": {"type": "string", "maxLength": 4096}
+                }, "required": ["job", "input"]}),
+            )
+            .effect(Effect::NonIdempotent)
+            .authority(self.input_authority)
+            .strategy(&[Strategy::Exploitation])
+            .conflict_key("job:{job}")
+            .settlement(Settlement::None),
+            JobOp::Cancel => ToolSpec::new(
+                "job_cancel",
+                "Stop a background job and its whole process tree; returns its final status.",
+                json!({"type": "object", "properties": {"job": job}, "required": ["job"]}),
+            )
+            .effect(Effect::Idempotent)
+            .authority(Authority::A1)
+            .strategy(&[Strategy::Exploitation])
+            .conflict_key("job:{job}")
+            .settlement(Settlement::Probe),
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for JobTool {
+    async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
+        let a: JobArgs = args_of(args)?;
+        let (manager, session) = self.jobs.session(&ctx.scope).await?;
+        let value = match self.op {
+            JobOp::Inspect => serde_json::to_value(
+                manager
+                    .inspect(&session, &a.job, a.tail_lines.unwrap_or(50))
+                    .map_err(job_error)?,
+            ),
+            JobOp::Wait => serde_json::to_value(
+                manager
+                    .wait(
+                        &session,
+                        &a.job,
+                        Duration::from_millis(a.timeout_ms.unwrap_or(30_000).min(JOB_WAIT_MS_MAX)),
+                    )
+                    .await
+                    .map_err(job_error)?,
+            ),
+            JobOp::SendInput => serde_json::to_value(
+                manager
+                    .send_input(&session, &a.job, a.input.unwrap_or_default().as_bytes())
+                    .await
+                    .map_err(job_error)?,
+            ),
+            JobOp::Cancel => {
+                serde_json::to_value(manager.cancel(&session, &a.job).await.map_err(job_error)?)
+            }
+        };
+        value
+            .map(Observation::json)
+            .map_err(|e| ToolError::not_applied(e.to_string()))
+    }
+
+    async fn probe(&self, args: &Value, _snapshot: Option<&Value>) -> ProbeVerdict {
+        // Only job_cancel is settled by probe: the job is finished, or it is not.
+        let Some(job) = args.get("job").and_then(Value::as_str) else {
+            return ProbeVerdict::Indeterminate("no job handle".into());
+        };
+        let Ok(manager) = self.jobs.manager().await else {
+            return ProbeVerdict::Indeterminate("the job table is unavailable".into());
+        };
+        // The probe has no scope; look the handle up in every session this tool opened.
+        for status in self.jobs.all_statuses(manager) {
+            if status.job.to_string() == job {
+                return if status.state.is_terminal() {
+                    crate::applied(Observation::json(
+                        serde_json::to_value(&status).unwrap_or(Value::Null),
+                    ))
+                } else {
+                    ProbeVerdict::Unchanged
+                };
+            }
+        }
+        ProbeVerdict::Indeterminate(format!("job {job:?} is not known"))
+    }
+}
+
+impl Jobs {
+    fn all_statuses(&self, manager: &JobManager) -> Vec<ring0_exec::JobStatus> {
+        let ids: Vec<String> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        ids.into_iter()
+            .filter_map(|id| SessionId::new(format!("scope_{id}")).ok())
+            .flat_map(|s| manager.list(&s))
+            .collect()
+    }
+}
