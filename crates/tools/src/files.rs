@@ -444,7 +444,9 @@ pub(crate) fn write_atomic(
         file.sync_all()?;
         drop(file);
         if replace {
-            dir.rename(&tmp, dir, name)?;
+            // Single names relative to one open directory: rename never follows a symlink
+            // at either end, so a symlink named `name` is replaced, not written through.
+            rustix::fs::renameat(dir, &tmp, dir, name).map_err(std::io::Error::from)?;
         } else {
             rustix::fs::renameat_with(dir, &tmp, dir, name, rustix::fs::RenameFlags::NOREPLACE)
                 .map_err(std::io::Error::from)?;

@@ -649,7 +649,7 @@ fn commit(plan: Plan, fault: Option<&FaultHook>) -> Result<(), ToolError> {
             if let (Some((dir, name)), Some(tmp)) = (&c.target, tmp) {
                 if c.source.is_none() && c.old.is_some() {
                     // Update in place: replace, remembering the old content.
-                    dir.rename(tmp, dir, name)?;
+                    rustix::fs::renameat(dir, tmp, dir, name).map_err(std::io::Error::from)?;
                     done.push(Done::Replaced {
                         dir: dir.try_clone()?,
                         name: name.clone(),
@@ -674,7 +674,7 @@ fn commit(plan: Plan, fault: Option<&FaultHook>) -> Result<(), ToolError> {
             if let Some((dir, name)) = &c.source {
                 // Delete, or the source of a move: set aside, removed once everything succeeded.
                 let backup = format!(".ring0-patch-{}.bak", uuid::Uuid::new_v4().simple());
-                dir.rename(name, dir, &backup)?;
+                rustix::fs::renameat(dir, name, dir, &backup).map_err(std::io::Error::from)?;
                 done.push(Done::Removed {
                     dir: dir.try_clone()?,
                     name: name.clone(),
@@ -709,7 +709,9 @@ fn commit(plan: Plan, fault: Option<&FaultHook>) -> Result<(), ToolError> {
         let undone = match &d {
             Done::Created { dir, name } => dir.remove_file(name),
             Done::Replaced { dir, name, old } => write_atomic(dir, name, old.as_bytes(), true),
-            Done::Removed { dir, name, backup } => dir.rename(backup, dir, name),
+            Done::Removed { dir, name, backup } => {
+                rustix::fs::renameat(dir, backup, dir, name).map_err(std::io::Error::from)
+            }
         };
         if let Err(e) = undone {
             undo_errors.push(e.to_string());
