@@ -116,8 +116,10 @@ impl Authorizer for QuarantineGate {
         self.inner.authorize(request).await
     }
 
+    // Visible to the kernel so that a call is refused with its reason rather than reported as
+    // an unknown tool; the downstream listing leaves quarantined tools out itself.
     fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool {
-        !self.quarantined.contains_key(&spec.name) && self.inner.visible(session, spec)
+        self.inner.visible(session, spec)
     }
 }
 

@@ -342,7 +342,12 @@ impl GatewayServer {
     fn list(&self, cursor: Option<&str>) -> Result<Value, ErrorData> {
         let generation = self.gw.generation();
         let session = self.open(&generation);
-        let names: Vec<String> = session.catalog().iter().map(|s| s.name.clone()).collect();
+        let names: Vec<String> = session
+            .catalog()
+            .iter()
+            .map(|s| s.name.clone())
+            .filter(|n| !generation.quarantined.contains_key(n))
+            .collect();
         let offset = match cursor {
             None => 0,
             Some(c) => {
@@ -384,15 +389,21 @@ impl GatewayServer {
             .meta
             .get_progress_token()
             .and_then(|t| serde_json::to_value(t).ok());
-        let confirm = request
-            .meta
-            .as_ref()
-            .and_then(|m| serde_json::to_value(m).ok())
-            .and_then(|m| {
-                m.get(CONFIRM_META_KEY)
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-            });
+        // rmcp moves a request's `_meta` into the context; read both places.
+        let confirm = [
+            serde_json::to_value(&context.meta).ok(),
+            request
+                .meta
+                .as_ref()
+                .and_then(|m| serde_json::to_value(m).ok()),
+        ]
+        .into_iter()
+        .flatten()
+        .find_map(|m| {
+            m.get(CONFIRM_META_KEY)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        });
         let elicitation = context
             .client_capabilities()
             .is_some_and(|c| c.elicitation.is_some());

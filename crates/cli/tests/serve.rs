@@ -1,0 +1,561 @@
+//! `ring0 serve` as an MCP client sees it: over stdio (JSON lines) and over HTTP, with the
+//! standard-library Python fixture as the upstream.
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../mcp/tests/fixtures/stdio_server.py")
+}
+
+fn write_config(dir: &Path, extra: &str) -> PathBuf {
+    let path = dir.join("ring0.toml");
+    let text = format!(
+        "[[upstreams]]\nalias = \"fx\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\"]\n{extra}\n",
+        fixture().display().to_string()
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+struct Client {
+    child: Child,
+    stdin: ChildStdin,
+    messages: Receiver<Value>,
+    stderr: PathBuf,
+    next_id: u64,
+    /// Notifications and requests seen while waiting for responses.
+    seen: Vec<Value>,
+    /// Answers to server-initiated requests, by method.
+    answers: Vec<(String, Value)>,
+}
+
+impl Client {
+    fn start(dir: &Path, config: Option<&Path>) -> Self {
+        let stderr = dir.join("serve.stderr");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ring0"));
+        cmd.arg("serve").current_dir(dir);
+        if let Some(c) = config {
+            cmd.arg("--config").arg(c);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("ring0 serve");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && tx.send(v).is_err()
+                {
+                    return;
+                }
+            }
+        });
+        Self {
+            child,
+            stdin,
+            messages: rx,
+            stderr,
+            next_id: 1,
+            seen: Vec::new(),
+            answers: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, message: Value) {
+        let mut line = serde_json::to_vec(&message).unwrap();
+        line.push(b'\n');
+        self.stdin.write_all(&line).unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn handle_server_message(&mut self, m: Value) {
+        if let (Some(method), Some(id)) = (m.get("method").and_then(Value::as_str), m.get("id")) {
+            let answer = self
+                .answers
+                .iter()
+                .find(|(meth, _)| meth == method)
+                .map(|(_, a)| a.clone());
+            let reply = match answer {
+                Some(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+                None => {
+                    json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "no"}})
+                }
+            };
+            self.send(reply);
+        }
+        self.seen.push(m);
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.messages.recv_timeout(left) {
+                Ok(m) if m.get("id") == Some(&json!(id)) && m.get("method").is_none() => return m,
+                Ok(m) => self.handle_server_message(m),
+                Err(RecvTimeoutError::Timeout) => panic!("no response to {method} in {WAIT:?}"),
+                Err(RecvTimeoutError::Disconnected) => panic!(
+                    "ring0 serve exited; stderr:\n{}",
+                    std::fs::read_to_string(&self.stderr).unwrap_or_default()
+                ),
+            }
+        }
+    }
+
+    fn initialize(&mut self, capabilities: Value) -> Value {
+        let r = self.request(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": capabilities,
+                   "clientInfo": {"name": "test", "version": "1"}}),
+        );
+        self.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        r
+    }
+
+    fn call(&mut self, name: &str, args: Value) -> Value {
+        self.request("tools/call", json!({"name": name, "arguments": args}))["result"].clone()
+    }
+
+    fn wait_for(&mut self, what: impl Fn(&Value) -> bool) -> Value {
+        if let Some(m) = self.seen.iter().find(|m| what(m)) {
+            return m.clone();
+        }
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.messages.recv_timeout(left) {
+                Ok(m) => {
+                    let hit = what(&m);
+                    self.handle_server_message(m.clone());
+                    if hit {
+                        return m;
+                    }
+                }
+                Err(_) => panic!("the expected message did not come"),
+            }
+        }
+    }
+
+    fn stderr_text(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn first_text(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn serve_on_embedded_defaults_answers_initialize_and_reports_where_it_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Client::start(dir.path(), None);
+    let init = c.initialize(json!({}));
+    assert_eq!(init["result"]["serverInfo"]["name"], "ring0");
+    assert_eq!(init["result"]["capabilities"]["tools"]["listChanged"], true);
+    let list = c.request("tools/list", json!({}));
+    assert!(list["result"]["tools"].is_array());
+    let err = c.stderr_text();
+    assert!(err.contains("serving MCP on stdio"), "{err}");
+    assert!(err.contains("journal: "), "{err}");
+    assert!(err.contains("grants: "), "{err}");
+    assert!(dir.path().join(".ring0/journal.db").exists());
+}
+
+#[test]
+fn upstream_tools_are_listed_and_called_through_ring0() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let mut c = Client::start(dir.path(), Some(&config));
+    c.initialize(json!({}));
+    let list = c.request("tools/list", json!({}));
+    assert!(names(&list).contains(&"fx__echo".to_string()));
+    let r = c.call("fx__echo", json!({"text": "through ring0"}));
+    assert_eq!(first_text(&r), "through ring0");
+    assert_eq!(r["isError"], false);
+    assert_eq!(r["_meta"]["io.ring0/receipt"]["state"], "ACKED");
+}
+
+#[test]
+fn a_refused_call_says_why_as_an_error_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let mut c = Client::start(dir.path(), Some(&config));
+    c.initialize(json!({}));
+    let r = c.call("fx__echoo", json!({"text": "x"}));
+    assert_eq!(r["isError"], true);
+    let body: Value = serde_json::from_str(&first_text(&r)).unwrap();
+    assert_eq!(body["status"], "unknown_tool");
+    let r = c.call("fx__echo", json!({"text": 5}));
+    let body: Value = serde_json::from_str(&first_text(&r)).unwrap();
+    assert_eq!(body["status"], "validation_error");
+}
+
+#[test]
+fn progress_reaches_the_client_under_its_own_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let mut c = Client::start(dir.path(), Some(&config));
+    c.initialize(json!({}));
+    let r = c.request(
+        "tools/call",
+        json!({"name": "fx__slow", "arguments": {"steps": 3, "delay_ms": 50},
+               "_meta": {"progressToken": "client-token-7"}}),
+    );
+    assert_eq!(first_text(&r["result"]), "done after 3 steps");
+    let p = c.wait_for(|m| m["method"] == "notifications/progress");
+    assert_eq!(p["params"]["progressToken"], "client-token-7");
+    assert_eq!(p["params"]["total"], 3.0);
+}
+
+#[test]
+fn an_upstream_elicitation_is_relayed_to_the_client_that_made_the_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let mut c = Client::start(dir.path(), Some(&config));
+    c.initialize(json!({"elicitation": {}}));
+    c.answers.push((
+        "elicitation/create".into(),
+        json!({"action": "accept", "content": {"ok": true}}),
+    ));
+    let r = c.call("fx__ask", json!({}));
+    let answer: Value = serde_json::from_str(&first_text(&r)).unwrap();
+    assert_eq!(answer["action"], "accept");
+    assert_eq!(answer["content"]["ok"], true);
+}
+
+#[test]
+fn a_tool_list_change_upstream_is_announced_to_the_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let mut c = Client::start(dir.path(), Some(&config));
+    c.initialize(json!({}));
+    c.call("fx__add_tool", json!({}));
+    c.wait_for(|m| m["method"] == "notifications/tools/list_changed");
+}
+
+#[test]
+fn an_irreversible_call_runs_when_the_person_approves_and_not_when_they_decline() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "[upstreams.tools.echo]\nauthority = \"A3\"\n");
+    let mut c = Client::start(dir.path(), Some(&config));
+    c.initialize(json!({"elicitation": {}}));
+    c.answers.push((
+        "elicitation/create".into(),
+        json!({"action": "accept", "content": {"approve": true}}),
+    ));
+    let r = c.call("fx__echo", json!({"text": "approved"}));
+    assert_eq!(first_text(&r), "approved");
+    let asked = c.wait_for(|m| m["method"] == "elicitation/create");
+    assert!(
+        asked["params"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("fx__echo")
+    );
+
+    c.answers.clear();
+    c.answers
+        .push(("elicitation/create".into(), json!({"action": "decline"})));
+    let r = c.call("fx__echo", json!({"text": "declined"}));
+    assert_eq!(r["isError"], true);
+    let body: Value = serde_json::from_str(&first_text(&r)).unwrap();
+    assert_eq!(body["status"], "approval_denied");
+}
+
+#[test]
+fn without_elicitation_a_confirmation_code_shown_to_the_person_approves_one_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "[upstreams.tools.echo]\nauthority = \"A3\"\n");
+    let mut c = Client::start(dir.path(), Some(&config));
+    c.initialize(json!({}));
+    let r = c.call("fx__echo", json!({"text": "hold"}));
+    assert_eq!(r["isError"], true);
+    assert!(first_text(&r).contains("confirmation code"));
+    let err = c.stderr_text();
+    let code = err
+        .lines()
+        .filter(|l| l.contains("approval needed"))
+        .find_map(|l| l.split("confirmation code ").nth(1))
+        .expect("the code is printed for the person")
+        .trim()
+        .to_string();
+    assert!(
+        !first_text(&r).contains(&code),
+        "the model never sees the code"
+    );
+    // A different argument does not match the code.
+    let other = c.request(
+        "tools/call",
+        json!({"name": "fx__echo", "arguments": {"text": "other"}, "_meta": {"io.ring0/confirm": code}}),
+    );
+    assert_eq!(other["result"]["isError"], true);
+    let ok = c.request(
+        "tools/call",
+        json!({"name": "fx__echo", "arguments": {"text": "hold"}, "_meta": {"io.ring0/confirm": code}}),
+    );
+    assert_eq!(first_text(&ok["result"]), "hold");
+}
+
+#[test]
+fn a_cancelled_call_is_cancelled_upstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("fixture.log");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "env_set = {{ FIXTURE_LOG = {:?} }}",
+            log.display().to_string()
+        ),
+    );
+    let mut c = Client::start(dir.path(), Some(&config));
+    c.initialize(json!({}));
+    c.send(json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call",
+                  "params": {"name": "fx__silent", "arguments": {}}}));
+    let deadline = Instant::now() + WAIT;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("tools/call")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the call never reached the upstream"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.send(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                  "params": {"requestId": 99, "reason": "user pressed stop"}}),
+    );
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("notifications/cancelled")
+    {
+        assert!(Instant::now() < deadline, "the upstream was not told");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_journal_records_every_call_ring0_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    {
+        let mut c = Client::start(dir.path(), Some(&config));
+        c.initialize(json!({}));
+        c.call("fx__echo", json!({"text": "one"}));
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
+        .args(["journal", "ls"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("fx__echo"), "{text}");
+}
+
+#[test]
+fn an_invalid_config_is_refused_at_start_with_the_offending_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[[upstreams]]\nalias = \"a.b\"\ncommand = \"x\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("upstreams[0].alias"), "{err}");
+}
+
+// ---- Streamable HTTP ----
+
+struct HttpServer {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve_http(dir: &Path, token: Option<&str>) -> HttpServer {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ring0"));
+    cmd.args(["serve", "--http", "127.0.0.1:0"])
+        .current_dir(dir);
+    if let Some(t) = token {
+        cmd.env("RING0_TEST_TOKEN", t)
+            .args(["--token-env", "RING0_TEST_TOKEN"]);
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let _ = tx.send(rest.trim_end_matches("/mcp").to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(WAIT).expect("the bound address is printed");
+    HttpServer { child, addr }
+}
+
+/// One HTTP/1.1 request; returns the status code, headers and body.
+fn post(addr: &str, headers: &[(&str, &str)], body: &Value) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let body = body.to_string();
+    let mut req = format!(
+        "POST /mcp HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(&body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_string(), rest.to_string())
+}
+
+fn init_body() -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+           "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                      "clientInfo": {"name": "t", "version": "1"}}})
+}
+
+#[test]
+fn http_serves_initialize_on_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_http(dir.path(), None);
+    let (status, head, body) = post(&server.addr, &[], &init_body());
+    assert_eq!(status, 200, "{head}\n{body}");
+    assert!(body.contains("\"ring0\""), "{body}");
+    assert!(
+        head.to_ascii_lowercase().contains("mcp-session-id"),
+        "{head}"
+    );
+}
+
+#[test]
+fn http_refuses_a_foreign_host_and_a_foreign_origin() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_http(dir.path(), None);
+    let (status, _, _) = post(&server.addr, &[("Host", "attacker.example")], &init_body());
+    assert_eq!(status, 403);
+    let (status, _, _) = post(
+        &server.addr,
+        &[("Origin", "https://attacker.example")],
+        &init_body(),
+    );
+    assert_eq!(status, 403);
+}
+
+#[test]
+fn http_requires_the_bearer_token_when_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_http(dir.path(), Some("s3cret"));
+    let (status, _, _) = post(&server.addr, &[], &init_body());
+    assert_eq!(status, 401);
+    let (status, _, _) = post(
+        &server.addr,
+        &[("Authorization", "Bearer wrong")],
+        &init_body(),
+    );
+    assert_eq!(status, 401);
+    let (status, _, _) = post(
+        &server.addr,
+        &[("Authorization", "Bearer s3cret")],
+        &init_body(),
+    );
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn http_serves_the_stateless_protocol_with_per_request_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_http(dir.path(), None);
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {},
+                      "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}});
+    let list =
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {"_meta": meta}});
+    let (status, head, body) = post(
+        &server.addr,
+        &[
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/list"),
+        ],
+        &list,
+    );
+    assert_eq!(status, 200, "{head}\n{body}");
+    assert!(body.contains("\"tools\""), "{body}");
+    // A header that contradicts the body is refused.
+    let (status, _, body) = post(
+        &server.addr,
+        &[
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+        ],
+        &list,
+    );
+    assert!(status == 400 || body.contains("-32020"), "{status} {body}");
+}
