@@ -420,6 +420,12 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// fsyncs a directory. Directory handles may be opened `O_PATH`, which cannot be synced, so the
+/// directory is opened again for reading, beneath itself.
+pub(crate) fn sync_dir(dir: &cap_std::fs::Dir) -> std::io::Result<()> {
+    dir.open(".")?.into_std().sync_all()
+}
+
 /// Writes `content` as `name` in `dir` atomically: a temporary file beside it, written and
 /// fsynced, then renamed over the name (or, when `replace` is false, renamed only if the name is
 /// still free — `renameat2(RENAME_NOREPLACE)`), then the directory fsynced.
@@ -451,7 +457,10 @@ pub(crate) fn write_atomic(
             rustix::fs::renameat_with(dir, &tmp, dir, name, rustix::fs::RenameFlags::NOREPLACE)
                 .map_err(std::io::Error::from)?;
         }
-        rustix::fs::fsync(dir).map_err(std::io::Error::from)
+        // The rename is done: the call's effect has happened. The directory fsync only makes it
+        // durable sooner; its failure must not be reported as "not applied".
+        let _ = sync_dir(dir);
+        Ok(())
     })();
     if result.is_err() {
         let _ = dir.remove_file(&tmp);

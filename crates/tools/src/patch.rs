@@ -31,7 +31,7 @@
 //! the kernel settles it with [`Tool::probe`], which compares every touched file's hash with the
 //! expected result and with the snapshot taken before dispatch.
 
-use crate::files::{sha256_hex, write_atomic};
+use crate::files::{sha256_hex, sync_dir, write_atomic};
 use crate::sandbox::{Access, SandboxError};
 use crate::{Workspace, args_of};
 use async_trait::async_trait;
@@ -693,10 +693,10 @@ fn commit(plan: Plan, fault: Option<&FaultHook>) -> Result<(), ToolError> {
             match d {
                 Done::Removed { dir, backup, .. } => {
                     let _ = dir.remove_file(backup);
-                    let _ = rustix::fs::fsync(dir);
+                    let _ = sync_dir(dir);
                 }
                 Done::Created { dir, .. } | Done::Replaced { dir, .. } => {
-                    let _ = rustix::fs::fsync(dir);
+                    let _ = sync_dir(dir);
                 }
             }
         }

@@ -1,0 +1,305 @@
+//! The file, search and shell tools through the kernel, as a model sees them.
+
+mod common;
+
+use common::{Env, failure, structured, text};
+use serde_json::json;
+
+#[tokio::test]
+async fn read_file_returns_text_and_where_to_continue() {
+    let env = Env::new();
+    env.write("a.txt", "hello\nworld\n");
+    let (r, is_error) = env
+        .call(
+            "read_file",
+            json!({"path": "a.txt", "offset_bytes": 6, "max_bytes": 3}),
+        )
+        .await;
+    assert!(!is_error, "{r}");
+    assert_eq!(text(&r), "wor");
+    let s = structured(&r);
+    assert_eq!(s["next_offset"], 9);
+    assert_eq!(s["size_bytes"], 12);
+    assert_eq!(s["eof"], false);
+}
+
+#[tokio::test]
+async fn read_file_never_splits_a_character() {
+    let env = Env::new();
+    env.write("u.txt", "aé");
+    let (r, _) = env
+        .call("read_file", json!({"path": "u.txt", "max_bytes": 2}))
+        .await;
+    assert_eq!(text(&r), "a");
+    assert_eq!(structured(&r)["next_offset"], 1);
+}
+
+#[tokio::test]
+async fn read_file_cuts_large_text_to_its_budget_and_says_where_to_continue() {
+    let env = Env::new();
+    env.write("big.txt", &"\"quoted\"\n".repeat(20_000));
+    let (r, is_error) = env
+        .call(
+            "read_file",
+            json!({"path": "big.txt", "max_bytes": 1_048_576}),
+        )
+        .await;
+    assert!(!is_error, "the result fits the model-visible limits: {r}");
+    let s = structured(&r);
+    let returned = s["bytes_returned"].as_u64().unwrap();
+    assert!(returned > 0 && returned < 180_000);
+    assert_eq!(s["next_offset"], returned);
+    assert!(s["note"].as_str().unwrap().contains("next_offset"));
+}
+
+#[tokio::test]
+async fn read_file_refuses_binary_and_directories() {
+    let env = Env::new();
+    std::fs::write(env.path("b.bin"), [0xffu8, 0xfe, 0x00, 0x01]).unwrap();
+    std::fs::create_dir(env.path("d")).unwrap();
+    let (r, is_error) = env.call("read_file", json!({"path": "b.bin"})).await;
+    assert!(is_error && failure(&r).contains("not UTF-8"), "{r}");
+    let (r, is_error) = env.call("read_file", json!({"path": "d"})).await;
+    assert!(is_error && failure(&r).contains("list_dir"), "{r}");
+}
+
+#[tokio::test]
+async fn list_dir_pages_with_a_signed_cursor() {
+    let env = Env::new();
+    for i in 0..250 {
+        env.write(&format!("d/f{i:03}.txt"), "x");
+    }
+    let (r, _) = env.call("list_dir", json!({"path": "d"})).await;
+    let s = structured(&r);
+    let first = s["entries"].as_array().unwrap();
+    assert_eq!(first.len(), 200, "at most 200 entries a page");
+    assert_eq!(first[0]["name"], "f000.txt");
+    let cursor = s["next_cursor"].as_str().unwrap().to_string();
+    let (r, _) = env
+        .call("list_dir", json!({"path": "d", "cursor": cursor}))
+        .await;
+    let s = structured(&r);
+    let second = s["entries"].as_array().unwrap();
+    assert_eq!(second.len(), 50);
+    assert_eq!(second[0]["name"], "f200.txt");
+    assert!(s.get("next_cursor").is_none());
+}
+
+#[tokio::test]
+async fn cursor_of_another_query_or_altered_is_refused() {
+    let env = Env::new();
+    for i in 0..5 {
+        env.write(&format!("d/f{i}.txt"), "x");
+    }
+    let (r, _) = env.call("list_dir", json!({"path": "d", "limit": 2})).await;
+    let cursor = structured(&r)["next_cursor"].as_str().unwrap().to_string();
+    let (r, is_error) = env
+        .call(
+            "list_dir",
+            json!({"path": ".", "limit": 2, "cursor": cursor}),
+        )
+        .await;
+    assert!(is_error && failure(&r).contains("another query"), "{r}");
+    let mut altered = cursor.clone();
+    altered.replace_range(10..11, if &cursor[10..11] == "A" { "B" } else { "A" });
+    let (r, is_error) = env
+        .call(
+            "list_dir",
+            json!({"path": "d", "limit": 2, "cursor": altered}),
+        )
+        .await;
+    assert!(
+        is_error && failure(&r).contains("start the listing again"),
+        "{r}"
+    );
+}
+
+#[tokio::test]
+async fn listings_respect_gitignore() {
+    let env = Env::new();
+    env.write(".gitignore", "target/\n*.log\n");
+    env.write("src/main.rs", "fn main() {}\n");
+    env.write("target/debug/out", "bin");
+    env.write("run.log", "log");
+    env.write("sub/.gitignore", "!keep.log\n");
+    env.write("sub/keep.log", "kept");
+    let (r, _) = env.call("list_dir", json!({})).await;
+    let names: Vec<&str> = structured(&r)["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["src", "sub"]);
+    let (r, _) = env.call("glob", json!({"pattern": "**/*"})).await;
+    let paths: Vec<&str> = structured(&r)["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, vec!["src/main.rs", "sub/keep.log"]);
+}
+
+#[tokio::test]
+async fn search_returns_lines_with_numbers_a_page_at_a_time() {
+    let env = Env::new();
+    env.write("a.rs", "fn one() {}\nlet x = 1;\nfn two() {}\n");
+    env.write("b/c.rs", "// fn in a comment\n");
+    env.write("bin.dat", "fn \0 binary");
+    let (r, _) = env
+        .call("search", json!({"pattern": "fn \\w+", "limit": 2}))
+        .await;
+    let s = structured(&r);
+    let m = s["matches"].as_array().unwrap();
+    assert_eq!(m.len(), 2);
+    assert_eq!(
+        m[0],
+        json!({"path": "a.rs", "line": 1, "text": "fn one() {}"})
+    );
+    assert_eq!(m[1]["line"], 3);
+    let cursor = s["next_cursor"].as_str().unwrap().to_string();
+    let (r, _) = env
+        .call(
+            "search",
+            json!({"pattern": "fn \\w+", "limit": 2, "cursor": cursor}),
+        )
+        .await;
+    let s = structured(&r);
+    let m = s["matches"].as_array().unwrap();
+    assert_eq!(m.len(), 1, "{s}");
+    assert_eq!(m[0]["path"], "b/c.rs");
+    assert!(s.get("next_cursor").is_none());
+}
+
+#[tokio::test]
+async fn search_reports_a_bad_pattern_clearly() {
+    let env = Env::new();
+    let (r, is_error) = env.call("search", json!({"pattern": "(unclosed"})).await;
+    assert!(is_error && failure(&r).contains("pattern"), "{r}");
+}
+
+#[tokio::test]
+async fn write_file_needs_overwrite_to_replace() {
+    let env = Env::new();
+    env.write("a.txt", "old");
+    let (r, is_error) = env
+        .call("write_file", json!({"path": "a.txt", "content": "new"}))
+        .await;
+    assert!(is_error && failure(&r).contains("overwrite: true"), "{r}");
+    assert_eq!(env.read("a.txt").unwrap(), "old");
+    let (r, is_error) = env
+        .call(
+            "write_file",
+            json!({"path": "a.txt", "content": "new", "overwrite": true}),
+        )
+        .await;
+    assert!(!is_error, "{r}");
+    assert_eq!(env.read("a.txt").unwrap(), "new");
+    assert_eq!(structured(&r)["replaced"], true);
+}
+
+#[tokio::test]
+async fn write_file_creates_directories_only_when_asked() {
+    let env = Env::new();
+    let (_, is_error) = env
+        .call("write_file", json!({"path": "x/y/z.txt", "content": "1"}))
+        .await;
+    assert!(is_error);
+    let (r, is_error) = env
+        .call(
+            "write_file",
+            json!({"path": "x/y/z.txt", "content": "1", "create_dirs": true}),
+        )
+        .await;
+    assert!(!is_error, "{r}");
+    assert_eq!(env.read("x/y/z.txt").unwrap(), "1");
+    let stray: Vec<_> = std::fs::read_dir(env.path("x/y")).unwrap().collect();
+    assert_eq!(stray.len(), 1, "no temporary file left behind");
+}
+
+#[tokio::test]
+async fn write_file_probe_recognises_its_own_result() {
+    use ring0_kernel::{ProbeVerdict, Tool};
+    let env = Env::new();
+    let cfg = common::config(&env.ws, &env.dir.path().join("state"));
+    let tools = ring0_tools::builtin_tools(&cfg).unwrap();
+    let write = &tools
+        .iter()
+        .find(|(s, _)| s.name == "write_file")
+        .unwrap()
+        .1;
+    let args = json!({"path": "p.txt", "content": "v2", "overwrite": true});
+    env.write("p.txt", "v1");
+    let snapshot = write.snapshot(&args).await;
+    assert_eq!(
+        write.probe(&args, snapshot.as_ref()).await,
+        ProbeVerdict::Unchanged
+    );
+    env.write("p.txt", "v2");
+    assert!(matches!(
+        write.probe(&args, snapshot.as_ref()).await,
+        ProbeVerdict::Applied(_)
+    ));
+    env.write("p.txt", "someone else");
+    assert!(matches!(
+        write.probe(&args, snapshot.as_ref()).await,
+        ProbeVerdict::Indeterminate(_)
+    ));
+}
+
+#[tokio::test]
+async fn shell_runs_argv_in_the_workspace() {
+    let env = Env::new();
+    env.write("sub/f.txt", "x");
+    let (r, is_error) = env
+        .call("shell", json!({"argv": ["ls"], "cwd": "sub"}))
+        .await;
+    assert!(!is_error, "{r}");
+    let obs = &r["outcome"]["observation"];
+    assert_eq!(obs["exit_code"], 0);
+    assert!(obs["text"].as_str().unwrap().contains("f.txt"), "{obs}");
+}
+
+#[tokio::test]
+async fn shell_needs_exactly_one_of_argv_and_command() {
+    let env = Env::new();
+    let (r, is_error) = env.call("shell", json!({})).await;
+    assert!(is_error && failure(&r).contains("exactly one"), "{r}");
+}
+
+#[tokio::test]
+async fn background_shell_returns_a_handle_and_job_wait_its_result() {
+    let env = Env::new();
+    let (r, is_error) = env
+        .call(
+            "shell",
+            json!({"argv": ["sh", "-c", "echo done-marker"], "background": true}),
+        )
+        .await;
+    assert!(!is_error, "{r}");
+    let job = structured(&r)["job"].as_str().unwrap().to_string();
+    assert!(job.starts_with("job_"));
+    let (r, is_error) = env
+        .call("job_wait", json!({"job": job, "timeout_ms": 60_000}))
+        .await;
+    assert!(!is_error, "{r}");
+    let status = structured(&r);
+    assert_eq!(status["state"], "COMPLETED", "{status}");
+    assert!(status.to_string().contains("done-marker"), "{status}");
+    let (r, is_error) = env
+        .call(
+            "job_inspect",
+            json!({"job": "job_00000000000000000000000000000000"}),
+        )
+        .await;
+    assert!(is_error && failure(&r).contains("unknown job"), "{r}");
+}
+
+#[test]
+fn directory_fsync_works_on_a_directory_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let handle =
+        cap_std::fs::Dir::open_ambient_dir(dir.path(), cap_std::ambient_authority()).unwrap();
+    handle.open(".").unwrap().into_std().sync_all().unwrap();
+}
