@@ -133,6 +133,25 @@ impl SemanticKey {
         })
     }
 
+    /// The same key from arguments already in RFC 8785 form (`canonical_args`), without
+    /// canonicalizing them again. The document is assembled in JCS key order.
+    pub fn from_canonical_args(
+        tool: &str,
+        canonical_args: &str,
+        scope: &str,
+        epoch: u64,
+    ) -> Result<Self, CanonicalError> {
+        let tool = crate::canonical::canonical_string(&Value::String(tool.into()))?;
+        let scope = crate::canonical::canonical_string(&Value::String(scope.into()))?;
+        let doc = format!(
+            "{{\"epoch\":{epoch},\"prepared_args\":{canonical_args},\"scope\":{scope},\"tool\":{tool}}}"
+        );
+        Ok(Self {
+            version: CANONICALIZER_VERSION,
+            digest: Digest32::of(CANONICALIZER_VERSION, doc.as_bytes()),
+        })
+    }
+
     /// The provider idempotency key derived from this key and the attempt epoch: stable across
     /// model retries (it never involves the model's call id), distinct per epoch.
     pub fn idempotency_key(&self, epoch: u64) -> String {
@@ -146,6 +165,16 @@ impl SemanticKey {
 }
 
 impl Fingerprint {
+    /// The fingerprint from arguments already in RFC 8785 form, without canonicalizing again.
+    pub fn from_canonical_args(tool: &str, canonical_args: &str) -> Result<Self, CanonicalError> {
+        let tool = crate::canonical::canonical_string(&Value::String(tool.into()))?;
+        let doc = format!("{{\"args\":{canonical_args},\"tool\":{tool}}}");
+        Ok(Self {
+            version: CANONICALIZER_VERSION,
+            digest: Digest32::of(CANONICALIZER_VERSION, doc.as_bytes()),
+        })
+    }
+
     pub fn compute(tool: &str, prepared_args: &Value) -> Result<Self, CanonicalError> {
         let bytes = canonicalize(&json!({"tool": tool, "args": prepared_args}))?;
         Ok(Self {
@@ -183,6 +212,20 @@ mod tests {
         assert_ne!(
             base,
             SemanticKey::compute("charge", &args, "u:1", 0).unwrap()
+        );
+    }
+
+    #[test]
+    fn keys_from_canonical_text_equal_keys_from_values() {
+        let args = json!({"b": [1.0, "x"], "a": {"z": null}});
+        let canonical = crate::canonical::canonical_string(&args).unwrap();
+        assert_eq!(
+            SemanticKey::from_canonical_args("t\"q", &canonical, "s/1", 9).unwrap(),
+            SemanticKey::compute("t\"q", &args, "s/1", 9).unwrap()
+        );
+        assert_eq!(
+            Fingerprint::from_canonical_args("t", &canonical).unwrap(),
+            Fingerprint::compute("t", &args).unwrap()
         );
     }
 

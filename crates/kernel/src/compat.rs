@@ -171,6 +171,44 @@ pub fn decode_double_encoded(args: Value) -> Value {
     }
 }
 
+/// Removes every property `default` that its own property schema rejects, returning a note per
+/// removal. Applying such a default would turn a correct call that omits the property into an
+/// error about a value the model never sent. A default whose schema cannot be checked alone
+/// (it refers elsewhere with `$ref`) is kept.
+pub fn strip_invalid_defaults(schema: &mut Value) -> Vec<String> {
+    let mut notes = Vec::new();
+    strip_node(schema, "#", &mut notes);
+    notes
+}
+
+fn strip_node(node: &mut Value, path: &str, notes: &mut Vec<String>) {
+    let Some(props) = node.get_mut("properties").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (name, prop) in props.iter_mut() {
+        let here = format!("{path}/properties/{name}");
+        if let Some(default) = prop.get("default").cloned() {
+            let mut bare = prop.clone();
+            if let Value::Object(m) = &mut bare {
+                m.remove("default");
+            }
+            let refers = bare.to_string().contains("\"$ref\"");
+            if !refers
+                && let Ok(v) = crate::registry::compile_schema(&bare)
+                && !v.is_valid(&default)
+            {
+                if let Value::Object(m) = prop {
+                    m.remove("default");
+                }
+                notes.push(format!(
+                    "{here}: default {default} does not match its own schema and is ignored"
+                ));
+            }
+        }
+        strip_node(prop, &here, notes);
+    }
+}
+
 /// Applies `default`s of absent properties, recursively into present sub-objects.
 pub fn apply_defaults(schema: &Value, value: &mut Value) {
     let (Some(props), Value::Object(obj)) =
@@ -241,6 +279,23 @@ mod tests {
         assert_eq!(once, json!({"a": 1}));
         let twice = decode_double_encoded(json!("\"{\\\"a\\\":1}\""));
         assert!(twice.is_string());
+    }
+
+    #[test]
+    fn defaults_that_break_their_own_schema_are_ignored() {
+        let mut schema = normalize_schema(
+            &json!({"type": "dict", "properties": {
+                "flag": {"type": "boolean", "default": "false"},
+                "unit": {"type": "string", "default": "c"}
+            }}),
+            true,
+        )
+        .unwrap();
+        let notes = strip_invalid_defaults(&mut schema);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].starts_with("#/properties/flag"));
+        assert!(schema["properties"]["flag"].get("default").is_none());
+        assert_eq!(schema["properties"]["unit"]["default"], "c");
     }
 
     #[test]

@@ -45,6 +45,9 @@ pub(crate) struct DispatchEnv {
     /// Held while deciding to start a call and while cancelling, so that no call starts after
     /// a cancellation was announced.
     pub start_gate: Arc<Mutex<()>>,
+    /// Record reads in the journal too (for the audit trail). Off by default: a read has no
+    /// effect to deduplicate, so it bypasses the commit path.
+    pub journal_reads: bool,
 }
 
 /// Writes whose outcome is uncertain in this batch.
@@ -187,13 +190,15 @@ enum Attempt {
     Failed(ToolError),
 }
 
-async fn attempt(env: &DispatchEnv, job: &Prepared, record: &IntentRecord) -> Attempt {
+async fn attempt(env: &DispatchEnv, job: &Prepared, record: Option<&IntentRecord>) -> Attempt {
     let spec = &job.tool.spec;
     let cancel = env.cancel.child_token();
     let ctx = CallContext {
         call_id: job.call.call_id.clone(),
-        intent_id: Some(record.id.to_string()),
-        idempotency_key: record.mutating.then(|| record.idempotency_key.clone()),
+        intent_id: record.map(|r| r.id.to_string()),
+        idempotency_key: record
+            .filter(|r| r.mutating)
+            .map(|r| r.idempotency_key.clone()),
         scope: env.scope.clone(),
         cancel: cancel.clone(),
         timeout_ms: spec.timeout_ms,
@@ -340,11 +345,18 @@ async fn run_call(
             },
         );
     }
-    let semantic_key =
-        match SemanticKey::compute(&spec.name, &job.call.args, &env.scope, env.attempt_epoch) {
-            Ok(k) => k,
-            Err(e) => return rejected(job, RejectionKind::InvalidJson, e.to_string()),
-        };
+    if !mutating && !env.journal_reads {
+        return run_read(env, job, epoch_no).await;
+    }
+    let semantic_key = match SemanticKey::from_canonical_args(
+        &spec.name,
+        &job.call.canonical_args,
+        &env.scope,
+        env.attempt_epoch,
+    ) {
+        Ok(k) => k,
+        Err(e) => return rejected(job, RejectionKind::InvalidJson, e.to_string()),
+    };
     let proposal = Proposal {
         intent_id: env.intent_ids.get(&job.call.index).copied(),
         semantic_key,
@@ -436,7 +448,7 @@ async fn run_call(
     let mut redispatches = 0;
     let mut disposition = Disposition::Dispatched;
     let receipt = loop {
-        let result = attempt(env, job, &record).await;
+        let result = attempt(env, job, Some(&record)).await;
         let timing = Timing {
             queued_ms,
             run_ms: ms(started.elapsed()),
@@ -642,4 +654,76 @@ fn unsettled(job: &Prepared, record: &IntentRecord, why: String, timing: Timing)
         },
         timing,
     )
+}
+
+/// A read outside the journal: no effect to deduplicate or settle. Same start gate, timeout,
+/// isolation, bounding and events as every other call.
+async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt {
+    let spec = &job.tool.spec;
+    {
+        let _gate = env.start_gate.lock().expect("start gate");
+        if env.cancel.is_cancelled() {
+            return cancelled(job);
+        }
+        emit(
+            env,
+            Event::CallStarted {
+                index: job.call.index,
+                call_id: job.call.call_id.clone(),
+                tool: spec.name.clone(),
+                epoch: epoch_no,
+            },
+        );
+    }
+    let queued_ms = ms(env.round_start.elapsed());
+    let started = Instant::now();
+    let result = attempt(env, job, None).await;
+    let timing = Timing {
+        queued_ms,
+        run_ms: ms(started.elapsed()),
+    };
+    let (state, outcome) = match result {
+        Attempt::Ok(obs) => (
+            IntentState::Acked,
+            CallOutcome::Completed {
+                observation: bound(obs, spec.observation_budget_bytes),
+            },
+        ),
+        Attempt::Failed(e) => (
+            IntentState::Failed,
+            CallOutcome::Failed {
+                message: e.message,
+                uncertain: false,
+                observation: e
+                    .observation
+                    .map(|o| bound(o, spec.observation_budget_bytes)),
+            },
+        ),
+    };
+    let receipt = Receipt {
+        call_id: job.call.call_id.clone(),
+        index: job.call.index,
+        tool: job.call.tool.clone(),
+        intent_id: None,
+        semantic_key: None,
+        idempotency_key: None,
+        state: Some(state),
+        revision: 0,
+        timeline: Vec::new(),
+        disposition: Disposition::Dispatched,
+        outcome,
+        timing,
+    };
+    emit(
+        env,
+        Event::CallFinished {
+            index: job.call.index,
+            call_id: job.call.call_id.clone(),
+            tool: spec.name.clone(),
+            state: receipt.state,
+            is_error: receipt.is_error(),
+            run_ms: receipt.timing.run_ms,
+        },
+    );
+    receipt
 }

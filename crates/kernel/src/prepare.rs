@@ -159,14 +159,15 @@ pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Pre
             e.to_string(),
         )
     })?;
-    let fingerprint = Fingerprint::compute(&spec.name, &args).map_err(|e| {
-        Rejection::new(
-            RejectionKind::InvalidJson,
-            &call.tool,
-            &call.call_id,
-            e.to_string(),
-        )
-    })?;
+    let fingerprint =
+        Fingerprint::from_canonical_args(&spec.name, &canonical_args).map_err(|e| {
+            Rejection::new(
+                RejectionKind::InvalidJson,
+                &call.tool,
+                &call.call_id,
+                e.to_string(),
+            )
+        })?;
     let args_hash = fingerprint.encode();
     let request = AuthRequest {
         session: cx.session,

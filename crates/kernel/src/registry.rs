@@ -52,6 +52,8 @@ pub struct RegisteredTool {
     /// tools) and its unqualified callable name there: what trait configuration is keyed by.
     pub connection: String,
     pub callable: String,
+    /// What compatibility preparation had to ignore (e.g. a default its schema rejects).
+    pub warnings: Vec<String>,
     pub validator: Validator,
     pub tool: Arc<dyn Tool>,
 }
@@ -138,6 +140,7 @@ impl Registry {
                     source,
                 }
             })?;
+        let warnings = crate::compat::strip_invalid_defaults(&mut spec.input_schema);
         if spec.authority >= ring0_core::Authority::A2
             && !spec.effect.is_read_only()
             && spec.timeout_ms == 0
@@ -158,6 +161,7 @@ impl Registry {
                 spec,
                 connection: connection.to_string(),
                 callable: callable.to_string(),
+                warnings,
                 validator,
                 tool,
             }),
@@ -183,6 +187,7 @@ impl Registry {
                     spec,
                     connection: entry.connection.clone(),
                     callable: entry.callable.clone(),
+                    warnings: entry.warnings.clone(),
                     validator,
                     tool: entry.tool.clone(),
                 });

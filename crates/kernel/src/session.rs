@@ -134,6 +134,8 @@ pub struct SessionConfig {
     pub projector: Option<Arc<dyn Projector>>,
     /// The session's grants; the kernel's default authorizer when absent.
     pub authorizer: Option<Arc<dyn Authorizer>>,
+    /// Record nullipotent calls in the journal as well (audit trail). Off by default.
+    pub journal_reads: bool,
 }
 
 impl SessionConfig {
@@ -146,6 +148,7 @@ impl SessionConfig {
             attempt_epoch: 0,
             projector: None,
             authorizer: None,
+            journal_reads: false,
         }
     }
 
@@ -171,6 +174,10 @@ impl SessionConfig {
     }
     pub fn authorizer(mut self, authorizer: Arc<dyn Authorizer>) -> Self {
         self.authorizer = Some(authorizer);
+        self
+    }
+    pub fn journal_reads(mut self, on: bool) -> Self {
+        self.journal_reads = on;
         self
     }
 }
@@ -376,6 +383,7 @@ impl Session {
             round_start,
             intent_ids: Arc::new(options.intent_ids.clone()),
             start_gate: self.start_gate.clone(),
+            journal_reads: self.config.journal_reads,
         }
     }
 
@@ -620,7 +628,9 @@ impl Session {
             .collect();
         let mut results = Vec::with_capacity(n);
         for (pos, receipt) in receipts.iter().enumerate() {
-            self.emit(Event::Receipt(Box::new(receipt.clone())));
+            if self.events.receiver_count() > 0 {
+                self.emit(Event::Receipt(Box::new(receipt.clone())));
+            }
             let content = match project(
                 receipt,
                 args_by_pos.get(&pos),

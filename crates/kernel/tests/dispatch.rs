@@ -751,3 +751,36 @@ async fn journal_failure_fails_closed() {
     );
     assert_eq!(rec.calls(), 0);
 }
+
+#[tokio::test]
+async fn reads_bypass_the_journal_unless_the_session_audits_them() {
+    let rec = Recorder::new();
+    let journal = Arc::new(MemoryJournal::new());
+    let kernel = recorder_kernel(&rec).journal(journal.clone()).build();
+    let plain = kernel.open_session(SessionConfig::new("s"));
+    let out = plain
+        .run_round(
+            round(vec![call(0, "read", tag("r"))]),
+            &RoundOptions::default(),
+        )
+        .await;
+    assert_eq!(out.receipts[0].state, Some(IntentState::Acked));
+    assert!(out.receipts[0].intent_id.is_none());
+    assert!(journal.recent(10).await.unwrap().is_empty());
+    let audited = kernel.open_session(SessionConfig::new("s").journal_reads(true));
+    let out = audited
+        .run_round(
+            round(vec![call(0, "read", tag("r"))]),
+            &RoundOptions::default(),
+        )
+        .await;
+    let id = out.receipts[0]
+        .intent_id
+        .as_ref()
+        .expect("journaled")
+        .parse()
+        .unwrap();
+    let record = journal.get(id).await.unwrap().unwrap();
+    assert!(!record.mutating);
+    assert_eq!(record.state, IntentState::Acked);
+}
