@@ -408,31 +408,18 @@ async fn run_call(
             return rejected(job, RejectionKind::IntentConflict, reason);
         }
     };
-    {
-        let _gate = env.start_gate.lock().expect("start gate");
-        if env.cancel.is_cancelled() {
-            drop(_gate);
-            // Cancelled between commit and dispatch: nothing external was touched.
-            let _ = step(
-                env,
-                &record,
-                IntentState::RejectedConflict,
-                Some("cancelled before dispatch".into()),
-                None,
-                None,
-            )
-            .await;
-            return cancelled(job);
-        }
-        emit(
+    if !announce_start(env, job, epoch_no) {
+        // Cancelled between commit and dispatch: nothing external was touched.
+        let _ = step(
             env,
-            Event::CallStarted {
-                index: job.call.index,
-                call_id: job.call.call_id.clone(),
-                tool: spec.name.clone(),
-                epoch: epoch_no,
-            },
-        );
+            &record,
+            IntentState::RejectedConflict,
+            Some("cancelled before dispatch".into()),
+            None,
+            None,
+        )
+        .await;
+        return cancelled(job);
     }
     let queued_ms = ms(env.round_start.elapsed());
     let snapshot = if spec.settlement == Settlement::Probe {
@@ -628,17 +615,7 @@ async fn run_call(
     if mutating && still_uncertain {
         uncertain.lock().expect("uncertain mutex").add(key);
     }
-    emit(
-        env,
-        Event::CallFinished {
-            index: job.call.index,
-            call_id: job.call.call_id.clone(),
-            tool: spec.name.clone(),
-            state: receipt.state,
-            is_error: receipt.is_error(),
-            run_ms: receipt.timing.run_ms,
-        },
-    );
+    announce_finish(env, &receipt);
     receipt
 }
 
@@ -660,20 +637,8 @@ fn unsettled(job: &Prepared, record: &IntentRecord, why: String, timing: Timing)
 /// isolation, bounding and events as every other call.
 async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt {
     let spec = &job.tool.spec;
-    {
-        let _gate = env.start_gate.lock().expect("start gate");
-        if env.cancel.is_cancelled() {
-            return cancelled(job);
-        }
-        emit(
-            env,
-            Event::CallStarted {
-                index: job.call.index,
-                call_id: job.call.call_id.clone(),
-                tool: spec.name.clone(),
-                epoch: epoch_no,
-            },
-        );
+    if !announce_start(env, job, epoch_no) {
+        return cancelled(job);
     }
     let queued_ms = ms(env.round_start.elapsed());
     let started = Instant::now();
@@ -714,16 +679,39 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
         outcome,
         timing,
     };
+    announce_finish(env, &receipt);
+    receipt
+}
+
+/// Decides to start a call, under the start gate: `false` if the round was cancelled first.
+/// Cancellation takes the same gate, so no call starts after it was announced.
+fn announce_start(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> bool {
+    let _gate = env.start_gate.lock().expect("start gate");
+    if env.cancel.is_cancelled() {
+        return false;
+    }
+    emit(
+        env,
+        Event::CallStarted {
+            index: job.call.index,
+            call_id: job.call.call_id.clone(),
+            tool: job.call.tool.clone(),
+            epoch: epoch_no,
+        },
+    );
+    true
+}
+
+fn announce_finish(env: &DispatchEnv, receipt: &Receipt) {
     emit(
         env,
         Event::CallFinished {
-            index: job.call.index,
-            call_id: job.call.call_id.clone(),
-            tool: spec.name.clone(),
+            index: receipt.index,
+            call_id: receipt.call_id.clone(),
+            tool: receipt.tool.clone(),
             state: receipt.state,
             is_error: receipt.is_error(),
             run_ms: receipt.timing.run_ms,
         },
     );
-    receipt
 }
