@@ -227,6 +227,7 @@ pub(crate) fn plan_propose(
     p: &Proposal,
     found: Found<'_>,
     now_ms: u64,
+    incarnation: u64,
     new_id: impl FnOnce() -> IntentId,
 ) -> Result<ProposePlan, JournalError> {
     validate_proposal(p)?;
@@ -265,6 +266,7 @@ pub(crate) fn plan_propose(
                 machine::check(IntentState::Failed, IntentState::Recorded)?;
                 updated.state = IntentState::Recorded;
                 updated.fence += 1;
+                updated.owner = incarnation;
                 updated.receipt = None;
                 updated.timeline.push(TimelineEntry {
                     state: IntentState::Recorded,
@@ -334,6 +336,7 @@ pub(crate) fn plan_propose(
         ],
         receipt: None,
         snapshot: None,
+        owner: incarnation,
     };
     Ok(ProposePlan {
         decision: ProposeDecision::Recorded(record.clone()),
@@ -341,11 +344,18 @@ pub(crate) fn plan_propose(
     })
 }
 
+/// The incarnation a journal opened over these records takes: one past every owner in the log.
+/// A record stamped with it can only have been moved by this incarnation.
+pub(crate) fn next_incarnation<'a>(records: impl Iterator<Item = &'a IntentRecord>) -> u64 {
+    records.map(|r| r.owner).max().unwrap_or(0) + 1
+}
+
 /// Applies a compare-and-set transition to a record, returning the changed record.
 pub(crate) fn plan_transition(
     record: &IntentRecord,
     t: &Transition,
     now_ms: u64,
+    incarnation: u64,
 ) -> Result<IntentRecord, JournalError> {
     if record.fence != t.expected_fence {
         return Err(JournalError::StaleFence {
@@ -384,6 +394,7 @@ pub(crate) fn plan_transition(
     let mut next = record.clone();
     next.state = t.to;
     next.fence += 1;
+    next.owner = incarnation;
     if t.to == IntentState::Dispatched {
         next.attempts += 1;
     }

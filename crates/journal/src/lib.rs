@@ -125,6 +125,14 @@ pub trait Journal: Send + Sync {
     /// [`limits::RECENT_LIMIT_MAX`]).
     async fn recent(&self, limit: usize) -> Result<Vec<IntentRecord>, JournalError>;
 
+    /// This open of the journal: records stamped with it (`IntentRecord::owner`) were moved by
+    /// this process. `None` for a backend that does not track incarnations; recovery then
+    /// treats every open record as left behind by a crash, so it must finish before new calls
+    /// are dispatched.
+    fn incarnation(&self) -> Option<u64> {
+        None
+    }
+
     /// A memoized observation of a deterministic read with this fingerprint, stored at most
     /// `max_age_ms` ago (see [`memo`]). Backends without memoization never have one.
     async fn memo_get(

@@ -51,6 +51,7 @@ impl State {
 pub struct MemoryJournal {
     state: Mutex<State>,
     clock: Arc<dyn Clock>,
+    incarnation: u64,
 }
 
 impl Default for MemoryJournal {
@@ -68,12 +69,14 @@ impl MemoryJournal {
         Self {
             state: Mutex::new(State::default()),
             clock,
+            incarnation: 1,
         }
     }
 
     /// Rebuilds a journal from its records alone (in insertion order), as a restart would.
     pub fn from_records(records: Vec<IntentRecord>, clock: Arc<dyn Clock>) -> Self {
-        let journal = Self::with_clock(clock);
+        let mut journal = Self::with_clock(clock);
+        journal.incarnation = decide::next_incarnation(records.iter());
         {
             let mut st = journal.lock();
             for record in records {
@@ -122,7 +125,9 @@ impl Journal for MemoryJournal {
             by_key,
             by_content,
         };
-        let plan = decide::plan_propose(&p, found, self.clock.now_ms(), || self.clock.new_id())?;
+        let plan = decide::plan_propose(&p, found, self.clock.now_ms(), self.incarnation, || {
+            self.clock.new_id()
+        })?;
         if let Some(write) = plan.write {
             st.store(write);
         }
@@ -132,7 +137,7 @@ impl Journal for MemoryJournal {
     async fn transition(&self, t: Transition) -> Result<IntentRecord, JournalError> {
         let mut st = self.lock();
         let record = st.records.get(&t.id).ok_or(JournalError::NotFound(t.id))?;
-        let next = decide::plan_transition(record, &t, self.clock.now_ms())?;
+        let next = decide::plan_transition(record, &t, self.clock.now_ms(), self.incarnation)?;
         st.store(Write::Update(next.clone()));
         Ok(next)
     }
@@ -171,6 +176,10 @@ impl Journal for MemoryJournal {
             .filter_map(|id| st.records.get(id))
             .cloned()
             .collect())
+    }
+
+    fn incarnation(&self) -> Option<u64> {
+        Some(self.incarnation)
     }
 
     async fn memo_get(

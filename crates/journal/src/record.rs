@@ -95,6 +95,11 @@ pub struct IntentRecord {
     pub receipt: Option<Receipt>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<Value>,
+    /// The journal incarnation (one per open of the journal) that made the latest change.
+    /// Recovery leaves records in flight in the current incarnation to their live owners: only
+    /// a record moved by an earlier incarnation can have been left behind by a crash.
+    #[serde(default)]
+    pub owner: u64,
 }
 
 /// Most call ids remembered per record.

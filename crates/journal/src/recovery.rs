@@ -126,6 +126,9 @@ pub struct RecoveryReport {
     pub settled: Vec<IntentRecord>,
     /// Records another writer moved while recovery looked at them (stale fence): left alone.
     pub skipped: Vec<(IntentId, JournalError)>,
+    /// Records in flight in this very incarnation (a live task of this process owns them):
+    /// left alone.
+    pub live: usize,
 }
 
 impl RecoveryReport {
@@ -147,16 +150,29 @@ impl RecoveryReport {
 /// log saying so), then every open record is driven: UNKNOWN and RECONCILING through
 /// settlement, RECORDED by the policy. Storage errors stop recovery; a stale fence (another
 /// writer got there first) skips that record.
+///
+/// A record DISPATCHED or RECONCILING in the journal's current incarnation
+/// ([`Journal::incarnation`]) belongs to a live task of this process — its request may still be
+/// on the way — and is left alone: taking it for a crash leftover and probing it before the
+/// request lands would let a second dispatch through. Without incarnations (a backend that
+/// returns `None`) run recovery before any new call is dispatched.
 pub async fn recover(
     journal: &dyn Journal,
     exec: &dyn Executor,
     policy: RecoveryPolicy,
 ) -> Result<RecoveryReport, JournalError> {
     let mut report = RecoveryReport::default();
+    let me = journal.incarnation();
     let open = journal.open_records().await?;
     report.examined = open.len();
     let mut queue = Vec::with_capacity(open.len());
     for r in open {
+        let in_flight_here = Some(r.owner) == me
+            && matches!(r.state, IntentState::Dispatched | IntentState::Reconciling);
+        if in_flight_here {
+            report.live += 1;
+            continue;
+        }
         if r.state == IntentState::Dispatched {
             let t =
                 Transition::to(&r, IntentState::Unknown).note("in flight when the process stopped");

@@ -519,6 +519,10 @@ impl Journal for SimJournal {
         result
     }
 
+    fn incarnation(&self) -> Option<u64> {
+        self.inner.incarnation()
+    }
+
     async fn get(&self, id: IntentId) -> Result<Option<IntentRecord>, JournalError> {
         yield_now(&self.ctx).await;
         self.inner.get(id).await

@@ -75,6 +75,7 @@ const MIGRATIONS: &[&str] = &[
         timeline        TEXT    NOT NULL,
         receipt         TEXT,
         snapshot        TEXT,
+        owner           INTEGER NOT NULL,
         created_ms      INTEGER NOT NULL,
         updated_ms      INTEGER NOT NULL
     );
@@ -97,7 +98,7 @@ const MIGRATIONS: &[&str] = &[
 
 const COLS: &str = "id, semantic_key, scope, attempt_epoch, tool, args_sha256, args_bytes, \
                     args_inline, call_ids, idempotency_key, mutating, fence, attempts, state, \
-                    timeline, receipt, snapshot";
+                    timeline, receipt, snapshot, owner";
 
 /// States a record can leave: what `open_records` returns.
 const OPEN_STATES: &str = "('PROPOSED','RECORDED','DISPATCHED','UNKNOWN','RECONCILING')";
@@ -214,6 +215,7 @@ pub struct SqliteJournal {
     reader_tx: Option<Sender<ReadJob>>,
     threads: Vec<JoinHandle<()>>,
     checkpointer: Option<(Sender<()>, JoinHandle<()>)>,
+    incarnation: u64,
     lock: Option<File>,
 }
 
@@ -230,6 +232,12 @@ impl SqliteJournal {
         let conn = open_connection(&files, true)?;
         configure_writer(&conn, &files, &options)?;
         migrate(&conn, &files)?;
+        let incarnation: i64 = conn
+            .query_row("SELECT coalesce(max(owner), 0) + 1 FROM intents", [], |r| {
+                r.get(0)
+            })
+            .map_err(|e| files.sql(e))?;
+        let incarnation = u64::try_from(incarnation).unwrap_or(1);
         fs::create_dir_all(&files.spill)
             .map_err(|e| files.io("creating spill directory", &files.spill, e))?;
 
@@ -239,7 +247,7 @@ impl SqliteJournal {
         threads.push(
             std::thread::Builder::new()
                 .name("ring0-journal-writer".into())
-                .spawn(move || writer_loop(conn, wfiles, wclock, writer_rx))
+                .spawn(move || writer_loop(conn, wfiles, wclock, incarnation, writer_rx))
                 .map_err(|e| JournalError::Storage(format!("starting the writer thread: {e}")))?,
         );
         let (reader_tx, reader_rx) = mpsc::channel::<ReadJob>();
@@ -270,6 +278,7 @@ impl SqliteJournal {
             reader_tx: Some(reader_tx),
             threads,
             checkpointer: Some((stop_tx, checkpointer)),
+            incarnation,
             lock: Some(lock),
         })
     }
@@ -357,6 +366,10 @@ impl Journal for SqliteJournal {
         let limit = i64::try_from(limit.min(RECENT_LIMIT_MAX)).unwrap_or(0);
         self.read(move |conn, files| recent(conn, files, limit))
             .await
+    }
+
+    fn incarnation(&self) -> Option<u64> {
+        Some(self.incarnation)
     }
 
     async fn memo_get(
@@ -540,7 +553,13 @@ fn migrate(conn: &Connection, files: &Files) -> Result<(), JournalError> {
 // ---------------------------------------------------------------------------------------------
 // The writer
 
-fn writer_loop(mut conn: Connection, files: Files, clock: Arc<dyn Clock>, rx: Receiver<WriteJob>) {
+fn writer_loop(
+    mut conn: Connection,
+    files: Files,
+    clock: Arc<dyn Clock>,
+    incarnation: u64,
+    rx: Receiver<WriteJob>,
+) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < GROUP_COMMIT_BATCH_MAX {
@@ -549,7 +568,7 @@ fn writer_loop(mut conn: Connection, files: Files, clock: Arc<dyn Clock>, rx: Re
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
-        let results = commit_batch(&mut conn, &files, clock.as_ref(), &batch);
+        let results = commit_batch(&mut conn, &files, clock.as_ref(), incarnation, &batch);
         for (job, result) in batch.into_iter().zip(results) {
             match job {
                 WriteJob::Propose(_, reply) => {
@@ -582,6 +601,7 @@ fn commit_batch(
     conn: &mut Connection,
     files: &Files,
     clock: &dyn Clock,
+    incarnation: u64,
     batch: &[WriteJob],
 ) -> Vec<Result<Done, JournalError>> {
     let fail_all = |e: JournalError| batch.iter().map(|_| Err(e.clone())).collect::<Vec<_>>();
@@ -595,7 +615,7 @@ fn commit_batch(
             results.push(Err(files.sql(e)));
             continue;
         }
-        let result = apply(conn, files, clock, now, job);
+        let result = apply(conn, files, clock, now, incarnation, job);
         if let Err(e) = &result
             && conn.is_autocommit()
         {
@@ -630,6 +650,7 @@ fn apply(
     files: &Files,
     clock: &dyn Clock,
     now: u64,
+    incarnation: u64,
     job: &WriteJob,
 ) -> Result<Done, JournalError> {
     match job {
@@ -659,7 +680,7 @@ fn apply(
                 by_key: by_key.as_ref(),
                 by_content: by_content.as_ref(),
             };
-            let plan = decide::plan_propose(p, found, now, || clock.new_id())?;
+            let plan = decide::plan_propose(p, found, now, incarnation, || clock.new_id())?;
             match plan.write {
                 Some(Write::Insert(record)) => insert(conn, files, &record, now)?,
                 Some(Write::Update(record)) => {
@@ -672,7 +693,7 @@ fn apply(
         }
         WriteJob::Transition(t, _) => {
             let record = load_by_id(conn, files, &t.id)?.ok_or(JournalError::NotFound(t.id))?;
-            let next = decide::plan_transition(&record, t, now)?;
+            let next = decide::plan_transition(&record, t, now, incarnation)?;
             update(conn, files, &next, record.fence, now)?;
             Ok(Done::Record(next))
         }
@@ -725,7 +746,7 @@ fn insert(
     conn.prepare_cached(&format!(
         "INSERT INTO intents ({COLS}, created_ms, updated_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                     ?18, ?18)"
+                     ?18, ?19, ?19)"
     ))
     .and_then(|mut stmt| {
         stmt.execute(params![
@@ -746,6 +767,7 @@ fn insert(
             json(&r.timeline),
             r.receipt.as_ref().map(json),
             r.snapshot.as_ref().map(json),
+            to_i64(r.owner),
             to_i64(now),
         ])
     })
@@ -780,7 +802,7 @@ fn update(
     let changed = conn
         .prepare_cached(
             "UPDATE intents SET call_ids = ?1, fence = ?2, attempts = ?3, state = ?4,
-               timeline = ?5, receipt = ?6, snapshot = ?7, updated_ms = ?8
+               timeline = ?5, receipt = ?6, snapshot = ?7, updated_ms = ?8, owner = ?11
              WHERE id = ?9 AND fence = ?10",
         )
         .and_then(|mut stmt| {
@@ -795,6 +817,7 @@ fn update(
                 to_i64(now),
                 r.id.to_string(),
                 to_i64(expected_fence),
+                to_i64(r.owner),
             ])
         })
         .map_err(|e| files.sql(e))?;
@@ -967,6 +990,7 @@ fn from_row(row: &Row<'_>, files: &Files) -> Result<IntentRecord, JournalError> 
             .transpose()
             .map_err(|_| bad("receipt"))?,
         snapshot: parse_json(16, "snapshot")?,
+        owner: u64::try_from(int(17, "owner")?).map_err(|_| bad("owner"))?,
     })
 }
 

@@ -517,6 +517,30 @@ async fn recovery_settles_what_a_crash_left_open_from_the_log_alone(b: &mut Back
     assert!(b.journal.open_records().await.unwrap().is_empty());
 }
 
+async fn recovery_leaves_a_call_in_flight_in_this_process_to_its_owner(b: &mut Backend) {
+    // Left in flight by the previous process...
+    let leftover = recorded_then(b, "t1", &[IntentState::Dispatched]).await;
+    b.reopen().await;
+    // ...and dispatched by a live task of this one, its request still on the way.
+    let p = proposal("refund", json!({"order": "o-2"}), "s", "t2");
+    let live = recorded(b.journal.propose(p).await.unwrap());
+    let live = begin_dispatch(&*b.journal, &live, None).await.unwrap();
+    let world = World::new(Settlement::IdempotencyKey, vec![]);
+    let report = recover(&*b.journal, &world, RecoveryPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!((report.in_flight, report.live), (1, 1));
+    assert_eq!(
+        *world.dispatches.lock().unwrap(),
+        vec![leftover.idempotency_key.clone()]
+    );
+    let still = b.journal.get(live.id).await.unwrap().unwrap();
+    assert_eq!(
+        (still.state, still.fence),
+        (IntentState::Dispatched, live.fence)
+    );
+}
+
 async fn recovery_may_cancel_what_was_never_dispatched(b: &mut Backend) {
     let r = recorded_then(b, "t1", &[]).await;
     b.reopen().await;
@@ -634,6 +658,7 @@ on_both_backends!(
     drive_settles_a_lost_ack_through_the_same_idempotency_key,
     drive_resumes_after_a_probe_finds_nothing_happened,
     recovery_settles_what_a_crash_left_open_from_the_log_alone,
+    recovery_leaves_a_call_in_flight_in_this_process_to_its_owner,
     recovery_may_cancel_what_was_never_dispatched,
     decisions_after_reopening_are_the_decisions_before,
     reads_are_recorded_but_never_deduplicated,
