@@ -9,10 +9,14 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod approve_cmd;
+mod call_cmd;
+mod config;
 mod journal_cmd;
 mod run_cmd;
 mod serve_cmd;
 mod shape_cmd;
+mod turn_cmd;
 
 /// Where the embedded defaults keep state, relative to the workspace.
 pub const STATE_DIR: &str = ".ring0";
@@ -40,6 +44,14 @@ enum Command {
     Serve(serve_cmd::ServeArgs),
     /// Approve a quarantined upstream tool (`alias__tool`), or list those waiting (--list).
     ApproveTool(serve_cmd::ApproveArgs),
+    /// Make one mediated call with the configured grants and print its result (`ring0 call read_file '{"path":"README.md"}'`).
+    Call(call_cmd::CallArgs),
+    /// Mediate every call of one model turn read from standard input and print the tool-result message(s) in its format.
+    Turn(turn_cmd::TurnArgs),
+    /// Approve a call held for approval (`ring0 approve ap_…`); without an id, list the pending ones.
+    Approve(approve_cmd::DecideArgs),
+    /// Deny a call held for approval (`ring0 deny ap_… --reason TEXT`).
+    Deny(approve_cmd::DecideArgs),
 }
 
 #[derive(Args)]
@@ -59,6 +71,10 @@ fn main() -> ExitCode {
         Command::Run(args) => run_cmd::run(args),
         Command::Serve(args) => serve_cmd::run(args),
         Command::ApproveTool(args) => serve_cmd::approve(args),
+        Command::Call(args) => call_cmd::run(args),
+        Command::Turn(args) => turn_cmd::run(args),
+        Command::Approve(args) => approve_cmd::run(args, true),
+        Command::Deny(args) => approve_cmd::run(args, false),
     };
     match result {
         Ok(output) => {

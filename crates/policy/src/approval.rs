@@ -290,6 +290,12 @@ impl Approver for DirectoryApprover {
                 reason: format!("the approval request could not be written: {e}"),
             };
         }
+        // Removes the request (and any decision) however this wait ends — decided, timed out,
+        // or dropped because the policy's own deadline passed first.
+        let _cleanup = Cleanup {
+            approver: self,
+            id: &request.id,
+        };
         if let Some(notify) = &self.notify {
             notify(request);
         }
@@ -319,8 +325,18 @@ impl Approver for DirectoryApprover {
             }
             tokio::time::sleep(APPROVAL_POLL_INTERVAL).await;
         };
-        self.cleanup(&request.id);
         outcome
+    }
+}
+
+struct Cleanup<'a> {
+    approver: &'a DirectoryApprover,
+    id: &'a str,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        self.approver.cleanup(self.id);
     }
 }
 

@@ -1,0 +1,105 @@
+//! `ring0 call TOOL 'JSON'`: one mediated call with the configured grants.
+
+use crate::config::{Built, Config, Loaded, approvals_dir, build_kernel};
+use clap::Args;
+use ring0_core::ProviderFormat;
+use ring0_kernel::RoundOptions;
+use ring0_policy::DirectoryApprover;
+use serde_json::{Value, json};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Options shared by the subcommands that open a session.
+#[derive(Args, Clone)]
+pub struct SessionArgs {
+    /// Configuration file. Default: `ring0.toml` in the current directory if it exists, else the
+    /// embedded defaults.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The user-intent scope of the session (part of every call's identity).
+    #[arg(long, default_value = "cli")]
+    pub scope: String,
+}
+
+#[derive(Args)]
+pub struct CallArgs {
+    #[command(flatten)]
+    pub session: SessionArgs,
+    /// Attempt epoch. By default each `ring0 call` is a new request (a fresh epoch), so the same
+    /// write run twice from the command line runs twice; pass a fixed epoch to make a repeated
+    /// call replay its recorded result instead.
+    #[arg(long)]
+    pub epoch: Option<u64>,
+    /// The tool to call.
+    pub tool: String,
+    /// Its arguments, a JSON object.
+    #[arg(default_value = "{}")]
+    pub args: String,
+}
+
+/// Loads the configuration and builds the kernel, with held calls announced on stderr and
+/// decided through the approvals directory.
+pub(crate) fn open(session: &SessionArgs) -> Result<(Loaded, Built), String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let loaded = Config::load(session.config.as_deref(), &cwd).map_err(|e| e.to_string())?;
+    let approver = DirectoryApprover::new(approvals_dir(&loaded.state_dir)).on_request(|r| {
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(
+            err,
+            "ring0: approval required [{}]\n  {}\n  approve: ring0 approve {}    deny: ring0 deny {}",
+            r.id,
+            r.summary.replace('\n', "\n  "),
+            r.id,
+            r.id
+        );
+    });
+    let built = build_kernel(&loaded, Arc::new(approver)).map_err(|e| e.to_string())?;
+    Ok((loaded, built))
+}
+
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the runtime: {e}"))
+}
+
+pub fn run(args: CallArgs) -> Result<String, String> {
+    let input: Value =
+        serde_json::from_str(&args.args).map_err(|e| format!("arguments are not JSON: {e}"))?;
+    if !input.is_object() {
+        return Err("arguments must be a JSON object".into());
+    }
+    let (_loaded, built) = open(&args.session)?;
+    let epoch = args.epoch.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    });
+    let session = built.kernel.open_session(
+        built
+            .session_config(&args.session.scope)
+            .attempt_epoch(epoch),
+    );
+    // One call as an MCP tools/call, the format whose arguments are a JSON value as given.
+    let turn = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                      "params": {"name": args.tool, "arguments": input}});
+    let rt = runtime()?;
+    let out = rt
+        .block_on(session.handle_turn(ProviderFormat::Mcp, &turn, &RoundOptions::default()))
+        .map_err(|e| e.to_string())?;
+    let result = out
+        .round
+        .results
+        .first()
+        .ok_or("the kernel returned no result")?;
+    let text = serde_json::to_string_pretty(&result.content).map_err(|e| e.to_string())?;
+    if result.is_error {
+        let _ = writeln!(std::io::stdout().lock(), "{text}");
+        return Err(format!("the call of {} failed (result above)", args.tool));
+    }
+    Ok(format!("{text}\n"))
+}

@@ -1,0 +1,69 @@
+//! `ring0 turn --format openai|responses|anthropic < message.json`: every call of one model turn,
+//! mediated; the tool-result message(s) printed in the same format.
+
+use crate::call_cmd::{SessionArgs, open, runtime};
+use clap::Args;
+use ring0_core::ProviderFormat;
+use ring0_kernel::RoundOptions;
+use serde_json::Value;
+use std::io::Read;
+
+/// Largest turn read from standard input.
+const TURN_BYTES_MAX: u64 = 16 * 1024 * 1024;
+
+#[derive(Args)]
+pub struct TurnArgs {
+    #[command(flatten)]
+    pub session: SessionArgs,
+    /// The turn's format: openai (Chat Completions), responses (OpenAI Responses), anthropic.
+    #[arg(long)]
+    pub format: String,
+    /// Attempt epoch (default 0): feeding the same turn again replays its recorded results
+    /// instead of running mutating calls twice.
+    #[arg(long, default_value_t = 0)]
+    pub epoch: u64,
+}
+
+pub fn run(args: TurnArgs) -> Result<String, String> {
+    let format = match ProviderFormat::parse_name(&args.format) {
+        Some(
+            f @ (ProviderFormat::OpenAiChat
+            | ProviderFormat::OpenAiResponses
+            | ProviderFormat::Anthropic),
+        ) => f,
+        _ => {
+            return Err(format!(
+                "--format {:?}: expected openai, responses or anthropic",
+                args.format
+            ));
+        }
+    };
+    let mut text = String::new();
+    std::io::stdin()
+        .take(TURN_BYTES_MAX + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("reading standard input: {e}"))?;
+    if text.len() as u64 > TURN_BYTES_MAX {
+        return Err(format!("the turn is larger than {TURN_BYTES_MAX} bytes"));
+    }
+    let turn: Value =
+        serde_json::from_str(&text).map_err(|e| format!("standard input is not JSON: {e}"))?;
+    let (_loaded, built) = open(&args.session)?;
+    let session = built.kernel.open_session(
+        built
+            .session_config(&args.session.scope)
+            .attempt_epoch(args.epoch),
+    );
+    let out = runtime()?
+        .block_on(session.handle_turn(format, &turn, &RoundOptions::default()))
+        .map_err(|e| e.to_string())?;
+    if let Some(message) = &out.round.policy_message {
+        eprintln!("ring0: {message}");
+    }
+    if let Some(t) = &out.round.terminated {
+        eprintln!("ring0: the run must end: {t:?}");
+    }
+    let mut rendered = serde_json::to_string_pretty(&out.message).map_err(|e| e.to_string())?;
+    rendered.push('\n');
+    Ok(rendered)
+}
