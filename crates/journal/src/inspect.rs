@@ -54,13 +54,23 @@ pub fn render_show(r: &IntentRecord) -> String {
         r.args_sha256()
     );
     let _ = writeln!(out, "call ids:        {}", r.call_ids.join(", "));
-    let _ = writeln!(out, "timeline:");
+    let _ = writeln!(out, "incarnation:     {}", r.owner);
+    let start = r.timeline.first().map_or(0, |e| e.at_ms);
+    let _ = writeln!(
+        out,
+        "timeline:        (ms since the Unix epoch, +ms since proposed)"
+    );
     for e in &r.timeline {
-        let _ = write!(out, "  {:>15}  {:<18}", e.at_ms, e.state.as_str());
+        let mut line = format!(
+            "  {:>15}  +{:<8} {:<18}",
+            e.at_ms,
+            e.at_ms.saturating_sub(start),
+            e.state.as_str()
+        );
         if let Some(note) = &e.note {
-            let _ = write!(out, "  {note}");
+            line.push_str(note);
         }
-        out.push('\n');
+        let _ = writeln!(out, "{}", line.trim_end());
     }
     if let Some(snapshot) = &r.snapshot {
         let _ = writeln!(out, "snapshot:        {snapshot}");
