@@ -11,5 +11,5 @@ if ((${#need_apt[@]})); then
 fi
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 
-cargo nextest run --workspace --no-fail-fast --cargo-quiet
 cargo test --workspace --doc --quiet
+cargo nextest run --workspace --no-fail-fast --cargo-quiet
