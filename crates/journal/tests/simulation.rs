@@ -35,3 +35,15 @@ fn the_sqlite_backend_makes_the_same_decisions_as_the_memory_backend() {
         assert_eq!(memory.trace, sqlite.trace, "seed {seed}");
     }
 }
+
+/// Seeds of the long run that once found a double effect (a recovery still running after a
+/// restart re-dispatched a call a live task had in flight).
+const REGRESSION_SEEDS: [u64; 3] = [13_472, 26_729, 55_473];
+
+#[test]
+fn seeds_that_once_found_a_double_effect_stay_clean() {
+    for seed in REGRESSION_SEEDS {
+        let report = ring0_journal::sim::run_seed(seed);
+        assert_eq!(report.violations, 0, "seed {seed}: {report}");
+    }
+}
