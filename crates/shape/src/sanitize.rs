@@ -42,30 +42,51 @@ pub(crate) struct Sanitizer {
     after_string: bool,
     partial: [u8; 4],
     partial_len: usize,
+    /// The end of a chunk held back from the parser (an unfinished UTF-8 character, ≤ 3 bytes).
+    carry: Vec<u8>,
     pub stats: SanitizeStats,
 }
 
 impl Sanitizer {
     /// Sanitizes a chunk, writing to `screen`, which hands finished lines to `sink`.
-    pub fn push<S: LineSink>(&mut self, mut bytes: &[u8], screen: &mut Screen, sink: &mut S) {
+    pub fn push<S: LineSink>(&mut self, chunk: &[u8], screen: &mut Screen, sink: &mut S) {
+        let joined;
+        let mut bytes = chunk;
+        if !self.carry.is_empty() {
+            joined = [std::mem::take(&mut self.carry).as_slice(), chunk].concat();
+            bytes = &joined;
+        }
         while !bytes.is_empty() {
             if self.in_escape {
+                // The parser is never handed a chunk ending inside a UTF-8 character: its own
+                // resumption of such a character can skip the bytes after it, so those last bytes
+                // wait here for the next chunk instead.
+                let hold = incomplete_utf8_suffix(bytes);
+                let feed = &bytes[..bytes.len() - hold];
                 let mut perf = Perf {
                     screen,
                     sink,
                     stats: &mut self.stats,
                     after_string: &mut self.after_string,
                     done: false,
-                    by_print: false,
+                    by_dispatch: false,
                 };
-                let n = self.parser.advance_until_terminated(&mut perf, bytes);
-                let (done, by_print) = (perf.done, perf.by_print);
+                let n = self.parser.advance_until_terminated(&mut perf, feed);
+                let (done, by_dispatch) = (perf.done, perf.by_dispatch);
+                let last = n.checked_sub(1).map(|i| feed[i]);
                 bytes = &bytes[n..];
-                // After a printed character the parser may have kept an unfinished UTF-8
-                // character at the very end of the chunk; it stays in charge until the next
-                // chunk completes it.
-                if done && !(by_print && bytes.is_empty()) {
+                // A dispatch stops the parser right after the sequence, in its ground state.
+                // Anything else that ended the call (a printed character, CAN or SUB) came from a
+                // run of text the parser read in its ground state, which it ends after an invalid
+                // sequence (ground), at an ESC it consumes (in a sequence again) or at the end of
+                // what it was given (perhaps holding the start of a character). In the last two
+                // cases it stays in charge.
+                let parser_busy = !by_dispatch && (n == feed.len() || last == Some(ESC));
+                if done && !parser_busy {
                     self.in_escape = false;
+                } else if n == feed.len() && hold > 0 {
+                    self.carry.extend_from_slice(bytes);
+                    return;
                 }
                 continue;
             }
@@ -88,6 +109,21 @@ impl Sanitizer {
         if self.partial_len > 0 {
             self.partial_len = 0;
             on_char('\u{FFFD}', screen, sink, &mut self.stats);
+        }
+        if self.in_escape {
+            // The parser may hold an unfinished UTF-8 character from text it printed; an ESC
+            // makes it emit U+FFFD for it (as it does mid-stream) and prints nothing else.
+            let mut perf = Perf {
+                screen,
+                sink,
+                stats: &mut self.stats,
+                after_string: &mut self.after_string,
+                done: false,
+                by_dispatch: false,
+            };
+            let carry = std::mem::take(&mut self.carry);
+            self.parser.advance(&mut perf, &carry);
+            self.parser.advance(&mut perf, &[ESC]);
         }
         self.in_escape = false;
         self.parser = vte::Parser::default();
@@ -194,9 +230,10 @@ struct Perf<'a, S> {
     sink: &'a mut S,
     stats: &'a mut SanitizeStats,
     after_string: &'a mut bool,
-    /// The parser is back in its ground state.
+    /// The parser is back in its ground state (or was, while reading a run of text).
     done: bool,
-    by_print: bool,
+    /// `done` came from a dispatched sequence.
+    by_dispatch: bool,
 }
 
 impl<S: LineSink> vte::Perform for Perf<'_, S> {
@@ -207,7 +244,6 @@ impl<S: LineSink> vte::Perform for Perf<'_, S> {
     fn print(&mut self, c: char) {
         on_char(c, self.screen, self.sink, self.stats);
         self.done = true;
-        self.by_print = true;
     }
 
     fn execute(&mut self, byte: u8) {
@@ -230,6 +266,7 @@ impl<S: LineSink> vte::Perform for Perf<'_, S> {
         self.stats.escapes += 1;
         if bell_terminated {
             self.done = true;
+            self.by_dispatch = true;
         } else {
             *self.after_string = true;
         }
@@ -238,6 +275,7 @@ impl<S: LineSink> vte::Perform for Perf<'_, S> {
     fn csi_dispatch(&mut self, params: &vte::Params, intermediates: &[u8], ignore: bool, c: char) {
         self.stats.escapes += 1;
         self.done = true;
+        self.by_dispatch = true;
         if ignore || !intermediates.is_empty() {
             return;
         }
@@ -283,7 +321,23 @@ impl<S: LineSink> vte::Perform for Perf<'_, S> {
         }
         *self.after_string = false;
         self.done = true;
+        self.by_dispatch = true;
     }
+}
+
+/// Length of an unfinished UTF-8 character at the end of `b` (0 to 3 bytes).
+fn incomplete_utf8_suffix(b: &[u8]) -> usize {
+    for k in 1..=b.len().min(3) {
+        let first = b[b.len() - k];
+        if first & 0xc0 == 0x80 {
+            continue;
+        }
+        return match std::str::from_utf8(&b[b.len() - k..]) {
+            Err(e) if e.valid_up_to() == 0 && e.error_len().is_none() => k,
+            _ => 0,
+        };
+    }
+    0
 }
 
 /// One character decided: kept, or dropped and counted.
@@ -585,6 +639,52 @@ mod tests {
                 let (split, _) = sanitize_chunks(&[&input[..i], &input[i..j], &input[j..]]);
                 assert_eq!(split, whole, "split at {i},{j}");
             }
+        }
+    }
+
+    #[test]
+    fn text_after_an_ignored_sequence_is_split_invariant_up_to_the_next_escape() {
+        // An over-long CSI is ignored without a callback; the parser then prints the following
+        // text itself and consumes the next ESC, which must not be forgotten.
+        let input: &[u8] = b"\x1b[$<[\x01\x00\x8a(2$\x8aF\n\x00\x1b?x";
+        let whole = sanitize(input);
+        assert_eq!(whole, "(2$F\nx");
+        for i in 0..=input.len() {
+            let (split, _) = sanitize_chunks(&[&input[..i], &input[i..]]);
+            assert_eq!(split, whole, "split at {i}");
+        }
+    }
+
+    #[test]
+    fn an_unfinished_character_held_by_the_parser_at_the_end_becomes_a_replacement() {
+        let input: &[u8] = b"\x1b[6/6C\xef\xbf\xbf\xf4";
+        let whole = sanitize(input);
+        assert_eq!(whole, "\u{FFFF}\u{FFFD}");
+        for i in 0..=input.len() {
+            let (split, _) = sanitize_chunks(&[&input[..i], &input[i..]]);
+            assert_eq!(split, whole, "split at {i}");
+        }
+    }
+
+    #[test]
+    fn a_character_split_while_the_parser_is_in_charge_keeps_what_follows_it() {
+        let input: &[u8] = b"\x1b\x1b\xef[-=_\xc9\x8a[\xd3x";
+        let whole = sanitize(input);
+        assert_eq!(whole, "\u{24a}[\u{FFFD}x");
+        for i in 0..=input.len() {
+            let (split, _) = sanitize_chunks(&[&input[..i], &input[i..]]);
+            assert_eq!(split, whole, "split at {i}");
+        }
+    }
+
+    #[test]
+    fn a_cancel_inside_text_the_parser_reads_keeps_the_split_character_that_follows() {
+        let input: &[u8] = b"\x1b[-=_\x1a\xf0\xf0";
+        let whole = sanitize(input);
+        assert_eq!(whole, "\u{FFFD}\u{FFFD}");
+        for i in 0..=input.len() {
+            let (split, _) = sanitize_chunks(&[&input[..i], &input[i..]]);
+            assert_eq!(split, whole, "split at {i}");
         }
     }
 
