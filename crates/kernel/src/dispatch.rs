@@ -202,6 +202,7 @@ async fn attempt(env: &DispatchEnv, job: &Prepared, record: Option<&IntentRecord
         scope: env.scope.clone(),
         cancel: cancel.clone(),
         timeout_ms: spec.timeout_ms,
+        events: crate::tool::EventSink(env.events.clone()),
     };
     let tool = job.tool.tool.clone();
     let args = job.call.args.clone();

@@ -72,6 +72,13 @@ pub enum Event {
         call_id: String,
         why: String,
     },
+    /// A background job started by a call changed state (finished, waits for input). Pushed by
+    /// the executor the moment it happens; `detail` is the executor's status object.
+    JobUpdate {
+        job: String,
+        state: String,
+        detail: serde_json::Value,
+    },
     /// The session was cancelled: no call starts after this event.
     Cancelled,
     RoundFinished {

@@ -28,6 +28,29 @@ pub struct CallContext {
     pub cancel: CancellationToken,
     /// The per-call timeout in force.
     pub timeout_ms: u64,
+    /// The session's event stream, for news that outlives the call (a background job it
+    /// started finished, or waits for input).
+    pub events: EventSink,
+}
+
+/// A handle on a session's event stream that a tool may keep after its call returned.
+#[derive(Debug, Clone)]
+pub struct EventSink(pub(crate) tokio::sync::broadcast::Sender<crate::events::Event>);
+
+impl EventSink {
+    /// A sink nobody listens to (for running a tool outside a session).
+    pub fn detached() -> Self {
+        Self(tokio::sync::broadcast::channel(1).0)
+    }
+
+    /// Reports a background job's new state to the session.
+    pub fn job_update(&self, job: &str, state: &str, detail: Value) {
+        let _ = self.0.send(crate::events::Event::JobUpdate {
+            job: job.to_string(),
+            state: state.to_string(),
+            detail,
+        });
+    }
 }
 
 /// Whether a failed call may have had an effect.

@@ -784,3 +784,44 @@ async fn reads_bypass_the_journal_unless_the_session_audits_them() {
     assert!(!record.mutating);
     assert_eq!(record.state, IntentState::Acked);
 }
+
+#[tokio::test]
+async fn a_tool_can_report_a_background_job_after_its_call_returned() {
+    let kernel = Kernel::builder()
+        .tool(
+            ToolSpec::read("start_job", "", json!({"type": "object"})),
+            ring0_kernel::tool_fn(|ctx, _args| async move {
+                let events = ctx.events.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    events.job_update("job_1", "COMPLETED", json!({"exit_code": 0}));
+                });
+                Ok(Observation::json(
+                    json!({"job": "job_1", "state": "RUNNING"}),
+                ))
+            }),
+        )
+        .unwrap()
+        .authorizer(Arc::new(GrantTable::allow(&["*"], Authority::A0)))
+        .build();
+    let session = kernel.open_session(SessionConfig::new("s"));
+    let mut events = session.subscribe();
+    let out = session
+        .run_round(
+            round(vec![call(0, "start_job", json!({}))]),
+            &RoundOptions::default(),
+        )
+        .await;
+    assert_eq!(out.receipts[0].state, Some(IntentState::Acked));
+    let update = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        loop {
+            if let ring0_kernel::Event::JobUpdate { job, state, .. } = events.recv().await.unwrap()
+            {
+                return (job, state);
+            }
+        }
+    })
+    .await
+    .expect("the completion arrived as an event");
+    assert_eq!(update, ("job_1".to_string(), "COMPLETED".to_string()));
+}

@@ -118,6 +118,7 @@ pub fn ctx(scope: &str) -> CallContext {
         scope: Arc::from(scope),
         cancel: Default::default(),
         timeout_ms: 30_000,
+        events: ring0_kernel::EventSink::detached(),
     }
 }
 
