@@ -30,13 +30,27 @@ fn sandbox_err(e: SandboxError) -> ToolError {
     ToolError::not_applied(e.to_string())
 }
 
-/// Bytes `c` takes inside a JSON string.
-fn json_len(c: char) -> usize {
-    match c {
-        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
-        c if (c as u32) < 0x20 => 6,
-        c => c.len_utf8(),
+/// The longest prefix of `text` (ending on a character boundary) whose JSON string form takes at
+/// most `budget` bytes. Counted per byte: an escaped ASCII byte takes 2 or 6, every other byte 1
+/// (a multi-byte character takes as many bytes escaped as raw).
+fn json_prefix(text: &str, budget: usize) -> &str {
+    let bytes = text.as_bytes();
+    let mut used = 0usize;
+    for (i, &b) in bytes.iter().enumerate() {
+        used += match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        };
+        if used > budget {
+            let mut cut = i;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            return &text[..cut];
+        }
     }
+    text
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -124,17 +138,7 @@ impl ReadFile {
             }
         };
         // Keep the longest prefix whose JSON form fits the text budget.
-        let mut used = 0usize;
-        let mut cut = valid.len();
-        for (i, c) in valid.char_indices() {
-            let l = json_len(c);
-            if used + l > ws.read_text_bytes_max {
-                cut = i;
-                break;
-            }
-            used += l;
-        }
-        let text = &valid[..cut];
+        let text = json_prefix(valid, ws.read_text_bytes_max);
         let next = offset + text.len() as u64;
         let eof = next >= size;
         let mut structured = json!({
