@@ -1,23 +1,26 @@
 //! `ring0 serve [--http ADDR] [--config FILE]`: the MCP server and gateway.
 //!
-//! With no config it serves the built-in tools on the current directory, the journal at
-//! `.ring0/journal.db` and shaped-away output under `.ring0/spill`. A config file adds upstream
-//! MCP servers (`[[upstreams]]`). Where it serves, the workspace, the journal and the grants in
-//! effect are printed to stderr at start; stdout carries the stdio transport and nothing else.
+//! The configuration is the one every front end shares (`ring0.toml`, or the embedded defaults:
+//! the built-in tools on the current directory, reads and sandboxed writes granted, shell and
+//! anything A3 held for a person's approval), plus its `[[upstreams]]`: MCP servers whose tools
+//! are served next to the built-in ones. The journal is `.ring0/journal.db`, shaped-away output
+//! goes under `.ring0/spill`. Where it serves, the workspace, the journal and the grants in effect
+//! are printed to stderr at start; stdout carries the stdio transport and nothing else.
+//!
+//! Calls held for approval are asked over MCP (elicitation), or with a confirmation code printed
+//! here for the person when the client cannot be asked.
 //!
 //! `ring0 approve-tool NAME` approves a quarantined upstream tool (its new definition's pin is
 //! written to `ring0.lock`; a running server picks it up within a second).
 
+use crate::config::{Config, Loaded, build_kernel};
 use clap::Args;
-use ring0_core::Authority;
-use ring0_journal::SqliteJournal;
-use ring0_kernel::GrantTable;
+use ring0_mcp::approval::{Approvals, McpApprover};
 use ring0_mcp::http::{HttpOptions, MCP_PATH};
-use ring0_mcp::server::Approvals;
-use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log, UpstreamConfig};
-use serde::Deserialize;
+use ring0_mcp::route::Calls;
+use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -30,7 +33,7 @@ pub struct ServeArgs {
     /// Serve Streamable HTTP at ADDR (e.g. 127.0.0.1:8808) instead of stdio.
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
-    /// The TOML config (grants, upstreams, limits).
+    /// The TOML config (default: ./ring0.toml if present, else the embedded defaults).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Name of an environment variable holding the bearer token HTTP clients must send.
@@ -50,36 +53,31 @@ pub struct ApproveArgs {
     list: bool,
 }
 
-/// The parts of the config file this command reads.
-#[derive(Debug, Default, Deserialize)]
-struct ServeFile {
-    #[serde(default)]
-    upstreams: Vec<UpstreamConfig>,
-}
-
-fn read_config(path: &Path) -> Result<ServeFile, String> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;
-    let file: ServeFile =
-        toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))?;
-    ring0_mcp::config::validate(&file.upstreams)
-        .map_err(|e| format!("config {}: {e}", path.display()))?;
-    Ok(file)
-}
-
-fn describe_grants() -> &'static str {
-    "every listed tool up to authority A3; A3 calls are held for a person's approval \
-     (elicitation, or a confirmation code printed here)"
+fn describe_grants(loaded: &Loaded) -> String {
+    loaded
+        .config
+        .grants
+        .iter()
+        .map(|g| {
+            format!(
+                "{} [{}] up to {}{}",
+                g.name,
+                g.tools.join(", "),
+                g.ceiling,
+                if g.approval {
+                    ", held for approval"
+                } else {
+                    ""
+                }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 pub fn run(args: ServeArgs) -> Result<String, String> {
-    let workspace = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let state_dir = workspace.join(crate::STATE_DIR);
-    std::fs::create_dir_all(&state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
-    let file = match &args.config {
-        Some(p) => read_config(p)?,
-        None => ServeFile::default(),
-    };
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let loaded = Config::load(args.config.as_deref(), &cwd).map_err(|e| e.to_string())?;
     let token = match &args.token_env {
         Some(var) => Some(
             std::env::var(var)
@@ -101,22 +99,37 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
         .build()
         .map_err(|e| format!("starting the runtime: {e}"))?;
     runtime.block_on(async move {
-        let journal_path = state_dir.join("journal.db");
-        let journal = SqliteJournal::open(&journal_path)
-            .map_err(|e| format!("journal {}: {e}", journal_path.display()))?;
-        let spill = ring0_shape::SpillStore::open(state_dir.join("spill"))
-            .map_err(|e| format!("spill store: {e}"))?;
         let log = Log::stderr();
-        let upstream_names: Vec<String> = file.upstreams.iter().map(|u| u.alias.clone()).collect();
+        let calls = Arc::new(Calls::default());
+        // The policy engine holds calls for approval itself; the session does not gate A3 again.
+        let approvals = Approvals::new(calls.clone(), log.clone(), false);
+        let built = build_kernel(&loaded, Arc::new(McpApprover::new(approvals.clone())))
+            .map_err(|e| e.to_string())?;
+        let builtins = built
+            .kernel
+            .registry()
+            .iter()
+            .map(|t| (t.spec.clone(), t.tool.clone()))
+            .collect();
+        let spill = ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
+            .map_err(|e| format!("spill store: {e}"))?;
+        let upstream_names: Vec<String> = loaded
+            .config
+            .upstreams
+            .iter()
+            .map(|u| u.alias.clone())
+            .collect();
         let gw = Gateway::start(GatewayOptions {
-            builtins: Vec::new(),
-            upstreams: file.upstreams,
-            journal: Arc::new(journal),
-            authorizer: Arc::new(GrantTable::allow(&["*"], Authority::A3)),
-            workspace: workspace.clone(),
-            state_dir: state_dir.clone(),
+            builtins,
+            upstreams: loaded.config.upstreams.clone(),
+            journal: built.kernel.journal().clone(),
+            authorizer: built.authorizer.clone(),
+            workspace: loaded.workspace.clone(),
+            state_dir: loaded.state_dir.clone(),
             spill: Some(Arc::new(spill)),
             log: log.clone(),
+            calls,
+            max_concurrent_tools: built.max_concurrent_tools,
         })?;
         let down = gw.wait_for_upstreams(UPSTREAM_START_WAIT).await;
         for alias in &down {
@@ -130,9 +143,13 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
             None => "stdio".to_string(),
         };
         log.line(&format!("serving MCP on {where_}"));
-        log.line(&format!("workspace: {}", workspace.display()));
-        log.line(&format!("journal: {}", journal_path.display()));
-        log.line(&format!("grants: {}", describe_grants()));
+        log.line(&format!("workspace: {}", loaded.workspace.display()));
+        log.line(&format!("config: {}", loaded.source));
+        log.line(&format!(
+            "journal: {}",
+            loaded.state_dir.join("journal.db").display()
+        ));
+        log.line(&format!("grants: {}", describe_grants(&loaded)));
         log.line(&format!(
             "tools: {} listed ({} quarantined){}",
             generation.tools.len() - generation.quarantined.len(),
@@ -143,7 +160,6 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
                 format!("; upstreams: {}", upstream_names.join(", "))
             }
         ));
-        let approvals = Approvals::new(log.clone());
         match args.http {
             None => ring0_mcp::serve_stdio(GatewayServer::new_session(gw, approvals)).await,
             Some(addr) => {
@@ -177,8 +193,9 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
 }
 
 pub fn approve(args: ApproveArgs) -> Result<String, String> {
-    let workspace = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let state_dir = workspace.join(crate::STATE_DIR);
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let loaded = Config::load(None, &cwd).map_err(|e| e.to_string())?;
+    let (workspace, state_dir) = (loaded.workspace, loaded.state_dir);
     if args.list || args.name.is_none() {
         let pending = ring0_mcp::pin::pending(&state_dir);
         if pending.is_empty() {

@@ -18,7 +18,7 @@ fn fixture() -> PathBuf {
 fn write_config(dir: &Path, extra: &str) -> PathBuf {
     let path = dir.join("ring0.toml");
     let text = format!(
-        "[[upstreams]]\nalias = \"fx\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\"]\n{extra}\n",
+        "[[grants]]\nname = \"fixture\"\ntools = [\"fx__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"fx\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\"]\n{extra}\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
         fixture().display().to_string()
     );
     std::fs::write(&path, text).unwrap();
@@ -217,10 +217,14 @@ fn a_refused_call_says_why_as_an_error_result() {
     let config = write_config(dir.path(), "");
     let mut c = Client::start(dir.path(), Some(&config));
     c.initialize(json!({}));
-    let r = c.call("fx__echoo", json!({"text": "x"}));
-    assert_eq!(r["isError"], true);
-    let body: Value = serde_json::from_str(&first_text(&r)).unwrap();
-    assert_eq!(body["status"], "unknown_tool");
+    // An unknown tool is a protocol error, with the closest names.
+    let r = c.request(
+        "tools/call",
+        json!({"name": "fx__echoo", "arguments": {"text": "x"}}),
+    );
+    assert_eq!(r["error"]["code"], -32602);
+    assert_eq!(r["error"]["data"]["status"], "unknown_tool");
+    assert!(r["error"]["message"].as_str().unwrap().contains("fx__echo"));
     let r = c.call("fx__echo", json!({"text": 5}));
     let body: Value = serde_json::from_str(&first_text(&r)).unwrap();
     assert_eq!(body["status"], "validation_error");
@@ -374,7 +378,11 @@ fn a_cancelled_call_is_cancelled_upstream() {
 #[test]
 fn the_journal_records_every_call_ring0_serves() {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "");
+    // A write with an external effect: committed to the journal before it runs.
+    let config = write_config(
+        dir.path(),
+        "[upstreams.tools.echo]\neffect = \"idempotent\"\nauthority = \"A2\"\nsettlement = \"idempotency_key\"\n",
+    );
     {
         let mut c = Client::start(dir.path(), Some(&config));
         c.initialize(json!({}));

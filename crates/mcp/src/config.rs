@@ -11,6 +11,7 @@
 //! # url = "http://127.0.0.1:9000/mcp"   # … or a Streamable HTTP server
 //! # headers = { Authorization = "Bearer …" }
 //! trusted = false                    # MCP annotations decide nothing unless trusted
+//! namespace = true                   # false: expose the server's own tool names
 //! call_idle_timeout_ms = 120000      # reset by progress
 //! call_max_timeout_ms = 600000       # hard limit
 //! report_new_optional_params = true  # a new optional parameter alone does not quarantine
@@ -57,6 +58,11 @@ pub struct UpstreamConfig {
     /// Whether the server's MCP annotations may inform effect and strategy.
     #[serde(default)]
     pub trusted: bool,
+    /// List this server's tools and prompts as `alias__name` (the default). `false` keeps the
+    /// server's own names, for a gateway in front of one server; a name that collides with
+    /// another tool is then refused.
+    #[serde(default = "default_true")]
+    pub namespace: bool,
     #[serde(default)]
     pub call_idle_timeout_ms: Option<u64>,
     #[serde(default)]

@@ -54,6 +54,11 @@ pub struct GatewayOptions {
     /// Where shaped-away output is kept.
     pub spill: Option<Arc<SpillStore>>,
     pub log: Log,
+    /// The registry of calls in flight (shared with the approver, which finds the client of a
+    /// held call through it).
+    pub calls: Arc<Calls>,
+    /// Calls running at once in one round (per session).
+    pub max_concurrent_tools: usize,
 }
 
 /// A tool as the downstream catalog shows it.
@@ -87,6 +92,7 @@ struct Inner {
     generation: RwLock<Arc<Generation>>,
     counter: AtomicU64,
     changes: broadcast::Sender<u64>,
+    max_concurrent_tools: usize,
 }
 
 /// The catalog of built-in and upstream tools over one kernel.
@@ -268,8 +274,9 @@ impl Gateway {
             journal: options.journal.clone(),
             authorizer: options.authorizer.clone(),
             pins,
-            calls: Arc::new(Calls::default()),
+            calls: options.calls.clone(),
             spill: options.spill,
+            max_concurrent_tools: options.max_concurrent_tools.max(1),
             log: options.log.clone(),
             generation: RwLock::new(Arc::new(builtin_kernel)),
             counter: AtomicU64::new(0),
@@ -313,6 +320,10 @@ impl Gateway {
     /// Catalog changes: the new generation number after each rebuild.
     pub fn subscribe(&self) -> broadcast::Receiver<u64> {
         self.inner.changes.subscribe()
+    }
+
+    pub fn max_concurrent_tools(&self) -> usize {
+        self.inner.max_concurrent_tools
     }
 
     pub fn calls(&self) -> &Arc<Calls> {
@@ -402,7 +413,7 @@ fn build_kernel(
             journal: options.journal.clone(),
             authorizer: options.authorizer.clone(),
             spill: options.spill.clone(),
-            calls: Arc::new(Calls::default()),
+            calls: options.calls.clone(),
         },
         log,
     )

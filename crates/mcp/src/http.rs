@@ -8,8 +8,9 @@
 //! list (loopback origins by default; requests without an `Origin`, as non-browser clients send,
 //! pass), and an optional bearer token checked here before the request reaches the service.
 
+use crate::approval::Approvals;
 use crate::gateway::Gateway;
-use crate::server::{Approvals, GatewayServer};
+use crate::server::GatewayServer;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{StatusCode, header};

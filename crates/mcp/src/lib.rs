@@ -18,6 +18,7 @@
 //! - [`upstream::Upstream`]: one supervised upstream connection;
 //! - [`pin`]: pins, the lock file, quarantine and approval.
 
+pub mod approval;
 pub mod config;
 pub mod forward;
 pub mod gateway;
@@ -25,6 +26,7 @@ pub mod http;
 pub mod limits;
 pub mod log;
 pub mod names;
+pub mod passthrough;
 pub mod pin;
 pub mod route;
 pub mod rpc;

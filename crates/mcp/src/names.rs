@@ -71,6 +71,16 @@ pub fn qualify(alias: &str, tool: &str) -> Result<String, NameError> {
     Ok(name)
 }
 
+/// The exposed name of an upstream tool or prompt: qualified, or (without a namespace) the
+/// server's own name with the same character mapping.
+pub fn expose(alias: &str, tool: &str, namespace: bool) -> Result<String, NameError> {
+    if namespace {
+        return qualify(alias, tool);
+    }
+    let q = qualify(alias, tool)?;
+    Ok(q[alias.len() + SEPARATOR.len()..].to_string())
+}
+
 /// Splits a qualified name into alias and (mapped) tool name; `None` for a built-in name.
 pub fn split(name: &str) -> Option<(&str, &str)> {
     name.split_once(SEPARATOR)

@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 pub trait Downstream: Send + Sync {
     /// Progress of the call, already remapped to the client's progress token (if it gave one).
     fn progress(&self, progress: f64, total: Option<f64>, message: Option<String>);
+    /// A log message (`notifications/message` params) the upstream sent while serving the call.
+    fn log(&self, params: Value);
     /// A request the upstream server made while serving the call, relayed to the client.
     async fn request(&self, method: &str, params: Option<Value>) -> Result<Value, Value>;
 }
@@ -21,14 +23,28 @@ pub trait Downstream: Send + Sync {
 /// One call in flight.
 pub struct CallEntry {
     pub downstream: Option<Arc<dyn Downstream>>,
+    /// A confirmation code the request carried (`_meta["io.ring0/confirm"]`).
+    pub confirm: Option<String>,
+    /// Whether the client declared the elicitation capability.
+    pub elicitation: bool,
     /// The shaped upstream result, for the response (the journal keeps the observation).
     pub forwarded: Mutex<Option<Value>>,
 }
 
 impl CallEntry {
     pub fn new(downstream: Option<Arc<dyn Downstream>>) -> Arc<Self> {
+        Self::with_facts(downstream, None, false)
+    }
+
+    pub fn with_facts(
+        downstream: Option<Arc<dyn Downstream>>,
+        confirm: Option<String>,
+        elicitation: bool,
+    ) -> Arc<Self> {
         Arc::new(Self {
             downstream,
+            confirm,
+            elicitation,
             forwarded: Mutex::new(None),
         })
     }

@@ -134,12 +134,24 @@ impl RpcPeer {
 
     /// Sends a request; the result arrives on the returned receiver.
     pub fn start(&self, method: &str, params: Option<Value>) -> Result<InFlight, RpcError> {
+        self.start_with(method, params, |_| {})
+    }
+
+    /// Sends a request after `registered` saw its id, so that whatever the server sends about it
+    /// (progress, its own requests) can be routed from the first byte.
+    pub fn start_with(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        registered: impl FnOnce(u64),
+    ) -> Result<InFlight, RpcError> {
         if self.closed.is_cancelled() {
             return Err(RpcError::NotSent(self.reason()));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().expect("pending").insert(id, tx);
+        registered(id);
         let mut message = Map::new();
         message.insert("jsonrpc".into(), "2.0".into());
         message.insert("id".into(), id.into());

@@ -14,11 +14,9 @@
 //! is the kernel's model-visible projection as text with `isError: true`. Every result carries
 //! `_meta["io.ring0/receipt"]` with the intent id, journal state and disposition.
 
+use crate::approval::{Answer, Approvals, CONFIRM_META_KEY};
 use crate::gateway::{Gateway, Generation};
-use crate::limits::{
-    APPROVAL_WAIT_DEFAULT, CONFIRM_TOKEN_TTL, CONFIRM_TOKENS_MAX, TOOLS_PAGE_SIZE,
-};
-use crate::log::Log;
+use crate::limits::{APPROVAL_WAIT_DEFAULT, TOOLS_PAGE_SIZE};
 use crate::route::{CallEntry, Downstream};
 use crate::rpc::{code, error_object};
 use async_trait::async_trait;
@@ -28,80 +26,30 @@ use ring0_kernel::{
     AuthDecision, AuthRequest, Authorizer, RoundOptions, Session, SessionConfig, SessionInfo,
 };
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, ErrorData,
-    ListToolsResult, PaginatedRequestParams, ServerConfig, ServerRequest,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
+    CustomRequest, ErrorData, GetPromptRequestParams, GetPromptResponse, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ServerConfig, ServerRequest,
+    SubscribeRequestParams, UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{Peer, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 use tokio::sync::mpsc;
 
-/// `_meta` key of a tools/call carrying a confirmation code a person gave.
-pub const CONFIRM_META_KEY: &str = "io.ring0/confirm";
 /// `_meta` key of the receipt summary on every result.
 pub const RECEIPT_META_KEY: &str = "io.ring0/receipt";
 
 static CALL_COUNTER: AtomicU64 = AtomicU64::new(1);
 static SESSION_COUNTER: AtomicU64 = AtomicU64::new(1);
 
-/// Confirmation codes minted for calls that need approval from a client without elicitation.
-/// A code is shown to the person (in ring0's log), never to the model; it binds to the tool and
-/// the prepared arguments' hash, and is used once.
-pub struct Approvals {
-    codes: Mutex<VecDeque<(String, String, String, Instant)>>,
-    log: Log,
-}
-
-impl Approvals {
-    pub fn new(log: Log) -> Arc<Self> {
-        Arc::new(Self {
-            codes: Mutex::new(VecDeque::new()),
-            log,
-        })
-    }
-
-    fn mint(&self, tool: &str, args_hash: &str) -> String {
-        let code = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
-        let mut codes = self.codes.lock().expect("codes");
-        if codes.len() >= CONFIRM_TOKENS_MAX {
-            codes.pop_front();
-        }
-        codes.push_back((code.clone(), tool.into(), args_hash.into(), Instant::now()));
-        code
-    }
-
-    fn redeem(&self, code: &str, tool: &str, args_hash: &str) -> bool {
-        let mut codes = self.codes.lock().expect("codes");
-        codes.retain(|(_, _, _, at)| at.elapsed() < CONFIRM_TOKEN_TTL);
-        match codes
-            .iter()
-            .position(|(c, t, h, _)| c == code && t == tool && h == args_hash)
-        {
-            Some(i) => {
-                codes.remove(i);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-/// What a call's entry knows about the downstream request, for approval.
-struct RequestFacts {
-    confirm: Option<String>,
-    elicitation: bool,
-}
-
-/// Per-session authorizer: the generation's gate (quarantine + grants), then approval for A3.
+/// Per-session authorizer when the grants have no approval step of their own (a plain
+/// `GrantTable`): the generation's gate, then approval over MCP for A3 calls.
 struct SessionGate {
     inner: Arc<dyn Authorizer>,
     approvals: Arc<Approvals>,
-    facts: Arc<Mutex<HashMap<String, RequestFacts>>>,
-    calls: Arc<crate::route::Calls>,
 }
 
 #[async_trait]
@@ -114,82 +62,31 @@ impl Authorizer for SessionGate {
         if request.spec.authority < Authority::A3 {
             return AuthDecision::Allow { rule };
         }
-        let tool = &request.spec.name;
-        let (confirm, elicitation) = {
-            let facts = self.facts.lock().expect("facts");
-            match facts.get(request.call_id) {
-                Some(f) => (f.confirm.clone(), f.elicitation),
-                None => (None, false),
-            }
-        };
-        if let Some(code) = confirm
-            && self.approvals.redeem(&code, tool, request.args_hash)
-        {
-            return AuthDecision::Allow {
-                rule: format!("{rule}+approval:confirmation-code"),
-            };
-        }
-        let downstream = self
-            .calls
-            .get(request.call_id)
-            .and_then(|e| e.downstream.clone());
-        if elicitation && let Some(down) = downstream {
-            let args = serde_json::to_string(request.args).unwrap_or_default();
-            let message = format!(
-                "ring0: allow the irreversible action {tool} with arguments {args}? (argument hash {})",
-                request.args_hash
-            );
-            let params = json!({
-                "message": message,
-                "requestedSchema": {
-                    "type": "object",
-                    "properties": {"approve": {"type": "boolean", "title": "Approve", "description": "Run this call"}},
-                    "required": ["approve"]
-                }
-            });
-            let asked = tokio::time::timeout(
+        match self
+            .approvals
+            .ask(
+                request.call_id,
+                &request.spec.name,
+                request.args,
+                request.args_hash,
                 APPROVAL_WAIT_DEFAULT,
-                down.request("elicitation/create", Some(params)),
             )
-            .await;
-            return match asked {
-                Err(_) => AuthDecision::ApprovalTimeout {
-                    rule: "approval:elicitation".into(),
-                },
-                Ok(Err(e)) => AuthDecision::Deny {
-                    rule: "approval:elicitation".into(),
-                    reason: format!("the approval question could not be asked: {e}"),
-                },
-                Ok(Ok(answer)) => {
-                    let accepted = answer.get("action").and_then(Value::as_str) == Some("accept")
-                        && answer.pointer("/content/approve").and_then(Value::as_bool)
-                            == Some(true);
-                    if accepted {
-                        AuthDecision::Allow {
-                            rule: format!("{rule}+approval:elicitation"),
-                        }
-                    } else {
-                        AuthDecision::ApprovalDenied {
-                            rule: "approval:elicitation".into(),
-                            reason: "the person declined this call".into(),
-                        }
-                    }
-                }
-            };
-        }
-        let code = self.approvals.mint(tool, request.args_hash);
-        self.approvals.log.line(&format!(
-            "approval needed: {tool} {} (argument hash {}): confirmation code {code}",
-            serde_json::to_string(request.args).unwrap_or_default(),
-            request.args_hash
-        ));
-        AuthDecision::Deny {
-            rule: "approval:required".into(),
-            reason: format!(
-                "{tool} is irreversible and needs a person's approval. ring0 showed the person a \
-                 confirmation code; ask the user for it, then call again with the same arguments \
-                 and _meta {{\"{CONFIRM_META_KEY}\": \"<code>\"}}"
-            ),
+            .await
+        {
+            Answer::Approved(how) => AuthDecision::Allow {
+                rule: format!("{rule}+approval:{how}"),
+            },
+            Answer::Declined(reason) => AuthDecision::ApprovalDenied {
+                rule: "approval:elicitation".into(),
+                reason,
+            },
+            Answer::TimedOut => AuthDecision::ApprovalTimeout {
+                rule: "approval:elicitation".into(),
+            },
+            Answer::NeedsCode(reason) | Answer::Failed(reason) => AuthDecision::Deny {
+                rule: "approval:required".into(),
+                reason,
+            },
         }
     }
 
@@ -238,6 +135,18 @@ impl Downstream for Relay {
         }
     }
 
+    fn log(&self, params: Value) {
+        let peer = self.peer.clone();
+        if let Ok(param) = serde_json::from_value(params) {
+            // The protocol's logging is deprecated for 2026-07-28; it is relayed for the
+            // sessionful era, where clients show it.
+            #[allow(deprecated)]
+            tokio::spawn(async move {
+                let _ = peer.notify_logging_message(param).await;
+            });
+        }
+    }
+
     async fn request(&self, method: &str, params: Option<Value>) -> Result<Value, Value> {
         let request = ServerRequest::CustomRequest(CustomRequest::new(method, params));
         match self.peer.send_request(request).await {
@@ -262,7 +171,6 @@ pub struct GatewayServer {
     gw: Gateway,
     scope: String,
     approvals: Arc<Approvals>,
-    facts: Arc<Mutex<HashMap<String, RequestFacts>>>,
     primary: Arc<Mutex<Option<SessionSlot>>>,
     primary_busy: Arc<AtomicBool>,
     listening: Arc<AtomicBool>,
@@ -276,7 +184,6 @@ impl GatewayServer {
             gw,
             scope: scope.into(),
             approvals,
-            facts: Arc::new(Mutex::new(HashMap::new())),
             primary: Arc::new(Mutex::new(None)),
             primary_busy: Arc::new(AtomicBool::new(false)),
             listening: Arc::new(AtomicBool::new(false)),
@@ -300,16 +207,20 @@ impl GatewayServer {
     }
 
     fn open(&self, generation: &Generation) -> Arc<Session> {
-        let gate = Arc::new(SessionGate {
-            inner: generation.gate.clone(),
-            approvals: self.approvals.clone(),
-            facts: self.facts.clone(),
-            calls: self.gw.calls().clone(),
-        });
+        let authorizer: Arc<dyn Authorizer> = if self.approvals.gates_a3() {
+            Arc::new(SessionGate {
+                inner: generation.gate.clone(),
+                approvals: self.approvals.clone(),
+            })
+        } else {
+            generation.gate.clone()
+        };
         Arc::new(
-            generation
-                .kernel
-                .open_session(SessionConfig::new(self.scope.clone()).authorizer(gate)),
+            generation.kernel.open_session(
+                SessionConfig::new(self.scope.clone())
+                    .authorizer(authorizer)
+                    .max_concurrent_tools(self.gw.max_concurrent_tools()),
+            ),
         )
     }
 
@@ -382,7 +293,7 @@ impl GatewayServer {
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> Value {
+    ) -> Result<Value, ErrorData> {
         let generation = self.gw.generation();
         let call_id = format!("mcp-{}", CALL_COUNTER.fetch_add(1, Ordering::Relaxed));
         let token = context
@@ -407,14 +318,11 @@ impl GatewayServer {
         let elicitation = context
             .client_capabilities()
             .is_some_and(|c| c.elicitation.is_some());
-        self.facts.lock().expect("facts").insert(
-            call_id.clone(),
-            RequestFacts {
-                confirm,
-                elicitation,
-            },
+        let entry = CallEntry::with_facts(
+            Some(Relay::new(context.peer.clone(), token)),
+            confirm,
+            elicitation,
         );
-        let entry = CallEntry::new(Some(Relay::new(context.peer.clone(), token)));
         self.gw.calls().insert(&call_id, entry.clone());
         let (session, primary) = self.session(&generation);
         let round = Round {
@@ -445,10 +353,29 @@ impl GatewayServer {
             self.primary_busy.store(false, Ordering::Release);
         }
         self.gw.calls().remove(&call_id);
-        self.facts.lock().expect("facts").remove(&call_id);
         let forwarded = entry.forwarded.lock().expect("forwarded").take();
-        render(&outcome, forwarded)
+        // An unknown tool is a protocol error (-32602), as the protocol specifies; every other
+        // refusal is a result the model can correct itself from.
+        if let Some(CallOutcome::Rejected { rejection }) =
+            outcome.receipts.first().map(|r| &r.outcome)
+            && rejection.status == ring0_core::RejectionKind::UnknownTool
+        {
+            return Err(ErrorData::invalid_params(
+                rejection.message.clone(),
+                Some(rejection.to_json()),
+            ));
+        }
+        Ok(render(&outcome, forwarded))
     }
+}
+
+fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ErrorData> {
+    serde_json::from_value(v).map_err(|e| {
+        ErrorData::internal_error(
+            format!("an upstream result ring0 cannot represent: {e}"),
+            None,
+        )
+    })
 }
 
 /// The MCP result of a one-call round.
@@ -503,7 +430,7 @@ impl ServerHandler for GatewayServer {
     fn get_info(&self) -> ServerConfig {
         let mut info = json!({
             "protocolVersion": "2025-11-25",
-            "capabilities": {"tools": {"listChanged": true}},
+            "capabilities": crate::passthrough::capabilities(&self.gw),
             "serverInfo": {"name": "ring0", "version": env!("CARGO_PKG_VERSION")},
         });
         if let Some(i) = &self.instructions {
@@ -528,7 +455,7 @@ impl ServerHandler for GatewayServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let value = self.call(request, context).await;
+        let value = self.call(request, context).await?;
         let result: CallToolResult = serde_json::from_value(value.clone()).unwrap_or_else(|e| {
             // A content item rmcp's model does not know: keep the text, say what was dropped.
             let text = format!("ring0: the result could not be represented ({e}): {value}");
@@ -538,6 +465,98 @@ impl ServerHandler for GatewayServer {
             .expect("a text result")
         });
         Ok(CallToolResponse::Complete(result))
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        typed(crate::passthrough::list_prompts(&self.gw).await?)
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        let args = request.arguments.map(Value::Object);
+        let v = crate::passthrough::get_prompt(&self.gw, &request.name, args).await?;
+        Ok(GetPromptResponse::Complete(typed(v)?))
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        typed(crate::passthrough::list_resources(&self.gw, "resources/list", "resources").await?)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        typed(
+            crate::passthrough::list_resources(
+                &self.gw,
+                "resources/templates/list",
+                "resourceTemplates",
+            )
+            .await?,
+        )
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let v =
+            crate::passthrough::resource_request(&self.gw, "resources/read", &request.uri).await?;
+        Ok(ReadResourceResponse::Complete(typed(v)?))
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        crate::passthrough::resource_request(&self.gw, "resources/subscribe", &request.uri)
+            .await
+            .map(|_| ())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        crate::passthrough::resource_request(&self.gw, "resources/unsubscribe", &request.uri)
+            .await
+            .map(|_| ())
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        let params = serde_json::to_value(&request)
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        typed(crate::passthrough::complete(&self.gw, params).await?)
+    }
+
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let level = serde_json::to_value(request.level)
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        crate::passthrough::set_level(&self.gw, level).await
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

@@ -40,6 +40,8 @@ fn start(workspace: &Path, up: UpstreamConfig) -> Gateway {
         state_dir: workspace.join(".ring0"),
         spill: None,
         log: Log::discard(),
+        calls: Arc::new(ring0_mcp::route::Calls::default()),
+        max_concurrent_tools: 8,
     })
     .expect("gateway")
 }

@@ -19,7 +19,7 @@ use crate::limits::{
     RESTARTS_MAX, UPSTREAM_HANDSHAKE_TIMEOUT, UPSTREAM_TOOLS_MAX,
 };
 use crate::log::Log;
-use crate::names::qualify;
+use crate::names::expose;
 use crate::pin::{PinBook, PinVerdict, ServerIdentity};
 use crate::route::CallEntry;
 use crate::rpc::{InboundHandler, RpcError, RpcPeer, code, error_object};
@@ -52,6 +52,8 @@ pub struct ListedTool {
 #[derive(Debug, Clone)]
 pub struct Listing {
     pub server: ServerIdentity,
+    /// The server's `capabilities` from `initialize`.
+    pub capabilities: Value,
     pub protocol_version: String,
     pub tools: Vec<ListedTool>,
 }
@@ -88,19 +90,34 @@ pub struct Upstream {
     /// Connections made so far (1 after the first start).
     starts: AtomicU64,
     connected: Notify,
+    capabilities: Mutex<Value>,
 }
 
 struct Handler(Weak<Upstream>);
 
 #[async_trait::async_trait]
 impl InboundHandler for Handler {
-    fn notification(&self, method: &str, params: Option<Value>, _related: Option<u64>) {
+    fn notification(&self, method: &str, params: Option<Value>, related: Option<u64>) {
         let Some(up) = self.0.upgrade() else { return };
         match method {
             "notifications/tools/list_changed" => up.relist.notify_one(),
             "notifications/progress" => up.on_progress(params.unwrap_or(Value::Null)),
             "notifications/message" => {
                 let p = params.unwrap_or(Value::Null);
+                let entry = {
+                    let flights = up.in_flight.lock().expect("in flight");
+                    match related {
+                        Some(id) => flights
+                            .iter()
+                            .find(|(i, _)| *i == id)
+                            .map(|(_, e)| e.clone()),
+                        None => flights.last().map(|(_, e)| e.clone()),
+                    }
+                };
+                if let Some(down) = entry.and_then(|e| e.downstream.clone()) {
+                    down.log(p);
+                    return;
+                }
                 let level = p.get("level").and_then(Value::as_str).unwrap_or("info");
                 let data = p.get("data").map(|d| match d {
                     Value::String(s) => s.clone(),
@@ -203,6 +220,7 @@ impl Upstream {
             next_token: AtomicU64::new(1),
             starts: AtomicU64::new(0),
             connected: Notify::new(),
+            capabilities: Mutex::new(Value::Null),
         })
     }
 
@@ -339,6 +357,8 @@ impl Upstream {
             c.open_listen_stream();
         }
         let server = ServerIdentity::from_initialize(&init);
+        *self.capabilities.lock().expect("capabilities") =
+            init.get("capabilities").cloned().unwrap_or(Value::Null);
         *self.live.write().expect("live") = Some(Arc::new(Live {
             peer: peer.clone(),
             _connection: connection,
@@ -397,7 +417,7 @@ impl Upstream {
                     .line(&format!("[{alias}] a listed tool has no name; ignored"));
                 continue;
             };
-            match qualify(alias, &name) {
+            match expose(alias, &name, self.config.namespace) {
                 Ok(q) => {
                     *counts.entry(q.clone()).or_default() += 1;
                     named.push((name, q, raw));
@@ -450,11 +470,42 @@ impl Upstream {
         }
         *self.listing.write().expect("listing") = Some(Arc::new(Listing {
             server,
+            capabilities: self.capabilities.lock().expect("capabilities").clone(),
             protocol_version,
             tools,
         }));
         (self.on_change)();
         Ok(())
+    }
+
+    /// Sends a request that is not a tool call (prompts, resources, completion, logging level)
+    /// and returns the server's raw result.
+    pub async fn passthrough(
+        &self,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<Value, RpcError> {
+        let live = self.live.read().expect("live").clone();
+        let Some(live) = live.filter(|l| !l.peer.is_closed()) else {
+            return Err(RpcError::NotSent(format!(
+                "upstream {:?} is not connected",
+                self.config.alias
+            )));
+        };
+        match tokio::time::timeout(
+            UPSTREAM_HANDSHAKE_TIMEOUT,
+            live.peer.request(method, params),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(RpcError::Lost(format!("{method} timed out"))),
+        }
+    }
+
+    /// The server's capabilities (from its last `initialize`).
+    pub fn capabilities(&self) -> Value {
+        self.capabilities.lock().expect("capabilities").clone()
     }
 
     /// Lists again (after an approval was written to the lock).
@@ -498,19 +549,26 @@ impl Upstream {
             );
         }
         let params = json!({"name": tool, "arguments": args, "_meta": meta});
-        let flight = match peer.start("tools/call", Some(params)) {
+        let flight = match peer.start_with("tools/call", Some(params), |id| {
+            if let Some(e) = &entry {
+                self.in_flight
+                    .lock()
+                    .expect("in flight")
+                    .push((id, e.clone()));
+            }
+        }) {
             Ok(f) => f,
             Err(e) => {
                 self.progress.lock().expect("progress").remove(&token);
+                if let Some(ours) = &entry {
+                    self.in_flight
+                        .lock()
+                        .expect("in flight")
+                        .retain(|(_, e)| !Arc::ptr_eq(e, ours));
+                }
                 return Err(ToolError::not_applied(format!("upstream {alias:?}: {e}")));
             }
         };
-        if let Some(e) = &entry {
-            self.in_flight
-                .lock()
-                .expect("in flight")
-                .push((flight.id, e.clone()));
-        }
         let mut guard = CallGuard {
             up: self,
             peer: peer.clone(),

@@ -1,0 +1,239 @@
+//! Prompts, resources, completion and the logging level: relayed to the upstreams that offer them.
+//!
+//! These have no effect on the world, so they are not kernel rounds: prompt names are exposed
+//! like tool names (`alias__name`, or the server's own name without a namespace), resource URIs
+//! as the servers give them, and each request is routed to the upstream that listed the name or
+//! URI (templates match by their literal prefix and suffix). Results travel as the server sent
+//! them, decoded into rmcp's model at the boundary.
+
+use crate::gateway::Gateway;
+use crate::names::expose;
+use crate::rpc::RpcError;
+use crate::upstream::Upstream;
+use rmcp::model::ErrorData;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+fn has(up: &Upstream, capability: &str) -> bool {
+    up.capabilities()
+        .get(capability)
+        .is_some_and(|c| !c.is_null())
+}
+
+fn to_error(e: RpcError) -> ErrorData {
+    match e {
+        RpcError::Remote {
+            code,
+            message,
+            data,
+        } => ErrorData::new(rmcp::model::ErrorCode(code as i32), message, data),
+        other => ErrorData::internal_error(other.to_string(), None),
+    }
+}
+
+/// Which capabilities the downstream server declares: those some upstream offers.
+pub fn capabilities(gw: &Gateway) -> Value {
+    let mut caps = json!({"tools": {"listChanged": true}});
+    for up in gw.upstreams() {
+        let c = up.capabilities();
+        if c.get("prompts").is_some_and(|v| !v.is_null()) {
+            caps["prompts"] = json!({"listChanged": false});
+        }
+        if let Some(r) = c.get("resources").filter(|v| !v.is_null()) {
+            let subscribe = r.get("subscribe").and_then(Value::as_bool).unwrap_or(false)
+                || caps
+                    .pointer("/resources/subscribe")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+            caps["resources"] = json!({"subscribe": subscribe, "listChanged": false});
+        }
+        if c.get("completions").is_some_and(|v| !v.is_null()) {
+            caps["completions"] = json!({});
+        }
+        if c.get("logging").is_some_and(|v| !v.is_null()) {
+            caps["logging"] = json!({});
+        }
+    }
+    caps
+}
+
+/// Every item of every page of a list method, from every upstream with the capability.
+async fn list_all(
+    gw: &Gateway,
+    capability: &str,
+    method: &str,
+    key: &str,
+) -> Result<Vec<(Arc<Upstream>, Value)>, ErrorData> {
+    let mut out = Vec::new();
+    for up in gw.upstreams() {
+        if !has(&up, capability) {
+            continue;
+        }
+        let mut cursor: Option<Value> = None;
+        for _ in 0..crate::limits::LIST_PAGES_MAX {
+            let params = cursor.as_ref().map(|c| json!({"cursor": c}));
+            let page = up.passthrough(method, params).await.map_err(to_error)?;
+            for item in page
+                .get(key)
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+            {
+                out.push((up.clone(), item));
+            }
+            match page.get("nextCursor") {
+                Some(c) if !c.is_null() => cursor = Some(c.clone()),
+                _ => break,
+            }
+        }
+    }
+    Ok(out)
+}
+
+pub async fn list_prompts(gw: &Gateway) -> Result<Value, ErrorData> {
+    let mut prompts = Vec::new();
+    for (up, mut p) in list_all(gw, "prompts", "prompts/list", "prompts").await? {
+        let Some(name) = p.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        if let Ok(exposed) = expose(up.alias(), name, up.config.namespace) {
+            p["name"] = Value::String(exposed);
+            prompts.push(p);
+        }
+    }
+    Ok(json!({"prompts": prompts}))
+}
+
+async fn prompt_owner(gw: &Gateway, exposed: &str) -> Result<(Arc<Upstream>, String), ErrorData> {
+    for (up, p) in list_all(gw, "prompts", "prompts/list", "prompts").await? {
+        let Some(name) = p.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        if expose(up.alias(), name, up.config.namespace)
+            .ok()
+            .as_deref()
+            == Some(exposed)
+        {
+            return Ok((up, name.to_string()));
+        }
+    }
+    Err(ErrorData::invalid_params(
+        format!("unknown prompt {exposed:?}"),
+        None,
+    ))
+}
+
+pub async fn get_prompt(
+    gw: &Gateway,
+    name: &str,
+    arguments: Option<Value>,
+) -> Result<Value, ErrorData> {
+    let (up, own) = prompt_owner(gw, name).await?;
+    let mut params = json!({"name": own});
+    if let Some(a) = arguments {
+        params["arguments"] = a;
+    }
+    up.passthrough("prompts/get", Some(params))
+        .await
+        .map_err(to_error)
+}
+
+pub async fn list_resources(gw: &Gateway, method: &str, key: &str) -> Result<Value, ErrorData> {
+    let items: Vec<Value> = list_all(gw, "resources", method, key)
+        .await?
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    Ok(json!({key: items}))
+}
+
+fn template_matches(template: &str, uri: &str) -> bool {
+    let Some(open) = template.find('{') else {
+        return template == uri;
+    };
+    let close = template.rfind('}').unwrap_or(open);
+    let (prefix, suffix) = (&template[..open], &template[close + 1..]);
+    uri.len() >= prefix.len() + suffix.len() && uri.starts_with(prefix) && uri.ends_with(suffix)
+}
+
+/// The upstream that owns a resource URI.
+async fn resource_owner(gw: &Gateway, uri: &str) -> Result<Arc<Upstream>, ErrorData> {
+    for (up, r) in list_all(gw, "resources", "resources/list", "resources").await? {
+        if r.get("uri").and_then(Value::as_str) == Some(uri) {
+            return Ok(up);
+        }
+    }
+    for (up, t) in list_all(
+        gw,
+        "resources",
+        "resources/templates/list",
+        "resourceTemplates",
+    )
+    .await?
+    {
+        if t.get("uriTemplate")
+            .and_then(Value::as_str)
+            .is_some_and(|tpl| template_matches(tpl, uri))
+        {
+            return Ok(up);
+        }
+    }
+    let with: Vec<Arc<Upstream>> = gw
+        .upstreams()
+        .into_iter()
+        .filter(|u| has(u, "resources"))
+        .collect();
+    match with.as_slice() {
+        [only] => Ok(only.clone()),
+        _ => Err(ErrorData::resource_not_found(
+            format!("no upstream lists the resource {uri}"),
+            None,
+        )),
+    }
+}
+
+pub async fn resource_request(gw: &Gateway, method: &str, uri: &str) -> Result<Value, ErrorData> {
+    let up = resource_owner(gw, uri).await?;
+    up.passthrough(method, Some(json!({"uri": uri})))
+        .await
+        .map_err(to_error)
+}
+
+pub async fn complete(gw: &Gateway, mut params: Value) -> Result<Value, ErrorData> {
+    let kind = params
+        .pointer("/ref/type")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let up = if kind == "ref/prompt" {
+        let name = params
+            .pointer("/ref/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let (up, own) = prompt_owner(gw, &name).await?;
+        params["ref"]["name"] = Value::String(own);
+        up
+    } else {
+        let uri = params
+            .pointer("/ref/uri")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        resource_owner(gw, &uri).await?
+    };
+    up.passthrough("completion/complete", Some(params))
+        .await
+        .map_err(to_error)
+}
+
+pub async fn set_level(gw: &Gateway, level: Value) -> Result<(), ErrorData> {
+    for up in gw.upstreams() {
+        if has(&up, "logging") {
+            up.passthrough("logging/setLevel", Some(json!({"level": level})))
+                .await
+                .map_err(to_error)?;
+        }
+    }
+    Ok(())
+}
