@@ -153,8 +153,10 @@ fn invalid_config_is_refused_with_the_key_and_why() {
 
 /// Starts `ring0 call` of a held tool, waits (bounded) for its request to be listed by
 /// `ring0 approve`, and returns the child and the approval id.
+// The child is returned to the caller, which waits on it (or it is killed and reaped here).
+#[allow(clippy::zombie_processes)]
 fn start_held_call(dir: &Path, args: &[&str]) -> (std::process::Child, String) {
-    let child = ring0(dir)
+    let mut child = ring0(dir)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -167,7 +169,11 @@ fn start_held_call(dir: &Path, args: &[&str]) -> (std::process::Child, String) {
         if let Some(id) = text.split_whitespace().find(|w| w.starts_with("ap_")) {
             return (child, id.to_string());
         }
-        assert!(Instant::now() < deadline, "no pending approval appeared");
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no pending approval appeared");
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -300,7 +300,7 @@ impl Approver for DirectoryApprover {
             notify(request);
         }
         let decision = decision_path(&self.dir, &request.id);
-        let outcome = loop {
+        loop {
             if let Some(d) = read_json::<ApprovalDecisionFile>(&decision) {
                 break if d.id != request.id {
                     ApprovalOutcome::Denied {
@@ -324,8 +324,7 @@ impl Approver for DirectoryApprover {
                 break ApprovalOutcome::TimedOut;
             }
             tokio::time::sleep(APPROVAL_POLL_INTERVAL).await;
-        };
-        outcome
+        }
     }
 }
 

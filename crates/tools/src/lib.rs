@@ -18,6 +18,10 @@
 //! of a root, or run a command except through `ring0-exec`. Tools are reached only through the
 //! kernel: [`builtin_tools`] returns specs and executors for `KernelBuilder::tool`.
 
+// `ToolError` is the kernel's executor error, returned once per call; boxing it in every helper
+// would only add an allocation to the error path and conversions at every boundary.
+#![allow(clippy::result_large_err)]
+
 pub mod files;
 pub mod page;
 pub mod patch;
@@ -126,8 +130,11 @@ impl Workspace {
     }
 }
 
+/// A tool's spec and executor, as `KernelBuilder::tool` takes them.
+pub type ToolEntry = (ToolSpec, Arc<dyn Tool>);
+
 /// Every built-in tool: its spec and executor, ready for `KernelBuilder::tool`.
-pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<(ToolSpec, Arc<dyn Tool>)>, ToolsError> {
+pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<ToolEntry>, ToolsError> {
     let ws = Arc::new(Workspace::open(config)?);
     let mut policy = ExecPolicy::new(ws.sandbox.workspace())
         .allow_shell(config.shell.allow_command_string)
@@ -137,7 +144,7 @@ pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<(ToolSpec, Arc<dyn Tool
         &config.shell.jobs_dir,
         policy.clone(),
     )));
-    let mut out: Vec<(ToolSpec, Arc<dyn Tool>)> = Vec::new();
+    let mut out: Vec<ToolEntry> = Vec::new();
     let read = ReadFile { ws: ws.clone() };
     out.push((read.spec(), Arc::new(read)));
     let list = ListDir { ws: ws.clone() };

@@ -220,7 +220,7 @@ async fn write_file_creates_directories_only_when_asked() {
 
 #[tokio::test]
 async fn write_file_probe_recognises_its_own_result() {
-    use ring0_kernel::{ProbeVerdict, Tool};
+    use ring0_kernel::ProbeVerdict;
     let env = Env::new();
     let cfg = common::config(&env.ws, &env.dir.path().join("state"));
     let tools = ring0_tools::builtin_tools(&cfg).unwrap();
