@@ -47,7 +47,8 @@ pub use approval::{
     DirectoryApprover, SUMMARY_BYTES_MAX, decide_pending, list_pending, valid_approval_id,
 };
 pub use audit::{
-    AUDIT_LINE_BYTES_MAX, AuditDecision, AuditEntry, AuditSink, JsonlAudit, MemoryAudit,
+    AUDIT_LINE_BYTES_MAX, AuditDecision, AuditEntry, AuditSink, JsonlAudit,
+    MEMORY_AUDIT_ENTRIES_MAX, MemoryAudit,
 };
 pub use engine::{APPROVALS_REMEMBERED_MAX, GRANTS_MAX, Grant, Policy, PolicyBuilder, ShellArg};
 pub use rate::{RATE_PERIOD_MAX, RateLimit, RateLimitError};
