@@ -8,8 +8,10 @@
 //!   does not undo the others. Replies go out after the commit.
 //! - **Checkpoints off the commit path.** SQLite's automatic checkpoint would run inside some
 //!   commit and make it wait for the database file's fsync; a checkpointer thread with its own
-//!   connection folds the WAL back every [`CHECKPOINT_INTERVAL_MS`] instead (`PASSIVE`: it never
-//!   blocks the writer or the readers).
+//!   connection folds the WAL back instead (`PASSIVE`: it never blocks the writer or the
+//!   readers), when the writer has been idle [`CHECKPOINT_IDLE_MS`] — so its fsync of the
+//!   database file does not compete with commits — or after [`CHECKPOINT_BATCHES_MAX`] batches,
+//!   which bounds the WAL under constant load.
 //! - **Concurrent readers.** Reads run on a small pool of reader threads with their own
 //!   connections; WAL lets them read while the writer commits.
 //! - **One writer process.** An exclusive `flock` on `<db>.lock` is held while the journal is
@@ -47,8 +49,20 @@ use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-/// How often the checkpointer folds the WAL back into the database file (200 ms).
-pub const CHECKPOINT_INTERVAL_MS: u64 = 200;
+/// The checkpointer checkpoints once the writer has committed nothing for this long (50 ms).
+pub const CHECKPOINT_IDLE_MS: u64 = 50;
+/// ... or once this many batches were committed since the last checkpoint (1,000).
+pub const CHECKPOINT_BATCHES_MAX: u64 = 1_000;
+/// How often the checkpointer looks (25 ms).
+const CHECKPOINT_TICK_MS: u64 = 25;
+
+/// What the writer tells the checkpointer.
+#[derive(Default)]
+struct WalActivity {
+    /// Milliseconds since the journal opened, at the last commit.
+    last_commit_ms: std::sync::atomic::AtomicU64,
+    batches_since_checkpoint: std::sync::atomic::AtomicU64,
+}
 
 /// `PRAGMA application_id` of a ring0 journal ("r0jl").
 const APPLICATION_ID: i64 = 0x7230_6a6c;
@@ -244,10 +258,23 @@ impl SqliteJournal {
         let mut threads = Vec::new();
         let (writer_tx, writer_rx) = mpsc::sync_channel::<WriteJob>(WRITER_QUEUE_MAX);
         let (wfiles, wclock) = (files.clone(), options.clock.clone());
+        let activity = Arc::new(WalActivity::default());
+        let opened = std::time::Instant::now();
+        let wactivity = activity.clone();
         threads.push(
             std::thread::Builder::new()
                 .name("ring0-journal-writer".into())
-                .spawn(move || writer_loop(conn, wfiles, wclock, incarnation, writer_rx))
+                .spawn(move || {
+                    writer_loop(
+                        conn,
+                        wfiles,
+                        wclock,
+                        incarnation,
+                        writer_rx,
+                        wactivity,
+                        opened,
+                    )
+                })
                 .map_err(|e| JournalError::Storage(format!("starting the writer thread: {e}")))?,
         );
         let (reader_tx, reader_rx) = mpsc::channel::<ReadJob>();
@@ -269,7 +296,7 @@ impl SqliteJournal {
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let checkpointer = std::thread::Builder::new()
             .name("ring0-journal-checkpointer".into())
-            .spawn(move || checkpoint_loop(conn, stop_rx))
+            .spawn(move || checkpoint_loop(conn, stop_rx, activity, opened))
             .map_err(|e| JournalError::Storage(format!("starting the checkpointer: {e}")))?;
         Ok(Self {
             files,
@@ -559,6 +586,8 @@ fn writer_loop(
     clock: Arc<dyn Clock>,
     incarnation: u64,
     rx: Receiver<WriteJob>,
+    activity: Arc<WalActivity>,
+    opened: std::time::Instant,
 ) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
@@ -569,6 +598,13 @@ fn writer_loop(
             }
         }
         let results = commit_batch(&mut conn, &files, clock.as_ref(), incarnation, &batch);
+        let since_open = u64::try_from(opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        activity
+            .last_commit_ms
+            .store(since_open, std::sync::atomic::Ordering::Relaxed);
+        activity
+            .batches_since_checkpoint
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         for (job, result) in batch.into_iter().zip(results) {
             match job {
                 WriteJob::Propose(_, reply) => {
@@ -853,13 +889,30 @@ fn spill(files: &Files, sha: &str, bytes: &[u8]) -> Result<(), JournalError> {
 // ---------------------------------------------------------------------------------------------
 // Reading
 
-/// Folds the WAL back into the database file every [`CHECKPOINT_INTERVAL_MS`] until told to
-/// stop (its channel closes). A failed checkpoint is retried at the next tick: the WAL stays
+/// Folds the WAL back into the database file when the writer is idle or the WAL has grown,
+/// until told to stop (its channel closes). A failed checkpoint is retried later: the WAL stays
 /// valid, only larger.
-fn checkpoint_loop(conn: Connection, stop: Receiver<()>) {
-    let interval = std::time::Duration::from_millis(CHECKPOINT_INTERVAL_MS);
-    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(interval) {
-        let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+fn checkpoint_loop(
+    conn: Connection,
+    stop: Receiver<()>,
+    activity: Arc<WalActivity>,
+    opened: std::time::Instant,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let tick = std::time::Duration::from_millis(CHECKPOINT_TICK_MS);
+    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(tick) {
+        let batches = activity.batches_since_checkpoint.load(Relaxed);
+        if batches == 0 {
+            continue;
+        }
+        let now = u64::try_from(opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let idle = now.saturating_sub(activity.last_commit_ms.load(Relaxed));
+        if idle >= CHECKPOINT_IDLE_MS || batches >= CHECKPOINT_BATCHES_MAX {
+            activity
+                .batches_since_checkpoint
+                .fetch_sub(batches, Relaxed);
+            let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        }
     }
 }
 
