@@ -109,10 +109,13 @@ impl AuditSink for JsonlAudit {
     }
 }
 
-/// Keeps records in memory.
+/// Most records [`MemoryAudit`] keeps; older ones are dropped first and counted.
+pub const MEMORY_AUDIT_ENTRIES_MAX: usize = 65_536;
+
+/// Keeps the most recent records in memory.
 #[derive(Default)]
 pub struct MemoryAudit {
-    entries: Mutex<Vec<AuditEntry>>,
+    entries: Mutex<(std::collections::VecDeque<AuditEntry>, u64)>,
 }
 
 impl MemoryAudit {
@@ -120,20 +123,26 @@ impl MemoryAudit {
         Self::default()
     }
 
+    /// The records kept, oldest first.
     pub fn entries(&self) -> Vec<AuditEntry> {
-        self.entries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        let guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        guard.0.iter().cloned().collect()
+    }
+
+    /// Records dropped to stay within [`MEMORY_AUDIT_ENTRIES_MAX`].
+    pub fn dropped(&self) -> u64 {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).1
     }
 }
 
 impl AuditSink for MemoryAudit {
     fn record(&self, entry: &AuditEntry) -> Result<(), String> {
-        self.entries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(entry.clone());
+        let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.0.len() == MEMORY_AUDIT_ENTRIES_MAX {
+            guard.0.pop_front();
+            guard.1 += 1;
+        }
+        guard.0.push_back(entry.clone());
         Ok(())
     }
 }
