@@ -25,7 +25,9 @@
 //! pre-dispatch snapshot) before the executor is touched, then [`record_outcome`]
 //! (→ ACKED | FAILED | UNKNOWN), and for UNKNOWN [`settle()`] by the tool's
 //! [`ring0_core::Settlement`]. [`drive`] is that sequence behind an [`Executor`]. On start,
-//! [`recover`].
+//! [`recover`]. Each open of a journal is a new incarnation ([`Journal::incarnation`], stamped on
+//! every record it moves): recovery leaves calls in flight in the current incarnation to their
+//! live owners, so it may run while new calls are being dispatched.
 //!
 //! Invariants: this crate never runs a tool of its own accord — dispatches and probes happen
 //! only through an [`Executor`] its caller provides, and only as the state machine allows; it
