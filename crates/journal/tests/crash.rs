@@ -21,8 +21,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Kills per scenario; two scenarios make a test run's kills.
 const KILLS_PER_SCENARIO: u32 = 30;
-/// Intents each worker run proposes.
-const INTENTS: u64 = 24;
+/// Intents in all (the service's orders).
+const INTENTS: u64 = 60;
+/// Each worker run proposes the intents of earlier runs again and this many new ones, so kills
+/// keep landing on real work rather than on replays.
+const NEW_INTENTS_PER_RUN: u64 = 2;
+/// Intents known to the first run.
+const FIRST_RUN_INTENTS: u64 = 4;
 /// Longest a worker may be left running before it is killed.
 const KILL_DELAY_MS_MAX: u64 = 150;
 /// Most worker runs per scenario (kills plus runs that finished before their kill time).
@@ -177,13 +182,13 @@ fn scenario(mode: &str, honours_keys: bool) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let journal = dir.path().join("journal.db");
     let worker = env!("CARGO_BIN_EXE_ring0-journal-crash-worker");
-    let spawn = |run: u32| {
+    let spawn = |run: u32, intents: u64| {
         Command::new(worker)
             .args([
                 journal.to_str().unwrap(),
                 &service.addr.to_string(),
                 mode,
-                &INTENTS.to_string(),
+                &intents.to_string(),
                 &run.to_string(),
             ])
             .stdout(Stdio::piped())
@@ -211,7 +216,8 @@ fn scenario(mode: &str, honours_keys: bool) -> Outcome {
             "{} runs without {KILLS_PER_SCENARIO} kills",
             out.runs
         );
-        let mut child = spawn(out.runs);
+        let known = (FIRST_RUN_INTENTS + NEW_INTENTS_PER_RUN * u64::from(out.runs)).min(INTENTS);
+        let mut child = spawn(out.runs, known);
         out.runs += 1;
         let delay = Duration::from_millis(mix(u64::from(out.runs) ^ 0xc4a5) % KILL_DELAY_MS_MAX);
         let started = Instant::now();
@@ -233,7 +239,7 @@ fn scenario(mode: &str, honours_keys: bool) -> Outcome {
         }
     }
     // A last run that is not killed settles everything.
-    let mut child = spawn(out.runs);
+    let mut child = spawn(out.runs, INTENTS);
     let started = Instant::now();
     while child.try_wait().unwrap().is_none() {
         assert!(
