@@ -150,9 +150,17 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
             loaded.state_dir.join("journal.db").display()
         ));
         log.line(&format!("grants: {}", describe_grants(&loaded)));
+        let visible = generation
+            .kernel
+            .open_session(
+                ring0_kernel::SessionConfig::new("startup").authorizer(generation.gate.clone()),
+            )
+            .catalog()
+            .iter()
+            .filter(|s| !generation.quarantined.contains_key(&s.name))
+            .count();
         log.line(&format!(
-            "tools: {} listed ({} quarantined){}",
-            generation.tools.len() - generation.quarantined.len(),
+            "tools: {visible} listed under the grants ({} quarantined){}",
             generation.quarantined.len(),
             if upstream_names.is_empty() {
                 String::new()

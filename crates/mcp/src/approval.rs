@@ -109,19 +109,36 @@ impl Approvals {
             return Answer::Approved("confirmation-code");
         }
         let args_text = serde_json::to_string(args).unwrap_or_default();
+        let question = json!({
+            "mode": "form",
+            "message": format!(
+                "ring0: allow {tool} with arguments {args_text}? (argument hash {args_hash})"
+            ),
+            "requestedSchema": {
+                "type": "object",
+                "properties": {"approve": {"type": "boolean", "title": "Approve", "description": "Run this call"}},
+                "required": ["approve"]
+            }
+        });
+        if let Some(entry) = entry.as_ref().filter(|e| e.modern) {
+            // 2026-07-28: no server-to-client request; the question goes back in an
+            // `input_required` result and the retry carries the answer.
+            return match &entry.input_response {
+                Some(answer) if approved(answer) => Answer::Approved("input-required"),
+                Some(_) => Answer::Declined("the person declined this call".into()),
+                None => {
+                    *entry.needs_input.lock().expect("needs input") = Some(question);
+                    Answer::Failed("waiting for the client's answer (input required)".into())
+                }
+            };
+        }
         if let Some(entry) = entry.filter(|e| e.elicitation)
             && let Some(down) = entry.downstream.clone()
         {
-            let params = json!({
-                "message": format!(
-                    "ring0: allow {tool} with arguments {args_text}? (argument hash {args_hash})"
-                ),
-                "requestedSchema": {
-                    "type": "object",
-                    "properties": {"approve": {"type": "boolean", "title": "Approve", "description": "Run this call"}},
-                    "required": ["approve"]
-                }
-            });
+            let mut params = question;
+            if let Some(o) = params.as_object_mut() {
+                o.remove("mode");
+            }
             return match tokio::time::timeout(
                 wait,
                 down.request("elicitation/create", Some(params)),
@@ -132,16 +149,8 @@ impl Approvals {
                 Ok(Err(e)) => {
                     Answer::Failed(format!("the approval question could not be asked: {e}"))
                 }
-                Ok(Ok(answer)) => {
-                    let accepted = answer.get("action").and_then(Value::as_str) == Some("accept")
-                        && answer.pointer("/content/approve").and_then(Value::as_bool)
-                            == Some(true);
-                    if accepted {
-                        Answer::Approved("elicitation")
-                    } else {
-                        Answer::Declined("the person declined this call".into())
-                    }
-                }
+                Ok(Ok(answer)) if approved(&answer) => Answer::Approved("elicitation"),
+                Ok(Ok(_)) => Answer::Declined("the person declined this call".into()),
             };
         }
         let code = self.mint(tool, args_hash);
@@ -155,6 +164,15 @@ impl Approvals {
         ))
     }
 }
+
+/// Whether an elicitation answer approves.
+fn approved(answer: &Value) -> bool {
+    answer.get("action").and_then(Value::as_str) == Some("accept")
+        && answer.pointer("/content/approve").and_then(Value::as_bool) == Some(true)
+}
+
+/// The key of ring0's approval question in an `input_required` result.
+pub const APPROVAL_INPUT_KEY: &str = "ring0-approval";
 
 /// The policy engine's approver for calls made over MCP.
 pub struct McpApprover {

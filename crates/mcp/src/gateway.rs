@@ -295,12 +295,17 @@ impl Gateway {
                     Gateway { inner }.rebuild();
                 }
             });
+            let roots = json!([{
+                "uri": format!("file://{}", options.workspace.display()),
+                "name": "workspace",
+            }]);
             ups.push(Upstream::new(
                 config,
                 inner.pins.clone(),
                 inner.log.clone(),
                 http_client.clone(),
                 on_change,
+                Some(roots),
             ));
         }
         *inner.upstreams.write().expect("upstreams") = ups.clone();

@@ -27,6 +27,13 @@ pub struct CallEntry {
     pub confirm: Option<String>,
     /// Whether the client declared the elicitation capability.
     pub elicitation: bool,
+    /// The request is of the 2026-07-28 era: the server may not send it requests; questions
+    /// go back as an `input_required` result instead.
+    pub modern: bool,
+    /// The answer to ring0's approval question, on the retry of an `input_required` result.
+    pub input_response: Option<Value>,
+    /// Set when a question must go back to the client as an `input_required` result.
+    pub needs_input: Mutex<Option<Value>>,
     /// The shaped upstream result, for the response (the journal keeps the observation).
     pub forwarded: Mutex<Option<Value>>,
 }
@@ -34,6 +41,23 @@ pub struct CallEntry {
 impl CallEntry {
     pub fn new(downstream: Option<Arc<dyn Downstream>>) -> Arc<Self> {
         Self::with_facts(downstream, None, false)
+    }
+
+    /// A request of the 2026-07-28 era, with the answer it carries to an earlier question.
+    pub fn modern(
+        downstream: Option<Arc<dyn Downstream>>,
+        confirm: Option<String>,
+        input_response: Option<Value>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            downstream,
+            confirm,
+            elicitation: false,
+            modern: true,
+            input_response,
+            needs_input: Mutex::new(None),
+            forwarded: Mutex::new(None),
+        })
     }
 
     pub fn with_facts(
@@ -45,6 +69,9 @@ impl CallEntry {
             downstream,
             confirm,
             elicitation,
+            modern: false,
+            input_response: None,
+            needs_input: Mutex::new(None),
             forwarded: Mutex::new(None),
         })
     }

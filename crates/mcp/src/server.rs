@@ -318,11 +318,19 @@ impl GatewayServer {
         let elicitation = context
             .client_capabilities()
             .is_some_and(|c| c.elicitation.is_some());
-        let entry = CallEntry::with_facts(
-            Some(Relay::new(context.peer.clone(), token)),
-            confirm,
-            elicitation,
-        );
+        let modern = context
+            .protocol_version()
+            .is_some_and(|v| v.as_str() >= "2026-07-28");
+        let relay = Relay::new(context.peer.clone(), token);
+        let entry = if modern {
+            let answer = request
+                .input_responses
+                .as_ref()
+                .and_then(|r| r.get(crate::approval::APPROVAL_INPUT_KEY).cloned());
+            CallEntry::modern(Some(relay), confirm, answer)
+        } else {
+            CallEntry::with_facts(Some(relay), confirm, elicitation)
+        };
         self.gw.calls().insert(&call_id, entry.clone());
         let (session, primary) = self.session(&generation);
         let round = Round {
@@ -354,6 +362,15 @@ impl GatewayServer {
         }
         self.gw.calls().remove(&call_id);
         let forwarded = entry.forwarded.lock().expect("forwarded").take();
+        if let Some(question) = entry.needs_input.lock().expect("needs input").take() {
+            return Ok(json!({
+                "resultType": "input_required",
+                "inputRequests": {
+                    crate::approval::APPROVAL_INPUT_KEY: {"method": "elicitation/create", "params": question}
+                },
+                "requestState": "ring0-approval",
+            }));
+        }
         // An unknown tool is a protocol error (-32602), as the protocol specifies; every other
         // refusal is a result the model can correct itself from.
         if let Some(CallOutcome::Rejected { rejection }) =
@@ -369,7 +386,13 @@ impl GatewayServer {
     }
 }
 
-fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ErrorData> {
+/// Decodes a result into rmcp's model, marking it complete: the 2026-07-28 era requires
+/// `resultType`, and rmcp removes it again for peers of an older era.
+fn typed<T: serde::de::DeserializeOwned>(mut v: Value) -> Result<T, ErrorData> {
+    if let Some(obj) = v.as_object_mut() {
+        obj.entry("resultType")
+            .or_insert_with(|| Value::String("complete".into()));
+    }
     serde_json::from_value(v).map_err(|e| {
         ErrorData::internal_error(
             format!("an upstream result ring0 cannot represent: {e}"),
@@ -445,9 +468,7 @@ impl ServerHandler for GatewayServer {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let cursor = request.as_ref().and_then(|r| r.cursor.clone());
-        let value = self.list(cursor.as_deref())?;
-        serde_json::from_value(value)
-            .map_err(|e| ErrorData::internal_error(format!("tool list: {e}"), None))
+        typed(self.list(cursor.as_deref())?)
     }
 
     async fn call_tool(
@@ -456,7 +477,12 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let value = self.call(request, context).await?;
-        let result: CallToolResult = serde_json::from_value(value.clone()).unwrap_or_else(|e| {
+        if value.get("resultType").and_then(Value::as_str) == Some("input_required") {
+            let input: rmcp::model::InputRequiredResult = serde_json::from_value(value)
+                .map_err(|e| ErrorData::internal_error(format!("input required: {e}"), None))?;
+            return Ok(CallToolResponse::InputRequired(input));
+        }
+        let result: CallToolResult = typed(value.clone()).unwrap_or_else(|e| {
             // A content item rmcp's model does not know: keep the text, say what was dropped.
             let text = format!("ring0: the result could not be represented ({e}): {value}");
             serde_json::from_value(

@@ -91,6 +91,8 @@ pub struct Upstream {
     starts: AtomicU64,
     connected: Notify,
     capabilities: Mutex<Value>,
+    /// What `roots/list` answers outside any call.
+    roots: Option<Value>,
 }
 
 struct Handler(Weak<Upstream>);
@@ -158,6 +160,10 @@ impl InboundHandler for Handler {
         };
         match entry.and_then(|e| e.downstream.clone()) {
             Some(down) => down.request(method, params).await,
+            // Outside any call (servers ask for roots at start), the roots are the workspace.
+            None if method == "roots/list" && up.roots.is_some() => {
+                Ok(json!({"roots": up.roots.clone().unwrap_or_default()}))
+            }
             None => Err(error_object(
                 code::METHOD_NOT_FOUND,
                 format!(
@@ -205,6 +211,7 @@ impl Upstream {
         log: Log,
         http_client: Option<reqwest::Client>,
         on_change: Arc<dyn Fn() + Send + Sync>,
+        roots: Option<Value>,
     ) -> Arc<Self> {
         Arc::new(Self {
             config,
@@ -221,6 +228,7 @@ impl Upstream {
             starts: AtomicU64::new(0),
             connected: Notify::new(),
             capabilities: Mutex::new(Value::Null),
+            roots,
         })
     }
 
