@@ -10,6 +10,9 @@ if ((${#need_apt[@]})); then
     apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
 fi
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+# Real MCP peers (reference servers, Inspector CLI, conformance suite, Python SDK) for the
+# gateway's interoperability tests; installed once into target/mcp-peers/.
+bash scripts/install-mcp-peers.sh
 
 cargo test --workspace --doc --quiet
 cargo nextest run --workspace --no-fail-fast --cargo-quiet
