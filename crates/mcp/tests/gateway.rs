@@ -303,3 +303,70 @@ async fn a_large_result_is_bounded_by_the_observation_budget() {
     assert!(observation.truncated);
     assert!(observation.truncation_notice.is_some());
 }
+
+/// The reference fixture over Streamable HTTP on a fixed port.
+struct HttpFixture(std::process::Child);
+
+impl Drop for HttpFixture {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http_fixture(port: u16) -> HttpFixture {
+    HttpFixture(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ring0-mcp-fixture"))
+            .args(["--http", &format!("127.0.0.1:{port}")])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("fixture"),
+    )
+}
+
+async fn listening(port: u16) -> bool {
+    eventually(|| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_upstream_that_forgets_its_session_is_initialized_again() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let server = http_fixture(port);
+    assert!(listening(port).await);
+    let dir = tempfile::tempdir().unwrap();
+    let up: UpstreamConfig = toml::from_str(&format!(
+        "alias = \"web\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n"
+    ))
+    .unwrap();
+    let gw = start(dir.path(), up);
+    assert!(gw.wait_for_upstreams(WAIT).await.is_empty());
+    let r = call(&gw, "web__echo", json!({"text": "first session"})).await;
+    assert_eq!(text(&r), "first session");
+    let before = gw.upstreams()[0].starts();
+
+    // A new server process on the same port knows none of the old sessions: HTTP 404.
+    drop(server);
+    let _server = http_fixture(port);
+    assert!(listening(port).await);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut last = String::new();
+    while tokio::time::Instant::now() < deadline {
+        let r = call(&gw, "web__echo", json!({"text": "second session"})).await;
+        last = text(&r);
+        if last == "second session" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(last, "second session");
+    assert!(
+        gw.upstreams()[0].starts() > before,
+        "a new session was initialized"
+    );
+}
