@@ -31,6 +31,43 @@
 //! arguments themselves only when configured). An audit record that cannot be written denies the
 //! call: authorization fails closed.
 //!
+//! # Example
+//!
+//! ```
+//! use ring0_core::{Authority, Observation, ProviderFormat, ToolSpec};
+//! use ring0_kernel::{Kernel, RoundOptions, SessionConfig, tool_fn};
+//! use ring0_policy::{Grant, MemoryAudit, Policy, RateLimit};
+//! use serde_json::json;
+//! use std::sync::Arc;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! let read = ToolSpec::read("read_file", "Read a file",
+//!     json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}));
+//! let kernel = Kernel::builder()
+//!     .tool(read, tool_fn(|_ctx, args| async move { Ok(Observation::text(format!("{}", args["path"]))) }))
+//!     .unwrap()
+//!     .build();
+//! let audit = Arc::new(MemoryAudit::new());
+//! let policy = Policy::builder()
+//!     .grant(Grant::new("src", &["read_file"], Authority::A0)
+//!         .rule("args.path.startsWith('src/')").unwrap()
+//!         .rate(RateLimit::parse("60/min").unwrap()))
+//!     .unwrap()
+//!     .audit(audit.clone())
+//!     .build();
+//! let session = kernel.open_session(SessionConfig::new("user:1").authorizer(Arc::new(policy)));
+//! let turn = json!({"role": "assistant", "content": [
+//!     {"type": "tool_use", "id": "t1", "name": "read_file", "input": {"path": "src/lib.rs"}},
+//!     {"type": "tool_use", "id": "t2", "name": "read_file", "input": {"path": ".env"}}
+//! ]});
+//! let out = session.handle_turn(ProviderFormat::Anthropic, &turn, &RoundOptions::default()).await.unwrap();
+//! assert_eq!(out.message["content"][0]["is_error"], false);
+//! assert_eq!(out.message["content"][1]["is_error"], true); // the rule does not hold for `.env`
+//! let rules: Vec<String> = audit.entries().into_iter().map(|e| e.rule).collect();
+//! assert_eq!(rules, ["grant:src", "rule:src[0]"]);
+//! # });
+//! ```
+//!
 //! This crate never runs a tool, never reads a tool's arguments before they are validated, and
 //! never lets a tool, a tool server or a model grant authority: everything it allows comes from
 //! the grants the host configured.

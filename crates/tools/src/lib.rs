@@ -14,6 +14,24 @@
 //! the configuration grants, every path resolved beneath them by the kernel at the moment of use.
 //! Listings are paginated with signed cursors, at most [`page::PAGE_ENTRIES_MAX`] entries a page.
 //!
+//! ```no_run
+//! use ring0_core::Authority;
+//! use ring0_kernel::{GrantTable, Kernel, SessionConfig};
+//! use ring0_tools::{ToolsConfig, builtin_tools};
+//! use std::sync::Arc;
+//!
+//! let config = ToolsConfig::new("/srv/project", "/srv/project/.ring0", vec![0x5a; 32]);
+//! let mut kernel = Kernel::builder();
+//! for (spec, tool) in builtin_tools(&config)? {
+//!     kernel = kernel.tool(spec, tool)?;
+//! }
+//! let kernel = kernel
+//!     .authorizer(Arc::new(GrantTable::allow(&["read_file", "search"], Authority::A0)))
+//!     .build();
+//! let session = kernel.open_session(SessionConfig::new("user:42"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! This crate must never touch a file by a path string outside the sandbox, follow a symlink out
 //! of a root, or run a command except through `ring0-exec`. Tools are reached only through the
 //! kernel: [`builtin_tools`] returns specs and executors for `KernelBuilder::tool`.

@@ -438,3 +438,18 @@ async fn symlink_swapped_between_check_and_use_never_escapes() {
     assert_eq!(outside.len(), 1, "nothing was written outside");
     assert!(Path::new(&root.join("outside/secret.txt")).exists());
 }
+
+#[tokio::test]
+async fn symlinks_that_stay_inside_the_workspace_are_followed() {
+    let env = Env::new();
+    env.write("real/data.txt", "inside data");
+    symlink("real", env.path("alias")).unwrap();
+    let (r, is_error) = env
+        .call("read_file", json!({"path": "alias/data.txt"}))
+        .await;
+    assert!(!is_error, "{r}");
+    assert_eq!(common::text(&r), "inside data");
+    let (r, is_error) = env.call("list_dir", json!({"path": "alias"})).await;
+    assert!(!is_error, "{r}");
+    assert_eq!(common::structured(&r)["entries"][0]["name"], "data.txt");
+}
