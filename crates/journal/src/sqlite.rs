@@ -64,6 +64,13 @@ struct WalActivity {
     batches_since_checkpoint: std::sync::atomic::AtomicU64,
 }
 
+/// Page size of a new journal (1 KiB). Each new intent inserts into two indexes keyed by
+/// hashes, at random places, so a group commit of n intents dirties about 2n scattered pages;
+/// with small pages that is a quarter of the WAL bytes (and fsync time) of 4 KiB pages. Measured
+/// with `cargo bench -p ring0-journal --bench commit`: p99 under 64 proposers fell from
+/// 5.8–9.5x to 4.2–5.0x the single-commit latency.
+pub const PAGE_SIZE_BYTES: u32 = 1024;
+
 /// `PRAGMA application_id` of a ring0 journal ("r0jl").
 const APPLICATION_ID: i64 = 0x7230_6a6c;
 
@@ -496,6 +503,9 @@ fn configure_writer(
 ) -> Result<(), JournalError> {
     // Every statement the writer runs per request stays prepared.
     conn.set_prepared_statement_cache_capacity(32);
+    // Takes effect only when the file is created; an existing journal keeps its page size.
+    conn.execute_batch(&format!("PRAGMA page_size = {PAGE_SIZE_BYTES}"))
+        .map_err(|e| files.sql(e))?;
     // The first statement that reads the header: a file that is not a database fails here.
     let mode = pragma_text(conn, files, "PRAGMA journal_mode = WAL")?;
     if !mode.eq_ignore_ascii_case("wal") {
