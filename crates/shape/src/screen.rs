@@ -84,6 +84,10 @@ impl Screen {
     /// says it has no multi-byte characters (a hint only, for speed).
     pub fn text<S: LineSink>(&mut self, mut text: &[u8], ascii: bool, sink: &mut S) {
         while !text.is_empty() {
+            let Some(i) = find_newline(text) else {
+                self.write(text, ascii, sink);
+                return;
+            };
             if self.col == Col::End && self.row == self.bottom() {
                 let taken = self.append_lines(text);
                 if taken > 0 {
@@ -92,17 +96,9 @@ impl Screen {
                     continue;
                 }
             }
-            match memchr::memchr(b'\n', text) {
-                Some(i) => {
-                    self.write(&text[..i], ascii, sink);
-                    self.newline(sink);
-                    text = &text[i + 1..];
-                }
-                None => {
-                    self.write(text, ascii, sink);
-                    return;
-                }
-            }
+            self.write(&text[..i], ascii, sink);
+            self.newline(sink);
+            text = &text[i + 1..];
         }
     }
 
@@ -313,7 +309,7 @@ impl Screen {
         let at = start + off + pad;
         let text_chars = if ascii { text.len() } else { char_count(text) };
         // The bytes of the characters the text replaces, unless the line ends first.
-        match advance_chars(&self.buf[at..end], text_chars) {
+        match char_offset(&self.buf[at..end], text_chars) {
             Some(n) if at + n < end => {
                 self.splice(self.row, at, at + n, text);
                 self.col = Col::At(c + text_chars, Some(at - start + text.len()));
@@ -402,7 +398,22 @@ impl Screen {
             self.buf[from..to].copy_from_slice(with);
             return;
         }
-        self.buf.splice(from..to, with.iter().copied());
+        if to == self.buf.len() {
+            // At the end of the window (the bottom line): no bytes to move.
+            self.buf.truncate(from);
+            self.buf.extend_from_slice(with);
+        } else if with.len() > removed {
+            let grow = with.len() - removed;
+            let old_len = self.buf.len();
+            self.buf.resize(old_len + grow, 0);
+            self.buf.copy_within(to..old_len, to + grow);
+            self.buf[from..from + with.len()].copy_from_slice(with);
+        } else {
+            let shrink = removed - with.len();
+            self.buf.copy_within(to.., from + with.len());
+            self.buf.truncate(self.buf.len() - shrink);
+            self.buf[from..from + with.len()].copy_from_slice(with);
+        }
         let grow = with.len() as isize - removed as isize;
         for s in self.starts.iter_mut().skip(row + 1) {
             *s = (*s as isize + grow) as usize;
@@ -441,6 +452,17 @@ impl Screen {
     }
 }
 
+/// The first line break; short texts (most pieces between escape sequences) are scanned
+/// directly, where setting up a vector search costs more than it saves.
+#[inline]
+fn find_newline(text: &[u8]) -> Option<usize> {
+    if text.len() < 32 {
+        text.iter().position(|&b| b == b'\n')
+    } else {
+        memchr::memchr(b'\n', text)
+    }
+}
+
 /// Iterates the characters of valid UTF-8 as byte slices.
 struct Chars<'a>(&'a [u8]);
 
@@ -467,37 +489,53 @@ fn char_len(lead: u8) -> usize {
 
 /// Characters in valid UTF-8.
 fn char_count(s: &[u8]) -> usize {
-    s.iter().filter(|&&b| is_char_start(b)).count()
+    let words = s.chunks_exact(8);
+    let rest = words.remainder();
+    let mut count = 0;
+    for w in words {
+        count += 8 - continuation_bytes(w);
+    }
+    count + rest.iter().filter(|&&b| is_char_start(b)).count()
+}
+
+/// Continuation bytes (`10xxxxxx`) in an 8-byte word: bit 7 set and bit 6 clear, counted for
+/// all eight bytes at once.
+#[inline]
+fn continuation_bytes(w: &[u8]) -> usize {
+    let mut arr = [0u8; 8];
+    arr.copy_from_slice(w);
+    let x = u64::from_le_bytes(arr);
+    (x & !(x << 1) & 0x8080_8080_8080_8080).count_ones() as usize
 }
 
 fn is_char_start(b: u8) -> bool {
     (b as i8) >= -0x40
 }
 
-/// Bytes of the first `n` characters, or `None` if the text has fewer.
-fn advance_chars(s: &[u8], n: usize) -> Option<usize> {
-    if n <= s.len() && s[..n].is_ascii() {
-        return Some(n);
-    }
-    char_offset(s, n)
-}
-
 /// Byte offset of character `n`, or `None` if the text has fewer characters.
 fn char_offset(s: &[u8], n: usize) -> Option<usize> {
-    if s.is_ascii() {
-        return (n <= s.len()).then_some(n);
-    }
     if n == 0 {
         return Some(0);
     }
+    // Whole words while they hold fewer than the characters still to skip, then byte by byte.
     let mut seen = 0;
-    for (i, &b) in s.iter().enumerate() {
-        if is_char_start(b) {
+    let mut i = 0;
+    while i + 8 <= s.len() {
+        let starts = 8 - continuation_bytes(&s[i..i + 8]);
+        if seen + starts > n {
+            break;
+        }
+        seen += starts;
+        i += 8;
+    }
+    while i < s.len() {
+        if is_char_start(s[i]) {
             if seen == n {
                 return Some(i);
             }
             seen += 1;
         }
+        i += 1;
     }
     (seen == n).then_some(s.len())
 }
@@ -586,6 +624,19 @@ mod tests {
             s.text(b"r", true, c);
         });
         assert_eq!(out, "car");
+    }
+
+    #[test]
+    fn character_offsets_agree_with_the_standard_library() {
+        let text = "a━b█cé😀d ━━━━━━━━ xyz ééééééééé";
+        let bytes = text.as_bytes();
+        let starts: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
+        for (n, &at) in starts.iter().enumerate() {
+            assert_eq!(char_offset(bytes, n), Some(at), "char {n}");
+        }
+        assert_eq!(char_offset(bytes, starts.len()), Some(bytes.len()));
+        assert_eq!(char_offset(bytes, starts.len() + 1), None);
+        assert_eq!(char_count(bytes), text.chars().count());
     }
 
     #[test]
