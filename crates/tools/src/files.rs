@@ -1,6 +1,6 @@
 //! `read_file`, `list_dir`, `glob` and `write_file`.
 
-use crate::page::{self, PAGE_ENTRIES_MAX};
+use crate::page::{self, PAGE_ENTRIES_MAX, PAGE_JSON_BYTES_MAX, json_len};
 use crate::sandbox::{Access, SandboxError};
 use crate::walk::{self, Flow, Kind, WalkOptions};
 use crate::{Workspace, args_of, not_applied};
@@ -241,6 +241,7 @@ impl Tool for ListDir {
             let dir = located.open_dir().map_err(sandbox_err)?;
             let limit = ring0_shape::cursor::clamp_page_size(a.limit, PAGE_ENTRIES_MAX).size;
             let mut entries = Vec::new();
+            let mut json_bytes = 0usize;
             let mut more = false;
             let after = resume.as_ref().map(|r| PathBuf::from(&r.after));
             let stats = walk::walk(
@@ -253,10 +254,12 @@ impl Tool for ListDir {
                 },
                 after.as_deref(),
                 |e| {
-                    if entries.len() == limit {
+                    let size = json_len(e.name) + 64;
+                    if entries.len() == limit || json_bytes + size > PAGE_JSON_BYTES_MAX {
                         more = true;
                         return Flow::Stop;
                     }
+                    json_bytes += size;
                     let size = match e.kind {
                         Kind::File => e.parent.metadata(e.name).ok().map(|m| m.len()),
                         _ => None,
@@ -271,7 +274,7 @@ impl Tool for ListDir {
             });
             if more {
                 let last = entries_last_name(&out);
-                out["next_cursor"] = json!(page::issue(&ws.cursors, &ctx.scope, &tag, &last, 0)?);
+                page::attach_cursor(&mut out, &ws.cursors, &ctx.scope, &tag, &last, 0);
             }
             if stats.dirs_unreadable > 0 || stats.entries_skipped_limit > 0 {
                 out["skipped"] = json!(stats);
@@ -347,10 +350,15 @@ impl Tool for Glob {
                 .map_err(|e| ToolError::not_applied(format!("pattern {:?}: {e}", a.pattern)))?
                 .compile_matcher();
             let resume = page::resume(&ws.cursors, &ctx.scope, a.cursor.as_deref(), &tag)?;
-            let located = ws.sandbox.locate(&a.path, Access::Read).map_err(sandbox_err)?;
+            let located = ws
+                .sandbox
+                .locate(&a.path, Access::Read)
+                .map_err(sandbox_err)?;
             let dir = located.open_dir().map_err(sandbox_err)?;
             let limit = ring0_shape::cursor::clamp_page_size(a.limit, PAGE_ENTRIES_MAX).size;
             let mut matches: Vec<Value> = Vec::new();
+            let mut json_bytes = 0usize;
+            let shown = located.display(ws.sandbox.workspace());
             let mut last = String::new();
             let mut more = false;
             let after = resume.as_ref().map(|r| PathBuf::from(&r.after));
@@ -367,21 +375,26 @@ impl Tool for Glob {
                     if e.kind == Kind::Dir || !matcher.is_match(e.rel) {
                         return Flow::Continue;
                     }
-                    if matches.len() == limit {
+                    let rel = e.rel.to_string_lossy().into_owned();
+                    let size = json_len(&rel) + json_len(&shown) + 48;
+                    if matches.len() == limit || json_bytes + size > PAGE_JSON_BYTES_MAX {
                         more = true;
                         return Flow::Stop;
                     }
-                    let rel = e.rel.to_string_lossy().into_owned();
-                    matches.push(json!({"path": join_display(&located.display(ws.sandbox.workspace()), &rel), "kind": e.kind}));
+                    json_bytes += size;
+                    matches.push(json!({"path": join_display(&shown, &rel), "kind": e.kind}));
                     last = rel;
                     Flow::Continue
                 },
             );
             let mut out = json!({"matches": matches});
             if more {
-                out["next_cursor"] = json!(page::issue(&ws.cursors, &ctx.scope, &tag, &last, 0)?);
+                page::attach_cursor(&mut out, &ws.cursors, &ctx.scope, &tag, &last, 0);
             }
-            if stats.dirs_unreadable > 0 || stats.entries_skipped_limit > 0 || stats.depth_limited > 0 {
+            if stats.dirs_unreadable > 0
+                || stats.entries_skipped_limit > 0
+                || stats.depth_limited > 0
+            {
                 out["skipped"] = json!(stats);
             }
             Ok(Observation::json(out))

@@ -8,24 +8,32 @@
 use ring0_core::canonical::canonical_string;
 use ring0_kernel::ToolError;
 use ring0_shape::cursor::CursorSigner;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::time::SystemTime;
 
 /// Most entries one page returns.
 pub const PAGE_ENTRIES_MAX: usize = 200;
+/// Bytes of JSON one page may take before it ends early with a cursor, so that a page of names
+/// full of characters JSON must escape still fits what the model may be shown.
+pub const PAGE_JSON_BYTES_MAX: usize = 40 * 1024;
 
-#[derive(Serialize, Deserialize)]
-struct Payload {
-    /// Tag of the query.
-    q: String,
-    /// Last path returned.
-    a: String,
-    /// Last line number returned within that path (search only).
-    #[serde(default)]
-    n: u64,
+/// Bytes `s` takes as a JSON string.
+pub fn json_len(s: &str) -> usize {
+    2 + s
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
 }
+
+/// Payload layout: query tag (16 ASCII hex bytes) ‖ line (8 bytes, big-endian) ‖ the last path
+/// returned, raw UTF-8 — raw, so names full of characters JSON would escape still fit.
+const TAG_BYTES: usize = 16;
+const HEADER_BYTES: usize = TAG_BYTES + 8;
 
 /// Where a page resumes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,36 +63,46 @@ pub fn resume(
     let Some(cursor) = cursor else {
         return Ok(None);
     };
-    let payload: Payload = signer
-        .verify_value(cursor, scope, SystemTime::now())
+    let payload = signer
+        .verify(cursor, scope, SystemTime::now())
         .map_err(|e| ToolError::not_applied(e.to_string()))?;
-    if payload.q != tag {
+    if payload.len() < HEADER_BYTES || &payload[..TAG_BYTES] != tag.as_bytes() {
         return Err(ToolError::not_applied(
             "cursor belongs to another query; repeat the same arguments with it, or start again without a cursor",
         ));
     }
+    let mut line = [0u8; 8];
+    line.copy_from_slice(&payload[TAG_BYTES..HEADER_BYTES]);
+    let after = String::from_utf8(payload[HEADER_BYTES..].to_vec())
+        .map_err(|_| ToolError::not_applied("cursor is not valid; start again without a cursor"))?;
     Ok(Some(Resume {
-        after: payload.a,
-        line: payload.n,
+        after,
+        line: u64::from_be_bytes(line),
     }))
 }
 
-pub fn issue(
+/// Sets `next_cursor` on a page that has more, or — when the last path is too long for a
+/// cursor — says so instead, so the page itself is still returned.
+pub fn attach_cursor(
+    out: &mut Value,
     signer: &CursorSigner,
     scope: &str,
     tag: &str,
     after: &str,
     line: u64,
-) -> Result<String, ToolError> {
-    signer
-        .issue_value(
-            scope,
-            &Payload {
-                q: tag.to_string(),
-                a: after.to_string(),
-                n: line,
-            },
-            SystemTime::now(),
-        )
-        .map_err(|e| ToolError::not_applied(format!("could not issue a cursor: {e}")))
+) {
+    let mut payload = Vec::with_capacity(HEADER_BYTES + after.len());
+    payload.extend_from_slice(tag.as_bytes());
+    payload.extend_from_slice(&line.to_be_bytes());
+    payload.extend_from_slice(after.as_bytes());
+    match signer.issue(scope, &payload, SystemTime::now()) {
+        Ok(cursor) => out["next_cursor"] = Value::String(cursor),
+        Err(e) => {
+            out["more"] = Value::Bool(true);
+            out["note"] = Value::String(format!(
+                "more entries follow, but no cursor can resume after a path of {} bytes ({e}); list a narrower directory",
+                after.len()
+            ));
+        }
+    }
 }

@@ -8,7 +8,7 @@
 //! (path, line) returned. At most [`OPEN_FILES_IN_FLIGHT`] files are open at once.
 
 use crate::files::join_display;
-use crate::page::{self, PAGE_ENTRIES_MAX};
+use crate::page::{self, PAGE_ENTRIES_MAX, PAGE_JSON_BYTES_MAX, json_len};
 use crate::sandbox::Access;
 use crate::walk::{self, Flow, Kind, WalkOptions};
 use crate::{Workspace, args_of, not_applied};
@@ -30,8 +30,6 @@ use std::sync::mpsc;
 pub const PATTERN_BYTES_MAX: usize = 1024;
 /// Bytes of a matching line shown; longer lines are cut, saying so.
 pub const LINE_BYTES_MAX: usize = 240;
-/// Bytes of JSON one page of matches may take before it ends early with a cursor.
-pub const PAGE_JSON_BYTES_MAX: usize = 40 * 1024;
 /// Files open at once (queued for or being searched).
 pub const OPEN_FILES_IN_FLIGHT: usize = 64;
 /// Matches kept per file per page (the rest come on the next page).
@@ -276,7 +274,7 @@ pub fn search_dir(
                 page.files_searched += 1;
                 let mut kept = Vec::new();
                 for hit in hits {
-                    let size = rel.len() + hit.text.len() + 40;
+                    let size = json_len(&rel) + json_len(&hit.text) + 32;
                     if count == limit || json_bytes + size > PAGE_JSON_BYTES_MAX {
                         let (last_line, last_rel) = match kept.last() {
                             Some((line, _)) => (*line, rel.clone()),
@@ -391,8 +389,7 @@ impl Tool for Search {
                 out["binary_files_skipped"] = json!(page.binary_skipped);
             }
             if let Some((after, line)) = &page.next {
-                out["next_cursor"] =
-                    json!(page::issue(&ws.cursors, &ctx.scope, &tag, after, *line)?);
+                page::attach_cursor(&mut out, &ws.cursors, &ctx.scope, &tag, after, *line);
             }
             let s = page.stats;
             if s.dirs_unreadable > 0 || s.entries_skipped_limit > 0 || s.depth_limited > 0 {

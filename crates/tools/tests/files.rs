@@ -303,3 +303,46 @@ fn directory_fsync_works_on_a_directory_handle() {
         cap_std::fs::Dir::open_ambient_dir(dir.path(), cap_std::ambient_authority()).unwrap();
     handle.open(".").unwrap().into_std().sync_all().unwrap();
 }
+
+#[tokio::test]
+async fn shell_output_of_any_size_fits_what_the_model_may_see() {
+    let env = Env::new();
+    // Quotes and control bytes double or sextuple in JSON: the worst case for the projection.
+    let script = "yes '\"\"\\\\' | head -c 400000; printf '\\001%.0s' $(seq 1 20000) >&2";
+    let (r, is_error) = env
+        .call("shell", json!({"argv": ["sh", "-c", script]}))
+        .await;
+    assert_ne!(r["status"], "projection_failed", "{r}");
+    assert!(!is_error, "{r}");
+    assert!(r.to_string().len() <= 64 * 1024, "{}", r.to_string().len());
+}
+
+#[tokio::test]
+async fn listing_names_full_of_escapes_ends_the_page_early_with_a_cursor() {
+    let env = Env::new();
+    for i in 0..200 {
+        let name = format!("{i:03}{}", "\u{1}".repeat(200));
+        std::fs::write(env.path(&name), "x").unwrap();
+    }
+    let (r, is_error) = env.call("list_dir", json!({})).await;
+    assert!(!is_error, "{r}");
+    assert!(r.to_string().len() <= 64 * 1024);
+    let s = structured(&r);
+    let n = s["entries"].as_array().unwrap().len();
+    assert!(n > 0 && n < 200, "{n}");
+    assert!(s["next_cursor"].is_string(), "the rest is one cursor away");
+}
+
+#[tokio::test]
+async fn search_matches_full_of_escapes_end_the_page_early_with_a_cursor() {
+    let env = Env::new();
+    let line = format!("hit{}\n", "\u{1}".repeat(230));
+    env.write("noisy.txt", &line.repeat(300));
+    let (r, is_error) = env.call("search", json!({"pattern": "hit"})).await;
+    assert!(!is_error, "{r}");
+    assert!(r.to_string().len() <= 64 * 1024);
+    let s = structured(&r);
+    let n = s["matches"].as_array().unwrap().len();
+    assert!(n > 0 && n < 200, "{n}");
+    assert!(s["next_cursor"].is_string());
+}
