@@ -33,7 +33,7 @@ fn sandbox_err(e: SandboxError) -> ToolError {
 /// The longest prefix of `text` (ending on a character boundary) whose JSON string form takes at
 /// most `budget` bytes. Counted per byte: an escaped ASCII byte takes 2 or 6, every other byte 1
 /// (a multi-byte character takes as many bytes escaped as raw).
-fn json_prefix(text: &str, budget: usize) -> &str {
+pub(crate) fn json_prefix(text: &str, budget: usize) -> &str {
     let bytes = text.as_bytes();
     let mut used = 0usize;
     for (i, &b) in bytes.iter().enumerate() {

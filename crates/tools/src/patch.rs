@@ -742,15 +742,29 @@ struct PatchArgs {
     dry_run: bool,
 }
 
+/// The diff cut so that its JSON form takes at most [`DIFF_BYTES_MAX`] bytes, and the bytes left
+/// out.
 fn bounded_diff(diff: &str) -> (String, usize) {
-    if diff.len() <= DIFF_BYTES_MAX {
-        return (diff.to_string(), 0);
-    }
-    let mut cut = DIFF_BYTES_MAX;
-    while !diff.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    (diff[..cut].to_string(), diff.len() - cut)
+    let kept = crate::files::json_prefix(diff, DIFF_BYTES_MAX);
+    (kept.to_string(), diff.len() - kept.len())
+}
+
+/// Bytes of JSON the list of changed files may take; past it the rest are counted.
+const FILES_JSON_BYTES_MAX: usize = 8 * 1024;
+
+/// The changed files, as many as fit [`FILES_JSON_BYTES_MAX`], and how many were left out.
+fn bounded_files(files: Vec<Value>) -> (Vec<Value>, usize) {
+    let mut used = 0;
+    let total = files.len();
+    let kept: Vec<Value> = files
+        .into_iter()
+        .take_while(|f| {
+            used += f.to_string().len() + 1;
+            used <= FILES_JSON_BYTES_MAX
+        })
+        .collect();
+    let omitted = total - kept.len();
+    (kept, omitted)
 }
 
 impl ApplyPatch {
@@ -853,7 +867,7 @@ impl Tool for ApplyPatch {
             let plan = ws
                 .plan(&ops, !a.dry_run)
                 .map_err(|e| ToolError::not_applied(format!("{}; nothing was written", e.0)))?;
-            let files = summary(&plan);
+            let (files, files_omitted) = bounded_files(summary(&plan));
             let (diff, omitted) = bounded_diff(&plan.diff);
             if !a.dry_run {
                 commit(plan, fault.as_ref())?;
@@ -866,6 +880,9 @@ impl Tool for ApplyPatch {
             });
             if omitted > 0 {
                 out["diff_bytes_omitted"] = json!(omitted);
+            }
+            if files_omitted > 0 {
+                out["files_omitted"] = json!(files_omitted);
             }
             Ok(Observation::json(out))
         })

@@ -328,3 +328,17 @@ async fn partly_applied_patch_is_left_for_a_person() {
     );
     assert!(ws.join("c.txt").exists());
 }
+
+#[tokio::test]
+async fn a_huge_diff_is_cut_to_what_the_model_may_see() {
+    let env = Env::new();
+    let body: String = (0..3000)
+        .map(|i| format!("+line {i} \u{1}\u{1}\u{1}\"\"\n"))
+        .collect();
+    let (r, is_error) = env
+        .call("apply_patch", json!({"patch": format!("*** Begin Patch\n*** Add File: big.txt\n{body}*** End Patch\n"), "dry_run": true}))
+        .await;
+    assert!(!is_error, "{r}");
+    assert!(r.to_string().len() <= 64 * 1024);
+    assert!(structured(&r)["diff_bytes_omitted"].as_u64().unwrap() > 0);
+}
