@@ -48,6 +48,8 @@ pub(crate) struct DispatchEnv {
     /// Record reads in the journal too (for the audit trail). Off by default: a read has no
     /// effect to deduplicate, so it bypasses the commit path.
     pub journal_reads: bool,
+    /// How long a memoized observation of a deterministic read may be served; 0 disables.
+    pub memo_ttl_ms: u64,
 }
 
 /// Writes whose outcome is uncertain in this batch.
@@ -638,6 +640,29 @@ fn unsettled(job: &Prepared, record: &IntentRecord, why: String, timing: Timing)
 /// isolation, bounding and events as every other call.
 async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt {
     let spec = &job.tool.spec;
+    let memoizable = env.memo_ttl_ms > 0 && spec.deterministic;
+    if memoizable
+        && let Ok(Some(observation)) = env
+            .journal
+            .memo_get(&job.call.fingerprint, env.memo_ttl_ms)
+            .await
+    {
+        // Byte-identical to the stored observation: keeps the model's prompt prefix stable.
+        return Receipt {
+            call_id: job.call.call_id.clone(),
+            index: job.call.index,
+            tool: job.call.tool.clone(),
+            intent_id: None,
+            semantic_key: None,
+            idempotency_key: None,
+            state: Some(IntentState::Acked),
+            revision: 0,
+            timeline: Vec::new(),
+            disposition: Disposition::Memoized,
+            outcome: CallOutcome::Completed { observation },
+            timing: Timing::default(),
+        };
+    }
     if !announce_start(env, job, epoch_no) {
         return cancelled(job);
     }
@@ -649,12 +674,17 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
         run_ms: ms(started.elapsed()),
     };
     let (state, outcome) = match result {
-        Attempt::Ok(obs) => (
-            IntentState::Acked,
-            CallOutcome::Completed {
-                observation: bound(obs, spec.observation_budget_bytes),
-            },
-        ),
+        Attempt::Ok(obs) => {
+            let observation = bound(obs, spec.observation_budget_bytes);
+            if memoizable && !observation.is_error {
+                // A failed store only costs a future cache miss.
+                let _ = env
+                    .journal
+                    .memo_put(&job.call.fingerprint, &observation)
+                    .await;
+            }
+            (IntentState::Acked, CallOutcome::Completed { observation })
+        }
         Attempt::Failed(e) => (
             IntentState::Failed,
             CallOutcome::Failed {

@@ -136,6 +136,9 @@ pub struct SessionConfig {
     pub authorizer: Option<Arc<dyn Authorizer>>,
     /// Record nullipotent calls in the journal as well (audit trail). Off by default.
     pub journal_reads: bool,
+    /// Serve a byte-identical observation of a deterministic read from the journal for this
+    /// long; 0 (the default) always runs the tool.
+    pub memo_ttl_ms: u64,
 }
 
 impl SessionConfig {
@@ -149,6 +152,7 @@ impl SessionConfig {
             projector: None,
             authorizer: None,
             journal_reads: false,
+            memo_ttl_ms: 0,
         }
     }
 
@@ -178,6 +182,10 @@ impl SessionConfig {
     }
     pub fn journal_reads(mut self, on: bool) -> Self {
         self.journal_reads = on;
+        self
+    }
+    pub fn memo_ttl_ms(mut self, ttl_ms: u64) -> Self {
+        self.memo_ttl_ms = ttl_ms;
         self
     }
 }
@@ -384,6 +392,7 @@ impl Session {
             intent_ids: Arc::new(options.intent_ids.clone()),
             start_gate: self.start_gate.clone(),
             journal_reads: self.config.journal_reads,
+            memo_ttl_ms: self.config.memo_ttl_ms,
         }
     }
 

@@ -825,3 +825,49 @@ async fn a_tool_can_report_a_background_job_after_its_call_returned() {
     .expect("the completion arrived as an event");
     assert_eq!(update, ("job_1".to_string(), "COMPLETED".to_string()));
 }
+
+#[tokio::test]
+async fn a_deterministic_read_is_served_byte_identical_from_the_journal_within_its_ttl() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let kernel = Kernel::builder()
+        .tool(
+            ToolSpec::read(
+                "lookup",
+                "",
+                json!({"type": "object", "properties": {"k": {"type": "string"}}}),
+            )
+            .deterministic(true),
+            ring0_kernel::tool_fn(move |_ctx, args| {
+                let r = r.clone();
+                async move {
+                    let n = r.fetch_add(1, Ordering::SeqCst);
+                    Ok(Observation::json(json!({"k": args["k"], "run": n})))
+                }
+            }),
+        )
+        .unwrap()
+        .authorizer(Arc::new(GrantTable::allow(&["*"], Authority::A0)))
+        .journal(Arc::new(MemoryJournal::new()))
+        .build();
+    let memo = kernel.open_session(SessionConfig::new("s").memo_ttl_ms(60_000));
+    let ask = |k: &str| round(vec![call(0, "lookup", json!({"k": k}))]);
+    let first = memo.run_round(ask("a"), &RoundOptions::default()).await;
+    let second = memo.run_round(ask("a"), &RoundOptions::default()).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(second.receipts[0].disposition, Disposition::Memoized);
+    assert_eq!(first.receipts[0].outcome, second.receipts[0].outcome);
+    memo.run_round(ask("b"), &RoundOptions::default()).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "other arguments run the tool"
+    );
+    let plain = kernel.open_session(SessionConfig::new("s"));
+    plain.run_round(ask("a"), &RoundOptions::default()).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "without a TTL the tool always runs"
+    );
+}
