@@ -68,6 +68,7 @@ pub mod plan;
 pub mod policy;
 pub mod prepare;
 pub mod project;
+mod recover;
 pub mod registry;
 mod session;
 pub mod stream;

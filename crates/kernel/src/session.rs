@@ -292,6 +292,23 @@ impl Kernel {
         &self.inner.journal
     }
 
+    /// Settles what a previous process left open in the journal, from the log alone, using the
+    /// registered tools: in-flight calls are reconciled (never re-sent blindly), committed but
+    /// unsent calls are dispatched. Call once at start, before serving.
+    pub async fn recover(
+        &self,
+    ) -> Result<ring0_journal::RecoveryReport, ring0_journal::JournalError> {
+        let exec = crate::recover::RegistryExecutor {
+            registry: &self.inner.registry,
+        };
+        ring0_journal::recover(
+            self.inner.journal.as_ref(),
+            &exec,
+            ring0_journal::RecoveryPolicy::default(),
+        )
+        .await
+    }
+
     pub fn open_session(&self, config: SessionConfig) -> Session {
         let n = self.inner.sessions.fetch_add(1, Ordering::Relaxed);
         let (events, _) = broadcast::channel(EVENTS_BUFFER_MAX);
