@@ -205,7 +205,12 @@ impl Sanitizer {
                             break;
                         }
                         if let Some(len) = common_three_byte(bytes, i) {
+                            // A bar repeats one character: compare whole characters after it.
+                            let ch = &bytes[i..i + len];
                             i += len;
+                            while bytes.get(i..i + len) == Some(ch) {
+                                i += len;
+                            }
                             continue;
                         }
                         match plain_multibyte_len(&bytes[i..]) {
@@ -243,14 +248,18 @@ impl Sanitizer {
 
     /// Keeps a piece of text that continues after a colour change.
     fn stage(&mut self, run: &[u8], ascii: bool) {
-        self.pending.extend_from_slice(run);
-        self.pending_ascii &= ascii;
+        if !run.is_empty() {
+            self.pending.extend_from_slice(run);
+            self.pending_ascii &= ascii;
+        }
     }
 
     /// Writes the staged text and `run` to the screen.
     fn emit<S: LineSink>(&mut self, run: &[u8], ascii: bool, screen: &mut Screen, sink: &mut S) {
         if self.pending.is_empty() {
-            screen.text(run, ascii, sink);
+            if !run.is_empty() {
+                screen.text(run, ascii, sink);
+            }
             return;
         }
         self.pending.extend_from_slice(run);
