@@ -530,10 +530,21 @@ fn cursor_key(state_dir: &Path) -> Result<Vec<u8>, String> {
     Ok(key)
 }
 
-/// Builds the kernel (built-in tools, SQLite journal at `state_dir/journal.db`) and the
-/// session's authorizer from a loaded configuration. `approver` decides held calls (the
-/// terminal's approvals directory for the CLI; an MCP client's elicitation for a server).
-pub fn build_kernel(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Built, ConfigError> {
+/// What a configuration provides before a kernel is built: the built-in tools, the session's
+/// policy and the journal. A front end that builds its own kernel (an MCP gateway adding
+/// upstream tools) takes these; [`build_kernel`] assembles them into a kernel.
+pub struct Parts {
+    pub tools: Vec<ring0_tools::ToolEntry>,
+    pub policy: Policy,
+    pub journal: Arc<SqliteJournal>,
+    pub max_concurrent_tools: usize,
+}
+
+/// The built-in tools (configured from `[paths]`, `[limits]`, `[shell]`), the policy (from
+/// `[[grants]]`, `[limits]`, `[approval]`, `[audit]`) and the SQLite journal at
+/// `state_dir/journal.db`. `approver` decides held calls (the terminal's approvals directory for
+/// the CLI; an MCP client's elicitation for a server).
+pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts, ConfigError> {
     let config = &loaded.config;
     let err = |key: &str, why: String| ConfigError {
         file: loaded.source.clone(),
@@ -569,12 +580,6 @@ pub fn build_kernel(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Buil
             format!("journal {}: {e}", journal_path.display()),
         )
     })?;
-    let mut builder = Kernel::builder().journal(Arc::new(journal));
-    for (spec, tool) in tools {
-        builder = builder
-            .tool(spec, tool)
-            .map_err(|e| err("(tools)", e.to_string()))?;
-    }
     let audit_path = loaded.state_dir.join(&config.audit.path);
     let audit = JsonlAudit::open(&audit_path)
         .map_err(|e| err("audit.path", format!("{}: {e}", audit_path.display())))?;
@@ -599,13 +604,32 @@ pub fn build_kernel(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Buil
             RateLimit::parse(rate).map_err(|e| err("limits.session_rate", e.to_string()))?,
         );
     }
-    let policy = policy.build();
-    let authorizer: Arc<dyn Authorizer> = Arc::new(policy.clone());
+    Ok(Parts {
+        tools,
+        policy: policy.build(),
+        journal: Arc::new(journal),
+        max_concurrent_tools: config.limits.max_concurrent_tools,
+    })
+}
+
+/// Builds the kernel (built-in tools, SQLite journal) and the session's authorizer from a loaded
+/// configuration; see [`build_parts`].
+pub fn build_kernel(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Built, ConfigError> {
+    let parts = build_parts(loaded, approver)?;
+    let mut builder = Kernel::builder().journal(parts.journal);
+    for (spec, tool) in parts.tools {
+        builder = builder.tool(spec, tool).map_err(|e| ConfigError {
+            file: loaded.source.clone(),
+            key: "(tools)".into(),
+            why: e.to_string(),
+        })?;
+    }
+    let authorizer: Arc<dyn Authorizer> = Arc::new(parts.policy.clone());
     Ok(Built {
         kernel: builder.authorizer(authorizer.clone()).build(),
         authorizer,
-        policy,
-        max_concurrent_tools: config.limits.max_concurrent_tools,
+        policy: parts.policy,
+        max_concurrent_tools: parts.max_concurrent_tools,
     })
 }
 

@@ -149,6 +149,10 @@ pub fn search_dir(
     workers: usize,
 ) -> SearchPage {
     let stop = AtomicBool::new(false);
+    // How far results have been consumed in walk order. The walk stays at most
+    // OPEN_FILES_IN_FLIGHT files ahead of it, so results waiting to be put in order (behind one
+    // slow file) stay bounded too.
+    let consumed = (std::sync::Mutex::new(0u64), std::sync::Condvar::new());
     let (file_tx, file_rx) =
         mpsc::sync_channel::<(u64, String, std::fs::File)>(OPEN_FILES_IN_FLIGHT);
     let file_rx = std::sync::Mutex::new(file_rx);
@@ -201,6 +205,19 @@ pub fn search_dir(
                         return Flow::Continue;
                     };
                     let rel = e.rel.to_string_lossy().into_owned();
+                    {
+                        let mut done = consumed.0.lock().unwrap_or_else(|p| p.into_inner());
+                        while seq >= *done + OPEN_FILES_IN_FLIGHT as u64 {
+                            if stop.load(Ordering::Relaxed) {
+                                return Flow::Stop;
+                            }
+                            done = consumed
+                                .1
+                                .wait_timeout(done, std::time::Duration::from_millis(50))
+                                .unwrap_or_else(|p| p.into_inner())
+                                .0;
+                        }
+                    }
                     if file_tx.send((seq, rel, file.into_std())).is_err() {
                         return Flow::Stop;
                     }
@@ -260,6 +277,8 @@ pub fn search_dir(
             pending.insert(seq, (rel, hits));
             while let Some((rel, hits)) = pending.remove(&want) {
                 want += 1;
+                *consumed.0.lock().unwrap_or_else(|p| p.into_inner()) = want;
+                consumed.1.notify_all();
                 if page.next.is_some() {
                     continue;
                 }

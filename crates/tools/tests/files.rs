@@ -346,3 +346,37 @@ async fn search_matches_full_of_escapes_end_the_page_early_with_a_cursor() {
     assert!(n > 0 && n < 200, "{n}");
     assert!(s["next_cursor"].is_string());
 }
+
+#[tokio::test]
+async fn search_over_many_files_keeps_walk_order_across_pages() {
+    let env = Env::new();
+    for i in 0..300 {
+        env.write(
+            &format!("d{:02}/f{i:03}.txt", i % 7),
+            &format!("x\nneedle {i}\n"),
+        );
+    }
+    let mut seen: Vec<String> = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..3 {
+        let mut args = json!({"pattern": "needle"});
+        if let Some(c) = &cursor {
+            args["cursor"] = json!(c);
+        }
+        let (r, is_error) = env.call("search", args).await;
+        assert!(!is_error, "{r}");
+        let s = structured(&r);
+        for m in s["matches"].as_array().unwrap() {
+            assert_eq!(m["line"], 2);
+            seen.push(m["path"].as_str().unwrap().to_string());
+        }
+        cursor = s["next_cursor"].as_str().map(str::to_string);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), 300, "every match exactly once");
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(seen, sorted, "in walk (path) order");
+}
