@@ -329,3 +329,24 @@ fn turn_refuses_an_unknown_format() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("openai, responses or anthropic"));
 }
+
+#[test]
+fn the_same_turn_fed_twice_replays_its_write_instead_of_running_it_again() {
+    let dir = workspace();
+    let message = json!({"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_w", "name": "write_file", "input": {"path": "once.txt", "content": "1"}}
+    ]});
+    let first = turn(dir.path(), "anthropic", message.clone());
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(stdout_json(&first)["content"][0]["is_error"], false);
+    std::fs::write(dir.path().join("once.txt"), "changed by a person").unwrap();
+    let second = turn(dir.path(), "anthropic", message);
+    let result = stdout_json(&second);
+    assert_eq!(result["content"][0]["is_error"], false, "{result}");
+    assert!(result.to_string().contains("replayed"), "{result}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("once.txt")).unwrap(),
+        "changed by a person",
+        "the write did not run a second time"
+    );
+}
