@@ -158,10 +158,15 @@ fn io_err(path: &Path, e: impl std::fmt::Display) -> ApprovalError {
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ApprovalError> {
     let tmp = path.with_extension(format!("tmp{}", uuid::Uuid::new_v4().simple()));
     let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        // Requests summarize arguments, which may be private.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(0o600);
+        }
+        let mut f = options.open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
