@@ -567,3 +567,20 @@ fn http_serves_the_stateless_protocol_with_per_request_metadata() {
     );
     assert!(status == 400 || body.contains("-32020"), "{status} {body}");
 }
+
+#[test]
+fn over_stdio_upstream_definitions_and_results_keep_fields_rmcp_does_not_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let mut c = Client::start(dir.path(), Some(&config));
+    c.initialize(json!({}));
+    let list = c.request("tools/list", json!({}));
+    let echo = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "fx__echo")
+        .cloned()
+        .unwrap();
+    assert_eq!(echo["x-vendor"]["kept"], true, "{echo}");
+}

@@ -43,10 +43,12 @@ pub struct ForwardConfig {
     pub provenance: Provenance,
 }
 
-fn shape_config(budget: usize, cfg: &ForwardConfig) -> ShapeConfig {
+/// `may_cut`: whether the input can exceed the budget. Only then is the spill store passed: the
+/// shaper opens a spill file per stream up front, which costs more than shaping a short text.
+fn shape_config(budget: usize, cfg: &ForwardConfig, may_cut: bool) -> ShapeConfig {
     ShapeConfig {
         budget_bytes: budget.clamp(BUDGET_BYTES_MIN, ring0_shape::config::BUDGET_BYTES_MAX),
-        spill: cfg.spill.clone(),
+        spill: if may_cut { cfg.spill.clone() } else { None },
         // Token counting costs more than the rest of forwarding; the gateway's results carry
         // byte counts instead.
         count_tokens: false,
@@ -57,7 +59,8 @@ fn shape_config(budget: usize, cfg: &ForwardConfig) -> ShapeConfig {
 
 /// Shapes one text; the shaper ends text with a newline, which an MCP text item did not have.
 fn shape_text(text: &str, budget: usize, cfg: &ForwardConfig) -> (String, Option<String>) {
-    let obs = match shape_bytes(text.as_bytes(), &shape_config(budget, cfg)) {
+    let may_cut = text.len() + NOTICE_ROOM_BYTES > budget;
+    let obs = match shape_bytes(text.as_bytes(), &shape_config(budget, cfg, may_cut)) {
         Ok(o) => o,
         Err(e) => return (format!("[ring0: this text could not be shaped: {e}]"), None),
     };
@@ -168,6 +171,7 @@ pub fn forward(raw: &Value, output_schema: Option<&Validator>, cfg: &ForwardConf
                     cfg.budget_bytes
                 },
                 cfg,
+                !fits,
             ),
         );
         match shaped {
@@ -218,7 +222,7 @@ pub fn forward(raw: &Value, output_schema: Option<&Validator>, cfg: &ForwardConf
                 &Value::Array(items.clone()),
                 None,
                 is_error,
-                &shape_config(cfg.budget_bytes, cfg),
+                &shape_config(cfg.budget_bytes, cfg, true),
             );
             let text = o.as_ref().map(|o| o.text.clone()).unwrap_or_default();
             truncated = o.as_ref().is_ok_and(|o| o.truncated);

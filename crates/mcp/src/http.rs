@@ -110,6 +110,12 @@ pub async fn serve_http(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     bound(addr);
     let app = router(gw, approvals, &options, shutdown.clone());
+    // Without TCP_NODELAY, Nagle's algorithm and the peer's delayed ACK hold small responses
+    // back by tens of milliseconds.
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await

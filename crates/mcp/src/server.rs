@@ -606,10 +606,73 @@ impl ServerHandler for GatewayServer {
     }
 }
 
+/// A session whose `tools/list` and `tools/call` results travel as raw JSON.
+///
+/// rmcp's typed `Tool` and `CallToolResult` drop fields they do not model (a tool's `execution`,
+/// new annotation hints, unknown content items); over stdio ring0 answers these two methods with
+/// the JSON it built, so upstream definitions and results reach the client unchanged. Requests of
+/// the stateless 2026-07-28 era, and everything else, go through the typed handler, which
+/// carries that era's rules. (rmcp's HTTP service accepts only a `ServerHandler`, so over HTTP
+/// results take the typed path.)
+pub struct Lossless(pub GatewayServer);
+
+impl rmcp::Service<RoleServer> for Lossless {
+    async fn handle_request(
+        &self,
+        request: rmcp::model::ClientRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ServerResult, ErrorData> {
+        use rmcp::model::{ClientRequest, CustomResult, ServerResult};
+        let legacy = context
+            .protocol_version()
+            .is_some_and(|v| v.as_str() < "2026-07-28");
+        match request {
+            ClientRequest::ListToolsRequest(r) if legacy => {
+                let cursor = r.params.and_then(|p| p.cursor);
+                let value = self.0.list(cursor.as_deref())?;
+                Ok(ServerResult::CustomResult(CustomResult(value)))
+            }
+            ClientRequest::CallToolRequest(r) if legacy => {
+                let value = self.0.call(r.params, context).await?;
+                Ok(ServerResult::CustomResult(CustomResult(value)))
+            }
+            other => {
+                <GatewayServer as rmcp::Service<RoleServer>>::handle_request(
+                    &self.0, other, context,
+                )
+                .await
+            }
+        }
+    }
+
+    async fn handle_notification(
+        &self,
+        notification: rmcp::model::ClientNotification,
+        context: NotificationContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        <GatewayServer as rmcp::Service<RoleServer>>::handle_notification(
+            &self.0,
+            notification,
+            context,
+        )
+        .await
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        ServerHandler::get_info(&self.0)
+    }
+
+    fn supported_protocol_versions(
+        &self,
+    ) -> std::borrow::Cow<'static, [rmcp::model::ProtocolVersion]> {
+        ServerHandler::supported_protocol_versions(&self.0)
+    }
+}
+
 /// Serves one session over stdin/stdout until the client disconnects.
 pub async fn serve_stdio(server: GatewayServer) -> Result<(), String> {
     use rmcp::ServiceExt;
-    let running = server
+    let running = Lossless(server)
         .serve(rmcp::transport::stdio())
         .await
         .map_err(|e| format!("MCP session over stdio: {e}"))?;

@@ -61,7 +61,13 @@ async fn connect_http(url: &str) -> (Arc<RpcPeer>, Conn) {
         url: url.into(),
         headers: BTreeMap::new(),
     };
-    let c = http::connect("bench", &spec, http::client().expect("client"), Arc::new(Quiet), Log::discard());
+    let c = http::connect(
+        "bench",
+        &spec,
+        http::client().expect("client"),
+        Arc::new(Quiet),
+        Log::discard(),
+    );
     (c.peer.clone(), Conn::Http(c))
 }
 
@@ -77,7 +83,8 @@ async fn initialize(peer: &Arc<RpcPeer>, conn: &Conn) {
     if let Conn::Http(c) = conn {
         c.set_protocol_version(init["protocolVersion"].as_str().unwrap_or("2025-06-18"));
     }
-    peer.notify("notifications/initialized", None).expect("initialized");
+    peer.notify("notifications/initialized", None)
+        .expect("initialized");
 }
 
 struct Stats {
@@ -86,13 +93,25 @@ struct Stats {
     per_sec: f64,
 }
 
-async fn measure(peer: &Arc<RpcPeer>, tool: &str, arg: &str, calls: usize, concurrency: usize) -> Stats {
+async fn measure(
+    peer: &Arc<RpcPeer>,
+    tool: &str,
+    arg: &str,
+    calls: usize,
+    concurrency: usize,
+) -> Stats {
     let call = |i: usize| {
         let peer = peer.clone();
         let params = json!({"name": tool, "arguments": {arg: format!("message {i}")}});
         async move {
-            let r = peer.request("tools/call", Some(params)).await.expect("tools/call");
-            assert!(r.get("isError") != Some(&Value::Bool(true)), "call failed: {r}");
+            let r = peer
+                .request("tools/call", Some(params))
+                .await
+                .expect("tools/call");
+            assert!(
+                r.get("isError") != Some(&Value::Bool(true)),
+                "call failed: {r}"
+            );
         }
     };
     for i in 0..calls.min(100) {
@@ -108,7 +127,9 @@ async fn measure(peer: &Arc<RpcPeer>, tool: &str, arg: &str, calls: usize, concu
     let started = Instant::now();
     let mut done = 0;
     while done < calls {
-        let batch: Vec<_> = (0..concurrency.min(calls - done)).map(|i| call(done + i)).collect();
+        let batch: Vec<_> = (0..concurrency.min(calls - done))
+            .map(|i| call(done + i))
+            .collect();
         done += batch.len();
         futures::future::join_all(batch).await;
     }
@@ -129,12 +150,19 @@ impl Drop for Served {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 async fn wait_for_port(port: u16) {
     for _ in 0..200 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -166,30 +194,54 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target/mcp-peers"));
     let node = peers.join("node/node_modules/.bin/node");
-    let everything = peers.join("node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let everything =
+        peers.join("node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     let proxy = peers.join("proxy/bin/mcp-proxy");
     for p in [&ring0, &fixture, &node, &proxy] {
-        assert!(p.exists(), "{} is missing (build with --bins; run scripts/install-mcp-peers.sh)", p.display());
+        assert!(
+            p.exists(),
+            "{} is missing (build with --bins; run scripts/install-mcp-peers.sh)",
+            p.display()
+        );
     }
     let upstreams: Vec<(&str, String, Vec<String>, &str, &str)> = vec![
-        ("rmcp echo (ring0-mcp-fixture)", fixture.display().to_string(), vec![], "echo", "text"),
-        ("server-everything echo", node.display().to_string(), vec![everything.display().to_string(), "stdio".into()], "echo", "message"),
+        (
+            "rmcp echo (ring0-mcp-fixture)",
+            fixture.display().to_string(),
+            vec![],
+            "echo",
+            "text",
+        ),
+        (
+            "server-everything echo",
+            node.display().to_string(),
+            vec![everything.display().to_string(), "stdio".into()],
+            "echo",
+            "message",
+        ),
     ];
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     runtime.block_on(async move {
         println!("tools/call, {calls} sequential calls (p50/p99 latency) then {calls} with {concurrency} in flight (calls/s)\n");
         for (label, command, cargs, tool, arg) in upstreams {
             println!("== {label}");
+            // One workspace per ring0 process: each holds its journal's writer lock.
             let work = tempfile::tempdir().expect("tempdir");
+            let work_http = tempfile::tempdir().expect("tempdir");
             let args_toml: Vec<String> = cargs.iter().map(|a| format!("{a:?}")).collect();
+            for w in [work.path(), work_http.path()] {
             std::fs::write(
-                work.path().join("ring0.toml"),
+                w.join("ring0.toml"),
                 format!(
                     "[[grants]]\nname = \"bench\"\ntools = [\"b__*\"]\nceiling = \"A0\"\n\n[[upstreams]]\nalias = \"b\"\ncommand = {command:?}\nargs = [{}]\nenv = [\"PATH\", \"HOME\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
                     args_toml.join(", ")
                 ),
             )
             .expect("config");
+            }
             let mut rows: Vec<(String, Stats)> = Vec::new();
 
             let (peer, conn) = connect_stdio(&command, &cargs, None).await;
@@ -207,7 +259,7 @@ fn main() {
             let _server = Served(
                 Command::new(&ring0)
                     .args(["serve", "--http", &format!("127.0.0.1:{port}")])
-                    .current_dir(work.path())
+                    .current_dir(work_http.path())
                     .stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null())
                     .spawn().expect("ring0 serve --http"),
             );

@@ -388,6 +388,10 @@ fn main() {
                     listener.local_addr().expect("addr")
                 );
                 let app = axum::Router::new().route_service("/mcp", service);
+                use axum::serve::ListenerExt;
+                let listener = listener.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
                 axum::serve(listener, app).await.expect("serve");
             }
         }

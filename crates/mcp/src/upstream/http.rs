@@ -105,6 +105,7 @@ pub fn client() -> Result<reqwest::Client, String> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .no_proxy()
+        .tcp_nodelay(true)
         .connect_timeout(POST_CONNECT_TIMEOUT)
         .build()
         .map_err(|e| format!("building the HTTP client: {e}"))
