@@ -36,8 +36,9 @@ pub(crate) struct Sanitizer {
     parser: vte::Parser,
     /// The parser owns the stream until it reports it is back in its ground state.
     in_escape: bool,
-    /// The previous string sequence (OSC, DCS) ended with ESC, so the `\` that follows is its
-    /// terminator, not a sequence of its own.
+    /// The last thing read was the ESC ending a string sequence (OSC, DCS), so a `\` that
+    /// follows is its terminator, not a sequence of its own (only the escape count depends on
+    /// it). Every other event clears it, in the fast path as in the parser's callbacks.
     after_string: bool,
     partial: [u8; 4],
     partial_len: usize,
@@ -113,9 +114,13 @@ impl Sanitizer {
                 continue;
             }
             if self.partial_len > 0 {
+                self.after_string = false;
                 let n = self.resume_partial(bytes, screen, sink);
                 bytes = &bytes[n..];
                 continue;
+            }
+            if bytes[0] != ESC {
+                self.after_string = false;
             }
             let n = self.ground(bytes, screen, sink);
             bytes = &bytes[n..];
@@ -326,6 +331,7 @@ impl<S: LineSink> vte::Perform for Perf<'_, S> {
 
     fn execute(&mut self, byte: u8) {
         on_control(byte, self.screen, self.sink, self.stats);
+        *self.after_string = false;
         // CAN and SUB abort a sequence and return the parser to ground.
         if byte == 0x18 || byte == 0x1a {
             self.done = true;
@@ -334,6 +340,7 @@ impl<S: LineSink> vte::Perform for Perf<'_, S> {
 
     fn hook(&mut self, _: &vte::Params, _: &[u8], _: bool, _: char) {
         self.stats.escapes += 1;
+        *self.after_string = false;
     }
 
     fn unhook(&mut self) {
@@ -836,6 +843,16 @@ mod tests {
         for i in 0..=input.len() {
             let (split, _) = sanitize_chunks(&[&input[..i], &input[i..]]);
             assert_eq!(split, whole, "split at {i}");
+        }
+    }
+
+    #[test]
+    fn escape_counts_do_not_depend_on_chunking() {
+        let input: &[u8] = b"-\x1b\xba]\x1b\x1a\xba\x01\xc1]\xba\xba\x1b\n\\x\x1b]0;t\x1b\\";
+        let (whole, stats) = sanitize_chunks(&[input]);
+        for i in 0..=input.len() {
+            let split = sanitize_chunks(&[&input[..i], &input[i..]]);
+            assert_eq!(split, (whole.clone(), stats), "split at {i}");
         }
     }
 
