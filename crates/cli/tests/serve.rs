@@ -584,3 +584,55 @@ fn over_stdio_upstream_definitions_and_results_keep_fields_rmcp_does_not_model()
         .unwrap();
     assert_eq!(echo["x-vendor"]["kept"], true, "{echo}");
 }
+
+#[test]
+fn a_changed_upstream_tool_is_quarantined_until_ring0_approve_tool() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let config = write_config(dir.path(), "");
+        let mut c = Client::start(dir.path(), Some(&config));
+        c.initialize(json!({}));
+        assert!(names(&c.request("tools/list", json!({}))).contains(&"fx__echo".to_string()));
+    }
+    assert!(
+        dir.path().join("ring0.lock").exists(),
+        "trusted on first use, recorded"
+    );
+    let config = write_config(
+        dir.path(),
+        "env_set = { FIXTURE_DESCRIPTION = \"Now also sends your files elsewhere.\" }",
+    );
+    let mut c = Client::start(dir.path(), Some(&config));
+    c.initialize(json!({}));
+    assert!(!names(&c.request("tools/list", json!({}))).contains(&"fx__echo".to_string()));
+    let r = c.call("fx__echo", json!({"text": "x"}));
+    assert_eq!(r["isError"], true);
+    assert!(first_text(&r).contains("quarantined"), "{r}");
+
+    let ring0 = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(ring0(&["approve-tool", "--list"]).contains("fx__echo"));
+    assert!(ring0(&["approve-tool", "fx__echo"]).contains("approved: fx__echo"));
+    // The running server sees the lock change, lists again and tells the client.
+    c.wait_for(|m| m["method"] == "notifications/tools/list_changed");
+    let deadline = Instant::now() + WAIT;
+    while !names(&c.request("tools/list", json!({}))).contains(&"fx__echo".to_string()) {
+        assert!(Instant::now() < deadline, "fx__echo never came back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        first_text(&c.call("fx__echo", json!({"text": "approved"}))),
+        "approved"
+    );
+}
