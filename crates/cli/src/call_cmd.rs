@@ -59,6 +59,22 @@ pub(crate) fn open(session: &SessionArgs) -> Result<(Loaded, Built), String> {
     Ok((loaded, built))
 }
 
+/// Settles what an earlier process left open in the journal before anything new runs: calls in
+/// flight at a crash are reconciled, never re-sent blindly. Says on stderr what it did.
+pub(crate) async fn recover(kernel: &ring0_kernel::Kernel) -> Result<(), String> {
+    let report = kernel
+        .recover()
+        .await
+        .map_err(|e| format!("recovering the journal: {e}"))?;
+    if report.examined > 0 {
+        eprintln!(
+            "ring0: recovered {} open intent(s) from the journal: {} in flight reconciled, {} resumed",
+            report.examined, report.in_flight, report.resumed
+        );
+    }
+    Ok(())
+}
+
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -88,6 +104,7 @@ pub fn run(args: CallArgs) -> Result<String, String> {
     let turn = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                       "params": {"name": args.tool, "arguments": input}});
     let rt = runtime()?;
+    rt.block_on(recover(&built.kernel))?;
     let out = rt
         .block_on(session.handle_turn(ProviderFormat::Mcp, &turn, &RoundOptions::default()))
         .map_err(|e| e.to_string())?;

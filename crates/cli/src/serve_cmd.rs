@@ -105,6 +105,10 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
         let approvals = Approvals::new(calls.clone(), log.clone(), false);
         let built = build_kernel(&loaded, Arc::new(McpApprover::new(approvals.clone())))
             .map_err(|e| e.to_string())?;
+        // Settle what an earlier process left open before serving anything new. Intents of
+        // upstream tools are not in this registry: recovery dead-letters them for a person
+        // rather than guessing.
+        crate::call_cmd::recover(&built.kernel).await?;
         let builtins = built
             .kernel
             .registry()

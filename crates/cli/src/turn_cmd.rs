@@ -54,7 +54,9 @@ pub fn run(args: TurnArgs) -> Result<String, String> {
             .session_config(&args.session.scope)
             .attempt_epoch(args.epoch),
     );
-    let out = runtime()?
+    let rt = runtime()?;
+    rt.block_on(crate::call_cmd::recover(&built.kernel))?;
+    let out = rt
         .block_on(session.handle_turn(format, &turn, &RoundOptions::default()))
         .map_err(|e| e.to_string())?;
     if let Some(message) = &out.round.policy_message {

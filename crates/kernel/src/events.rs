@@ -72,6 +72,16 @@ pub enum Event {
         call_id: String,
         why: String,
     },
+    /// A call is held for a person's approval. `summary` is bounded and human-readable; the
+    /// approval binds to `args_hash`, the prepared arguments' fingerprint.
+    ApprovalRequired {
+        approval_id: String,
+        call_id: String,
+        tool: String,
+        args_hash: String,
+        summary: String,
+        deadline_ms: u64,
+    },
     /// A background job started by a call changed state (finished, waits for input). Pushed by
     /// the executor the moment it happens; `detail` is the executor's status object.
     JobUpdate {

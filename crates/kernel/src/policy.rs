@@ -25,6 +25,8 @@ pub struct AuthRequest<'a> {
     pub args: &'a Value,
     /// Fingerprint text of the prepared arguments: approvals bind to it.
     pub args_hash: &'a str,
+    /// The session's event stream, for announcing a hold (`approval_required`).
+    pub events: Option<&'a crate::tool::EventSink>,
 }
 
 /// The decision, with the rule that made it (for the audit trail and the model's rejection).

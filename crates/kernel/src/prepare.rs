@@ -35,6 +35,7 @@ pub struct PrepareContext<'a> {
     pub session: &'a SessionInfo,
     pub authorizer: &'a dyn Authorizer,
     pub rewrites: &'a [Arc<dyn PolicyRewrite>],
+    pub events: Option<crate::tool::EventSink>,
 }
 
 fn depth(value: &Value) -> usize {
@@ -175,6 +176,7 @@ pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Pre
         call_id: &call.call_id,
         args: &args,
         args_hash: &args_hash,
+        events: cx.events.as_ref(),
     };
     match cx.authorizer.authorize(&request).await {
         AuthDecision::Allow { .. } => {}

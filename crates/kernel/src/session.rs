@@ -507,6 +507,7 @@ impl Session {
             session: &self.info,
             authorizer: self.authorizer.as_ref(),
             rewrites: &self.kernel.rewrites,
+            events: Some(crate::tool::EventSink(self.events.clone())),
         };
         let prepared_results = futures::future::join_all(candidates.iter().map(|&pos| {
             let ready = preprepared.remove(&pos);

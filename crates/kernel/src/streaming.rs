@@ -290,6 +290,7 @@ impl StreamingRound<'_> {
             session: &self.session.info,
             authorizer: self.session.authorizer.as_ref(),
             rewrites: &self.session.kernel.rewrites,
+            events: Some(crate::tool::EventSink(self.session.events.clone())),
         };
         let prepared = match prepare(&cx, &call).await {
             Ok(p) => p,

@@ -43,6 +43,26 @@ impl EventSink {
         Self(tokio::sync::broadcast::channel(1).0)
     }
 
+    /// Announces that a call is held for a person's approval.
+    pub fn approval_required(
+        &self,
+        approval_id: &str,
+        call_id: &str,
+        tool: &str,
+        args_hash: &str,
+        summary: &str,
+        deadline_ms: u64,
+    ) {
+        let _ = self.0.send(crate::events::Event::ApprovalRequired {
+            approval_id: approval_id.to_string(),
+            call_id: call_id.to_string(),
+            tool: tool.to_string(),
+            args_hash: args_hash.to_string(),
+            summary: summary.to_string(),
+            deadline_ms,
+        });
+    }
+
     /// Reports a background job's new state to the session.
     pub fn job_update(&self, job: &str, state: &str, detail: Value) {
         let _ = self.0.send(crate::events::Event::JobUpdate {

@@ -574,6 +574,16 @@ impl Policy {
                 reason: format!("the hold could not be recorded, so the call is refused: {why}"),
             };
         }
+        if let Some(events) = request.events {
+            events.approval_required(
+                &approval.id,
+                &approval.call_id,
+                &approval.tool,
+                &approval.args_hash,
+                &approval.summary,
+                approval.deadline_ms,
+            );
+        }
         let outcome = tokio::time::timeout(timeout, approver.decide(&approval))
             .await
             .unwrap_or(ApprovalOutcome::TimedOut);

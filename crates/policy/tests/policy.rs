@@ -272,6 +272,7 @@ fn authorize_directly(policy: &Policy, spec: &ToolSpec, args: Value) -> ring0_ke
         call_id: "c1",
         args: &args,
         args_hash: "v1:test",
+        events: None,
     };
     tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -466,9 +467,26 @@ fn pay_policy(approver: Arc<dyn Approver>) -> ring0_policy::PolicyBuilder {
 async fn a3_call_is_held_and_runs_once_approved() {
     let approver = Arc::new(ScriptedApprover::approving());
     let h = harness(vec![pay_spec()], pay_policy(approver.clone()));
+    let mut events = h.session.subscribe();
     let r = call(&h, "pay", json!({"to": "bob", "amount": 5})).await;
     assert_eq!(status(&r), "ran", "{r}");
+    let mut held = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        if let ring0_kernel::Event::ApprovalRequired {
+            tool,
+            summary,
+            args_hash,
+            ..
+        } = e
+        {
+            held.push((tool, summary, args_hash));
+        }
+    }
+    assert_eq!(held.len(), 1, "one approval_required event");
+    assert_eq!(held[0].0, "pay");
+    assert!(held[0].1.contains("A3") && held[0].1.len() <= ring0_policy::SUMMARY_BYTES_MAX);
     let asked = approver.requests();
+    assert_eq!(held[0].2, asked[0].args_hash);
     assert_eq!(asked.len(), 1);
     assert_eq!(asked[0].tool, "pay");
     assert!(asked[0].summary.contains("\"amount\":5") && asked[0].summary.contains("A3"));

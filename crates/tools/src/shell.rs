@@ -10,13 +10,14 @@ use crate::{Workspace, args_of};
 use async_trait::async_trait;
 use ring0_core::{Authority, Effect, Observation, Settlement, Strategy, ToolSpec};
 use ring0_exec::{
-    CommandSpec, ExecPolicy, JobError, JobManager, JobsConfig, SessionId, StdinMode, run_command,
+    CommandSpec, ExecPolicy, JobError, JobEvent, JobManager, JobsConfig, SessionId, StdinMode,
+    run_command,
 };
-use ring0_kernel::{CallContext, ProbeVerdict, Tool, ToolError};
+use ring0_kernel::{CallContext, EventSink, ProbeVerdict, Tool, ToolError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,6 +50,32 @@ pub(crate) struct Jobs {
     config: JobsConfig,
     manager: OnceCell<Result<JobManager, String>>,
     sessions: Mutex<HashSet<String>>,
+    /// Where each background job's news goes: the event stream of the session whose call
+    /// started it. News that arrives before the route is known waits here for it.
+    routes: Arc<Mutex<HashMap<String, Route>>>,
+}
+
+enum Route {
+    Sink(EventSink),
+    Early(Vec<(String, Value)>),
+}
+
+/// Delivers a job's news to its session, or keeps it until the session is known.
+fn route(routes: &Mutex<HashMap<String, Route>>, job: String, state: String, detail: Value) {
+    let mut routes = routes.lock().unwrap_or_else(|p| p.into_inner());
+    let finished = state != "SUSPENDED";
+    match routes.get_mut(&job) {
+        Some(Route::Sink(sink)) => {
+            sink.job_update(&job, &state, detail);
+            if finished {
+                routes.remove(&job);
+            }
+        }
+        Some(Route::Early(pending)) => pending.push((state, detail)),
+        None => {
+            routes.insert(job, Route::Early(vec![(state, detail)]));
+        }
+    }
 }
 
 impl Jobs {
@@ -57,6 +84,7 @@ impl Jobs {
             config,
             manager: OnceCell::new(),
             sessions: Mutex::new(HashSet::new()),
+            routes: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -74,6 +102,21 @@ impl Jobs {
             .map_err(|e| ToolError::not_applied(format!("the job table is unavailable: {e}")))
     }
 
+    /// Sends this job's news to `sink` from now on, delivering whatever already arrived.
+    fn route_to(&self, job: String, sink: EventSink) {
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut finished = false;
+        if let Some(Route::Early(pending)) = routes.remove(&job) {
+            for (state, detail) in pending {
+                finished |= state != "SUSPENDED";
+                sink.job_update(&job, &state, detail);
+            }
+        }
+        if !finished {
+            routes.insert(job, Route::Sink(sink));
+        }
+    }
+
     /// The job session of a scope (scopes are free text; job session ids are not).
     async fn session(&self, scope: &str) -> Result<(&JobManager, SessionId), ToolError> {
         let manager = self.manager().await?;
@@ -89,9 +132,27 @@ impl Jobs {
         if fresh {
             match manager.open_session(&session) {
                 Ok(mut events) => {
-                    // Completion is read through `job_wait` / `job_inspect`; the stream is drained
-                    // so a job never waits on a full channel.
-                    tokio::spawn(async move { while events.recv().await.is_some() {} });
+                    // Drained at once so a job never waits on a full channel; each event goes
+                    // to the session that started the job, the moment it happens.
+                    let routes = self.routes.clone();
+                    tokio::spawn(async move {
+                        while let Some(event) = events.recv().await {
+                            match event {
+                                JobEvent::Finished { status } => route(
+                                    &routes,
+                                    status.job.to_string(),
+                                    status.state.to_string(),
+                                    serde_json::to_value(&*status).unwrap_or(Value::Null),
+                                ),
+                                JobEvent::InputRequested { job, tail } => route(
+                                    &routes,
+                                    job.to_string(),
+                                    "SUSPENDED".into(),
+                                    json!({"input_requested": true, "tail": tail}),
+                                ),
+                            }
+                        }
+                    });
                 }
                 Err(JobError::SessionAlreadyOpen { .. }) => {}
                 Err(e) => return Err(ToolError::not_applied(e.to_string())),
@@ -216,6 +277,8 @@ impl Tool for Shell {
         if a.background {
             let (manager, session) = self.jobs.session(&ctx.scope).await?;
             let receipt = manager.start(&session, &spec).await.map_err(job_error)?;
+            self.jobs
+                .route_to(receipt.job.to_string(), ctx.events.clone());
             return Ok(Observation::json(json!({
                 "job": receipt.job,
                 "state": receipt.state,

@@ -296,6 +296,34 @@ async fn background_shell_returns_a_handle_and_job_wait_its_result() {
     assert!(is_error && failure(&r).contains("unknown job"), "{r}");
 }
 
+#[tokio::test]
+async fn a_background_job_reports_its_completion_on_the_session_event_stream() {
+    let env = Env::new();
+    let mut events = env.session.subscribe();
+    let (r, is_error) = env
+        .call(
+            "shell",
+            json!({"argv": ["sh", "-c", "echo event-marker"], "background": true}),
+        )
+        .await;
+    assert!(!is_error, "{r}");
+    let job = structured(&r)["job"].as_str().unwrap().to_string();
+    let update = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            if let ring0_kernel::Event::JobUpdate { job, state, detail } =
+                events.recv().await.unwrap()
+            {
+                return (job, state, detail);
+            }
+        }
+    })
+    .await
+    .expect("the completion arrived as an event, without polling");
+    assert_eq!(update.0, job);
+    assert_eq!(update.1, "COMPLETED");
+    assert_eq!(update.2["job"], job);
+}
+
 #[test]
 fn directory_fsync_works_on_a_directory_handle() {
     let dir = tempfile::tempdir().unwrap();
