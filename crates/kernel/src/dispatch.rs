@@ -460,8 +460,10 @@ async fn run_call(
             }
             Attempt::Failed(e) => e,
         };
-        // A read has no effect, so its failure is never ambiguous.
-        if error.class == FailureClass::NotApplied || !mutating {
+        // A read has no effect, so its failure is never ambiguous. A definite failure of a
+        // same-key re-dispatch says nothing about the first, ambiguous attempt: still unknown.
+        let first_still_unknown = redispatches > 0 && spec.settlement == Settlement::IdempotencyKey;
+        if (error.class == FailureClass::NotApplied && !first_still_unknown) || !mutating {
             break finish(
                 env,
                 job,

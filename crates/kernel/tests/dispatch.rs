@@ -871,3 +871,43 @@ async fn a_deterministic_read_is_served_byte_identical_from_the_journal_within_i
         "without a TTL the tool always runs"
     );
 }
+
+#[tokio::test]
+async fn a_definite_failure_of_a_same_key_retry_does_not_clear_the_first_attempt() {
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let a = attempts.clone();
+    let spec = ToolSpec::new("pay", "", recorder_schema())
+        .effect(Effect::NonIdempotent)
+        .authority(Authority::A2)
+        .strategy(&[Strategy::Exploitation])
+        .settlement(Settlement::IdempotencyKey);
+    let kernel = Kernel::builder()
+        .tool(
+            spec,
+            ring0_kernel::tool_fn(move |_ctx, _args| {
+                let a = a.clone();
+                async move {
+                    if a.fetch_add(1, Ordering::SeqCst) == 0 {
+                        Err(ToolError::unknown("connection lost after send"))
+                    } else {
+                        Err(ToolError::not_applied("connection refused"))
+                    }
+                }
+            }),
+        )
+        .unwrap()
+        .authorizer(Arc::new(GrantTable::allow(&["*"], Authority::A2)))
+        .build();
+    let r = kernel
+        .open_session(SessionConfig::new("u"))
+        .run_round(
+            round(vec![call(0, "pay", tag("p"))]),
+            &RoundOptions::default(),
+        )
+        .await
+        .receipts
+        .remove(0);
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    // Not FAILED: the first attempt may have been applied. A person decides.
+    assert_eq!(r.state, Some(IntentState::DeadLetter));
+}
