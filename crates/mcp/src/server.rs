@@ -672,8 +672,11 @@ impl rmcp::Service<RoleServer> for Lossless {
 /// Serves one session over stdin/stdout until the client disconnects.
 pub async fn serve_stdio(server: GatewayServer) -> Result<(), String> {
     use rmcp::ServiceExt;
+    // Non-blocking pipes on the IO reactor when the client launched ring0 with pipes (as MCP
+    // clients do): tokio's own stdin/stdout hand every read and write to the blocking pool, a
+    // thread hop per message each way.
     let running = Lossless(server)
-        .serve(rmcp::transport::stdio())
+        .serve(rmcp::transport::stdio_pipes())
         .await
         .map_err(|e| format!("MCP session over stdio: {e}"))?;
     running
