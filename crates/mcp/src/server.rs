@@ -95,14 +95,20 @@ impl Authorizer for SessionGate {
     }
 }
 
-/// Forwards progress and relays server requests to one downstream client.
+/// Forwards progress and relays server requests to one downstream client: as requests in the
+/// sessionful era, through the call's `input_required` results in the 2026-07-28 era (`asker`).
 struct Relay {
     peer: Peer<RoleServer>,
     progress: Option<mpsc::UnboundedSender<Value>>,
+    asker: Option<crate::input::Asker>,
 }
 
 impl Relay {
-    fn new(peer: Peer<RoleServer>, token: Option<Value>) -> Arc<Self> {
+    fn new(
+        peer: Peer<RoleServer>,
+        token: Option<Value>,
+        asker: Option<crate::input::Asker>,
+    ) -> Arc<Self> {
         let progress = token.map(|token| {
             let (tx, mut rx) = mpsc::unbounded_channel::<Value>();
             let peer = peer.clone();
@@ -116,7 +122,11 @@ impl Relay {
             });
             tx
         });
-        Arc::new(Self { peer, progress })
+        Arc::new(Self {
+            peer,
+            progress,
+            asker,
+        })
     }
 }
 
@@ -148,6 +158,9 @@ impl Downstream for Relay {
     }
 
     async fn request(&self, method: &str, params: Option<Value>) -> Result<Value, Value> {
+        if let Some(asker) = &self.asker {
+            return asker.ask(method, params).await;
+        }
         let request = ServerRequest::CustomRequest(CustomRequest::new(method, params));
         match self.peer.send_request(request).await {
             Ok(result) => serde_json::to_value(result)
@@ -294,6 +307,55 @@ impl GatewayServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<Value, ErrorData> {
+        let modern = context
+            .protocol_version()
+            .is_some_and(|v| v.as_str() >= "2026-07-28");
+        if !modern {
+            let cancel = context.ct.clone();
+            return self.run_call(request, context, None, cancel).await;
+        }
+        // 2026-07-28: the call runs in the background so that a question can go back to the
+        // client as an `input_required` result while the call waits for the answer.
+        let principal = match context.extensions.get::<http::request::Parts>() {
+            Some(parts) => parts
+                .headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| format!("http:{v}"))
+                .unwrap_or_else(|| "http".into()),
+            None => self.scope.clone(),
+        };
+        let binding = crate::input::binding(&request.name, request.arguments.as_ref(), &principal);
+        let parked = self.gw.calls().parked().clone();
+        if let Some(state) = request.request_state.as_deref() {
+            let responses = request.input_responses.clone().unwrap_or_default();
+            let pending = parked.resume(state, &binding, &responses)?;
+            return pending.step(&parked, &context.ct).await.into_result();
+        }
+        let (asker, questions) = crate::input::channel();
+        let first_ct = context.ct.clone();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let this = self.clone();
+        let round_cancel = cancel.clone();
+        let done = tokio::spawn(async move {
+            this.run_call(request, context, Some(asker), round_cancel)
+                .await
+        });
+        let pending = crate::input::Pending::start(binding, done, questions, cancel);
+        // The client closing this request's stream cancels the call (`first_ct`); once the call
+        // is parked, a retry's own stream takes that role.
+        pending.step(&parked, &first_ct).await.into_result()
+    }
+
+    /// One `tools/call` as one kernel round. `asker`: the call is of the 2026-07-28 era and asks
+    /// its client through `input_required` results. `cancel` cancels the round.
+    async fn run_call(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+        asker: Option<crate::input::Asker>,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<Value, ErrorData> {
         let generation = self.gw.generation();
         let call_id = format!("mcp-{}", CALL_COUNTER.fetch_add(1, Ordering::Relaxed));
         let token = context
@@ -318,16 +380,10 @@ impl GatewayServer {
         let elicitation = context
             .client_capabilities()
             .is_some_and(|c| c.elicitation.is_some());
-        let modern = context
-            .protocol_version()
-            .is_some_and(|v| v.as_str() >= "2026-07-28");
-        let relay = Relay::new(context.peer.clone(), token);
+        let modern = asker.is_some();
+        let relay = Relay::new(context.peer.clone(), token, asker);
         let entry = if modern {
-            let answer = request
-                .input_responses
-                .as_ref()
-                .and_then(|r| r.get(crate::approval::APPROVAL_INPUT_KEY).cloned());
-            CallEntry::modern(Some(relay), confirm, answer)
+            CallEntry::modern(Some(relay), confirm)
         } else {
             CallEntry::with_facts(Some(relay), confirm, elicitation)
         };
@@ -352,7 +408,13 @@ impl GatewayServer {
         tokio::pin!(run);
         let outcome = tokio::select! {
             o = &mut run => o,
-            _ = context.ct.cancelled() => {
+            _ = cancel.cancelled() => {
+                session.cancel();
+                run.await
+            }
+            // In the 2026-07-28 era the round outlives the request that started it; `cancel`
+            // carries the client's cancellation instead.
+            _ = context.ct.cancelled(), if !modern => {
                 session.cancel();
                 run.await
             }
@@ -362,15 +424,6 @@ impl GatewayServer {
         }
         self.gw.calls().remove(&call_id);
         let forwarded = entry.forwarded.lock().expect("forwarded").take();
-        if let Some(question) = entry.needs_input.lock().expect("needs input").take() {
-            return Ok(json!({
-                "resultType": "input_required",
-                "inputRequests": {
-                    crate::approval::APPROVAL_INPUT_KEY: {"method": "elicitation/create", "params": question}
-                },
-                "requestState": "ring0-approval",
-            }));
-        }
         // An unknown tool is a protocol error (-32602), as the protocol specifies; every other
         // refusal is a result the model can correct itself from.
         if let Some(CallOutcome::Rejected { rejection }) =
