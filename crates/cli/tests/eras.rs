@@ -129,8 +129,13 @@ fn serve(mut cmd: Command) -> Served {
 }
 
 fn py_server(peers: &Path, legacy_only: bool) -> Served {
+    py_server_on(peers, legacy_only, 0)
+}
+
+fn py_server_on(peers: &Path, legacy_only: bool, port: u16) -> Served {
     let mut cmd = Command::new(python(peers));
-    cmd.arg(fixtures().join("http_server.py"));
+    cmd.arg(fixtures().join("http_server.py"))
+        .args(["--port", &port.to_string()]);
     if legacy_only {
         cmd.arg("--legacy-only");
     }
@@ -260,6 +265,41 @@ fn an_http_upstream_without_discovery_gets_the_sessionful_handshake() {
         let seen = calls(&peers, &gw.url, era, json!([["py__echo", {"text": "hi"}]]));
         assert_eq!(text_of(&seen, 0), "hi", "{era}: {seen}");
     }
+}
+
+/// Whether ring0 learns of the lost session from a 404 or from the broken listen stream first,
+/// the next calls are served by a new session.
+#[test]
+fn a_sessionful_upstream_that_forgets_its_session_is_initialized_again() {
+    let Some(peers) = peers() else { return };
+    let first = py_server(&peers, true);
+    let port: u16 = first.url.rsplit(':').next().unwrap().trim_end_matches("/mcp").parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = ring0_over(dir.path(), &first.url);
+    gw.wait_for_line("[py] no stateless protocol");
+    let seen = calls(&peers, &gw.url, "legacy", json!([["py__echo", {"text": "first"}]]));
+    assert_eq!(text_of(&seen, 0), "first", "{seen}");
+    // A new process on the same port knows none of the old sessions: HTTP 404.
+    drop(first);
+    let _second = py_server_on(&peers, true, port);
+    let deadline = Instant::now() + WAIT;
+    let mut last = Value::Null;
+    while Instant::now() < deadline {
+        last = calls(&peers, &gw.url, "legacy", json!([["py__echo", {"text": "second"}]]));
+        if text_of(&last, 0) == "second" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(text_of(&last, 0), "second", "{last}");
+    let handshakes = gw
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("using the sessionful handshake"))
+        .count();
+    assert!(handshakes >= 2, "a new session was initialized");
 }
 
 #[test]
