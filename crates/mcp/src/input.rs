@@ -24,6 +24,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -82,6 +83,7 @@ pub struct Pending {
     /// Questions sent to the client, by key, waiting for its retry.
     open: BTreeMap<String, oneshot::Sender<Reply>>,
     asked: u64,
+    parked_at: Option<Instant>,
 }
 
 /// What one step of a pending call produced.
@@ -138,6 +140,7 @@ impl Pending {
             cancel,
             open: BTreeMap::new(),
             asked: 0,
+            parked_at: None,
         }
     }
 
@@ -218,33 +221,42 @@ impl Pending {
     }
 }
 
-/// Calls parked until their clients answer, by `requestState`.
-#[derive(Clone, Default)]
+/// Calls parked until their clients answer, by `requestState`. Expired calls are dropped
+/// whenever a call is parked or resumed (their askers' own wait ends at the same bound).
+#[derive(Clone)]
 pub struct Parked {
     calls: Arc<Mutex<HashMap<String, Pending>>>,
+    ttl: Duration,
+}
+
+impl Default for Parked {
+    fn default() -> Self {
+        Self::with_ttl(INPUT_WAIT)
+    }
 }
 
 impl Parked {
-    fn park(&self, pending: Pending) -> Result<String, Pending> {
-        let state = format!("r0s-{}", uuid::Uuid::new_v4().simple());
-        {
-            let mut calls = self.calls.lock().expect("parked");
-            if calls.len() >= PARKED_CALLS_MAX {
-                return Err(pending);
-            }
-            calls.insert(state.clone(), pending);
+    /// A registry whose calls expire after `ttl` ([`INPUT_WAIT`] by default).
+    pub fn with_ttl(ttl: Duration) -> Self {
+        Self {
+            calls: Arc::new(Mutex::new(HashMap::new())),
+            ttl,
         }
-        // Expiry: the parked call (and with it the askers' answer channels) is dropped, so each
-        // asker gets its error; the round itself goes on to its own outcome.
-        let calls = Arc::downgrade(&self.calls);
-        let key = state.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(INPUT_WAIT).await;
-            if let Some(calls) = calls.upgrade() {
-                let expired = calls.lock().expect("parked").remove(&key);
-                drop(expired);
-            }
-        });
+    }
+
+    fn sweep(&self, calls: &mut HashMap<String, Pending>) {
+        calls.retain(|_, p| p.parked_at.is_some_and(|at| at.elapsed() < self.ttl));
+    }
+
+    fn park(&self, mut pending: Pending) -> Result<String, Pending> {
+        let state = format!("r0s-{}", uuid::Uuid::new_v4().simple());
+        let mut calls = self.calls.lock().expect("parked");
+        self.sweep(&mut calls);
+        if calls.len() >= PARKED_CALLS_MAX {
+            return Err(pending);
+        }
+        pending.parked_at = Some(Instant::now());
+        calls.insert(state.clone(), pending);
         Ok(state)
     }
 
@@ -268,6 +280,7 @@ impl Parked {
     ) -> Result<Pending, ErrorData> {
         let mut pending = {
             let mut calls = self.calls.lock().expect("parked");
+            self.sweep(&mut calls);
             match calls.get(state) {
                 None => {
                     return Err(ErrorData::invalid_params(
@@ -379,6 +392,53 @@ mod tests {
             .step(&Parked::default(), &CancellationToken::new())
             .await;
         assert_eq!(step.into_result().unwrap()["ok"], true);
+    }
+
+    #[tokio::test]
+    async fn an_expired_question_cannot_be_answered_and_its_asker_gets_an_error() {
+        let parked = Parked::with_ttl(Duration::from_millis(10));
+        let (asker, rx) = channel();
+        let (seen_tx, seen_rx) = oneshot::channel();
+        let round = tokio::spawn(async move {
+            let reply = asker.ask("elicitation/create", None).await;
+            let _ = seen_tx.send(reply);
+            Ok(json!({}))
+        });
+        let pending = Pending::start("b".into(), round, rx, CancellationToken::new());
+        let Step::Asked(first) = pending.step(&parked, &CancellationToken::new()).await else {
+            panic!("expected a question")
+        };
+        let state = first["requestState"].as_str().unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let err = parked.resume(state, "b", &BTreeMap::new()).err().unwrap();
+        assert!(err.message.contains("expired"), "{}", err.message);
+        let reply = tokio::time::timeout(Duration::from_secs(10), seen_rx)
+            .await
+            .expect("the asker is answered")
+            .unwrap();
+        let error = reply.unwrap_err();
+        assert!(
+            error["message"].as_str().unwrap().contains("expired"),
+            "{error}"
+        );
+        assert!(parked.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_clients_cancellation_cancels_a_call_waiting_for_its_first_step() {
+        let (_asker, rx) = channel();
+        let cancel = CancellationToken::new();
+        let round_cancel = cancel.clone();
+        let round = tokio::spawn(async move {
+            round_cancel.cancelled().await;
+            Ok(json!({"cancelled": true}))
+        });
+        let gone = CancellationToken::new();
+        gone.cancel();
+        let step = Pending::start("b".into(), round, rx, cancel)
+            .step(&Parked::default(), &gone)
+            .await;
+        assert_eq!(step.into_result().unwrap()["cancelled"], true);
     }
 
     #[test]

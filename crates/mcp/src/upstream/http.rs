@@ -249,12 +249,13 @@ fn request(state: &State, method: reqwest::Method) -> reqwest::RequestBuilder {
 /// A header value as the stateless era encodes it: plain when it is safe visible ASCII,
 /// otherwise `=?base64?…?=`.
 fn header_value(value: &str) -> String {
-    let plain = !value.is_empty()
-        && !value.starts_with([' ', '\t'])
-        && !value.ends_with([' ', '\t'])
-        && value.chars().all(|c| (' '..='~').contains(&c))
-        && !(value.starts_with("=?base64?") && value.ends_with("?="));
-    if plain || value.is_empty() {
+    let sentinel = value.starts_with("=?base64?") && value.ends_with("?=");
+    let plain = value.is_empty()
+        || (!value.starts_with([' ', '\t'])
+            && !value.ends_with([' ', '\t'])
+            && value.chars().all(|c| (' '..='~').contains(&c))
+            && !sentinel);
+    if plain {
         value.to_string()
     } else {
         format!(
