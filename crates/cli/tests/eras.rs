@@ -148,7 +148,7 @@ fn ring0() -> PathBuf {
 
 /// ring0 over HTTP in `dir`, with the HTTP upstream `py` at `url`.
 fn ring0_over(dir: &Path, url: &str) -> Served {
-    ring0_with(dir, &py_config(url))
+    ring0_with(dir, &py_config(url, ""))
 }
 
 /// ring0 over HTTP in `dir` with `config`.
@@ -160,7 +160,8 @@ fn ring0_with(dir: &Path, config: &str) -> Served {
     serve(cmd)
 }
 
-fn py_config(url: &str) -> String {
+/// The upstream `py` at `url`; `extra` goes into its table.
+fn py_config(url: &str, extra: &str) -> String {
     format!(
         r#"[[grants]]
 name = "upstreams"
@@ -170,6 +171,7 @@ ceiling = "A3"
 [[upstreams]]
 alias = "py"
 url = {url:?}
+{extra}
 [upstreams.tools."*"]
 effect = "nullipotent"
 authority = "A0"
@@ -273,11 +275,23 @@ fn an_http_upstream_without_discovery_gets_the_sessionful_handshake() {
 fn a_sessionful_upstream_that_forgets_its_session_is_initialized_again() {
     let Some(peers) = peers() else { return };
     let first = py_server(&peers, true);
-    let port: u16 = first.url.rsplit(':').next().unwrap().trim_end_matches("/mcp").parse().unwrap();
+    let port: u16 = first
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches("/mcp")
+        .parse()
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let gw = ring0_over(dir.path(), &first.url);
     gw.wait_for_line("[py] no stateless protocol");
-    let seen = calls(&peers, &gw.url, "legacy", json!([["py__echo", {"text": "first"}]]));
+    let seen = calls(
+        &peers,
+        &gw.url,
+        "legacy",
+        json!([["py__echo", {"text": "first"}]]),
+    );
     assert_eq!(text_of(&seen, 0), "first", "{seen}");
     // A new process on the same port knows none of the old sessions: HTTP 404.
     drop(first);
@@ -285,7 +299,12 @@ fn a_sessionful_upstream_that_forgets_its_session_is_initialized_again() {
     let deadline = Instant::now() + WAIT;
     let mut last = Value::Null;
     while Instant::now() < deadline {
-        last = calls(&peers, &gw.url, "legacy", json!([["py__echo", {"text": "second"}]]));
+        last = calls(
+            &peers,
+            &gw.url,
+            "legacy",
+            json!([["py__echo", {"text": "second"}]]),
+        );
         if text_of(&last, 0) == "second" {
             break;
         }
@@ -300,6 +319,41 @@ fn a_sessionful_upstream_that_forgets_its_session_is_initialized_again() {
         .filter(|l| l.contains("using the sessionful handshake"))
         .count();
     assert!(handshakes >= 2, "a new session was initialized");
+}
+
+#[test]
+fn an_abandoned_call_is_cancelled_upstream_in_both_eras() {
+    let Some(peers) = peers() else { return };
+    for legacy_only in [false, true] {
+        let upstream = py_server(&peers, legacy_only);
+        let dir = tempfile::tempdir().unwrap();
+        let gw = ring0_with(
+            dir.path(),
+            &py_config(&upstream.url, "call_idle_timeout_ms = 1000"),
+        );
+        gw.wait_for_line("tool py__calls trusted on first use");
+        let seen = calls(
+            &peers,
+            &gw.url,
+            "legacy",
+            json!([["py__sleepy", {"seconds": 30}]]),
+        );
+        assert_eq!(seen["calls"][0]["is_error"], true, "{seen}");
+        assert!(text_of(&seen, 0).contains("idle timeout"), "{seen}");
+        // Cancelled upstream: a notification in the sessionful era, a closed stream in 2026-07-28.
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let runs = upstream_runs(&peers, &gw.url);
+            if runs["sleepy_cancelled"] == 1 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "legacy_only={legacy_only}: the upstream never saw the cancellation: {runs}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 }
 
 #[test]

@@ -1008,3 +1008,52 @@ async fn supervise(this: Weak<Upstream>) {
         backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remote(code: i64, message: &str, data: Option<Value>) -> RpcError {
+        RpcError::Remote {
+            code,
+            message: message.into(),
+            data,
+        }
+    }
+
+    #[test]
+    fn a_header_mismatch_says_the_headers_disagree_with_the_body_and_nothing_ran() {
+        let e = remote(
+            code::HEADER_MISMATCH,
+            "Mcp-Name header `a` does not match",
+            None,
+        );
+        let text = explain(&e);
+        assert!(text.contains("headers do not match its body"), "{text}");
+        assert!(text.contains("Mcp-Name header `a`"), "{text}");
+        assert!(e.definitely_not_applied());
+    }
+
+    #[test]
+    fn an_unsupported_version_names_what_the_server_supports() {
+        let e = remote(
+            code::UNSUPPORTED_PROTOCOL_VERSION,
+            "Unsupported protocol version",
+            Some(json!({"supported": ["2025-11-25"], "requested": "2026-07-28"})),
+        );
+        let text = explain(&e);
+        assert!(
+            text.contains("does not support the protocol version"),
+            "{text}"
+        );
+        assert!(text.contains("2025-11-25"), "{text}");
+        assert!(e.definitely_not_applied());
+    }
+
+    #[test]
+    fn other_errors_read_as_before() {
+        let e = remote(-32000, "boom", None);
+        assert_eq!(explain(&e), e.to_string());
+        assert!(!e.definitely_not_applied());
+    }
+}
