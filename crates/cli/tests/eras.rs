@@ -397,6 +397,11 @@ fn an_upstream_elicitation_during_a_2026_07_28_call_is_answered_through_input_re
     assert_eq!(seen["asked"], json!(["Which color?"]), "{seen}");
     assert_eq!(text_of(&seen, 0), "color: teal", "{seen}");
     assert_eq!(seen["calls"][0]["is_error"], false, "{seen}");
+    assert_eq!(
+        seen["progress"],
+        json!([1.0]),
+        "progress after the answer reaches the retry's stream"
+    );
     assert!(
         seen["calls"][0]["receipt"]["intent_id"].is_string(),
         "the result of the retry is the call's: {seen}"
@@ -424,6 +429,7 @@ fn an_upstream_input_required_result_reaches_clients_of_both_eras() {
         let seen = calls(&peers, &gw.url, era, json!([["py__ask_color", {}]]));
         assert_eq!(seen["asked"], json!(["Which color?"]), "{era}: {seen}");
         assert_eq!(text_of(&seen, 0), "color: teal", "{era}: {seen}");
+        assert_eq!(seen["progress"], json!([1.0]), "{era}: {seen}");
     }
     assert_eq!(
         journal_lines(dir.path(), "py__ask_color").len(),

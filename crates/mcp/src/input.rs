@@ -73,8 +73,14 @@ impl Asker {
     }
 }
 
+/// Points a call's downstream (progress, logs) at the request that answers it now.
+pub trait Retarget: Send + Sync {
+    fn retarget(&self, peer: rmcp::Peer<rmcp::RoleServer>, progress_token: Option<Value>);
+}
+
 /// A call of the 2026-07-28 era whose round runs in the background.
 pub struct Pending {
+    relay: Arc<dyn Retarget>,
     binding: String,
     done: JoinHandle<Result<Value, ErrorData>>,
     questions: mpsc::Receiver<Question>,
@@ -132,8 +138,10 @@ impl Pending {
         done: JoinHandle<Result<Value, ErrorData>>,
         questions: mpsc::Receiver<Question>,
         cancel: CancellationToken,
+        relay: Arc<dyn Retarget>,
     ) -> Self {
         Self {
+            relay,
             binding,
             done,
             questions,
@@ -142,6 +150,11 @@ impl Pending {
             asked: 0,
             parked_at: None,
         }
+    }
+
+    /// Reports the call's progress to a retry's stream from now on.
+    pub fn retarget(&self, peer: rmcp::Peer<rmcp::RoleServer>, progress_token: Option<Value>) {
+        self.relay.retarget(peer, progress_token);
     }
 
     /// Runs the call until it finishes or asks the client; a question parks the call in
@@ -315,6 +328,15 @@ impl Parked {
 mod tests {
     use super::*;
 
+    struct NoRelay;
+    impl Retarget for NoRelay {
+        fn retarget(&self, _: rmcp::Peer<rmcp::RoleServer>, _: Option<Value>) {}
+    }
+
+    fn no_relay() -> Arc<dyn Retarget> {
+        Arc::new(NoRelay)
+    }
+
     fn finished(v: Value) -> JoinHandle<Result<Value, ErrorData>> {
         tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
@@ -333,7 +355,7 @@ mod tests {
             Ok(json!({"answer": answer.unwrap()}))
         });
         let gone = CancellationToken::new();
-        let pending = Pending::start("b".into(), round, rx, CancellationToken::new());
+        let pending = Pending::start("b".into(), round, rx, CancellationToken::new(), no_relay());
         let Step::Asked(first) = pending.step(&parked, &gone).await else {
             panic!("expected a question")
         };
@@ -361,7 +383,13 @@ mod tests {
             let _ = asker.ask("roots/list", None).await;
             Ok(json!({}))
         });
-        let pending = Pending::start("mine".into(), round, rx, CancellationToken::new());
+        let pending = Pending::start(
+            "mine".into(),
+            round,
+            rx,
+            CancellationToken::new(),
+            no_relay(),
+        );
         let Step::Asked(first) = pending.step(&parked, &CancellationToken::new()).await else {
             panic!("expected a question")
         };
@@ -387,6 +415,7 @@ mod tests {
             finished(json!({"ok": true})),
             rx,
             CancellationToken::new(),
+            no_relay(),
         );
         let step = pending
             .step(&Parked::default(), &CancellationToken::new())
@@ -404,7 +433,7 @@ mod tests {
             let _ = seen_tx.send(reply);
             Ok(json!({}))
         });
-        let pending = Pending::start("b".into(), round, rx, CancellationToken::new());
+        let pending = Pending::start("b".into(), round, rx, CancellationToken::new(), no_relay());
         let Step::Asked(first) = pending.step(&parked, &CancellationToken::new()).await else {
             panic!("expected a question")
         };
@@ -435,7 +464,7 @@ mod tests {
         });
         let gone = CancellationToken::new();
         gone.cancel();
-        let step = Pending::start("b".into(), round, rx, cancel)
+        let step = Pending::start("b".into(), round, rx, cancel, no_relay())
             .step(&Parked::default(), &gone)
             .await;
         assert_eq!(step.into_result().unwrap()["cancelled"], true);

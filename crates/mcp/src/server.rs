@@ -98,8 +98,10 @@ impl Authorizer for SessionGate {
 /// Forwards progress and relays server requests to one downstream client: as requests in the
 /// sessionful era, through the call's `input_required` results in the 2026-07-28 era (`asker`).
 struct Relay {
-    peer: Peer<RoleServer>,
-    progress: Option<mpsc::UnboundedSender<Value>>,
+    /// The downstream request the call reports to and its progress token: the request that
+    /// made the call or, in the 2026-07-28 era, the latest retry that carried answers.
+    target: Arc<Mutex<(Peer<RoleServer>, Option<Value>)>>,
+    progress: mpsc::UnboundedSender<Value>,
     asker: Option<crate::input::Asker>,
 }
 
@@ -109,44 +111,52 @@ impl Relay {
         token: Option<Value>,
         asker: Option<crate::input::Asker>,
     ) -> Arc<Self> {
-        let progress = token.map(|token| {
-            let (tx, mut rx) = mpsc::unbounded_channel::<Value>();
-            let peer = peer.clone();
-            tokio::spawn(async move {
-                while let Some(mut p) = rx.recv().await {
-                    p["progressToken"] = token.clone();
-                    if let Ok(param) = serde_json::from_value(p) {
-                        let _ = peer.notify_progress(param).await;
-                    }
+        let target = Arc::new(Mutex::new((peer, token)));
+        let (progress, mut rx) = mpsc::unbounded_channel::<Value>();
+        let to = target.clone();
+        tokio::spawn(async move {
+            while let Some(mut p) = rx.recv().await {
+                let (peer, token) = to.lock().expect("relay target").clone();
+                let Some(token) = token else { continue };
+                p["progressToken"] = token;
+                if let Ok(param) = serde_json::from_value(p) {
+                    let _ = peer.notify_progress(param).await;
                 }
-            });
-            tx
+            }
         });
         Arc::new(Self {
-            peer,
+            target,
             progress,
             asker,
         })
+    }
+
+    fn peer(&self) -> Peer<RoleServer> {
+        self.target.lock().expect("relay target").0.clone()
+    }
+}
+
+impl crate::input::Retarget for Relay {
+    fn retarget(&self, peer: Peer<RoleServer>, progress_token: Option<Value>) {
+        *self.target.lock().expect("relay target") = (peer, progress_token);
     }
 }
 
 #[async_trait]
 impl Downstream for Relay {
     fn progress(&self, progress: f64, total: Option<f64>, message: Option<String>) {
-        if let Some(tx) = &self.progress {
-            let mut p = json!({"progress": progress});
-            if let Some(t) = total {
-                p["total"] = json!(t);
-            }
-            if let Some(m) = message {
-                p["message"] = json!(m);
-            }
-            let _ = tx.send(p);
+        let mut p = json!({"progress": progress});
+        if let Some(t) = total {
+            p["total"] = json!(t);
         }
+        if let Some(m) = message {
+            p["message"] = json!(m);
+        }
+        let _ = self.progress.send(p);
     }
 
     fn log(&self, params: Value) {
-        let peer = self.peer.clone();
+        let peer = self.peer();
         if let Ok(param) = serde_json::from_value(params) {
             // The protocol's logging is deprecated for 2026-07-28; it is relayed for the
             // sessionful era, where clients show it.
@@ -162,7 +172,7 @@ impl Downstream for Relay {
             return asker.ask(method, params).await;
         }
         let request = ServerRequest::CustomRequest(CustomRequest::new(method, params));
-        match self.peer.send_request(request).await {
+        match self.peer().send_request(request).await {
             Ok(result) => serde_json::to_value(result)
                 .map_err(|e| error_object(code::INTERNAL_ERROR, e.to_string())),
             Err(e) => Err(error_object(
@@ -327,33 +337,41 @@ impl GatewayServer {
         };
         let binding = crate::input::binding(&request.name, request.arguments.as_ref(), &principal);
         let parked = self.gw.calls().parked().clone();
+        let token = context
+            .meta
+            .get_progress_token()
+            .and_then(|t| serde_json::to_value(t).ok());
         if let Some(state) = request.request_state.as_deref() {
             let responses = request.input_responses.clone().unwrap_or_default();
             let pending = parked.resume(state, &binding, &responses)?;
+            // Progress from now on goes to this retry's stream.
+            pending.retarget(context.peer.clone(), token);
             return pending.step(&parked, &context.ct).await.into_result();
         }
         let (asker, questions) = crate::input::channel();
+        let relay = Relay::new(context.peer.clone(), token, Some(asker));
         let first_ct = context.ct.clone();
         let cancel = tokio_util::sync::CancellationToken::new();
         let this = self.clone();
         let round_cancel = cancel.clone();
+        let round_relay = relay.clone();
         let done = tokio::spawn(async move {
-            this.run_call(request, context, Some(asker), round_cancel)
+            this.run_call(request, context, Some(round_relay), round_cancel)
                 .await
         });
-        let pending = crate::input::Pending::start(binding, done, questions, cancel);
+        let pending = crate::input::Pending::start(binding, done, questions, cancel, relay);
         // The client closing this request's stream cancels the call (`first_ct`); once the call
         // is parked, a retry's own stream takes that role.
         pending.step(&parked, &first_ct).await.into_result()
     }
 
-    /// One `tools/call` as one kernel round. `asker`: the call is of the 2026-07-28 era and asks
-    /// its client through `input_required` results. `cancel` cancels the round.
+    /// One `tools/call` as one kernel round. `relay`: the call is of the 2026-07-28 era and
+    /// asks its client through `input_required` results. `cancel` cancels the round.
     async fn run_call(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-        asker: Option<crate::input::Asker>,
+        relay: Option<Arc<Relay>>,
         cancel: tokio_util::sync::CancellationToken,
     ) -> Result<Value, ErrorData> {
         let generation = self.gw.generation();
@@ -380,8 +398,8 @@ impl GatewayServer {
         let elicitation = context
             .client_capabilities()
             .is_some_and(|c| c.elicitation.is_some());
-        let modern = asker.is_some();
-        let relay = Relay::new(context.peer.clone(), token, asker);
+        let modern = relay.is_some();
+        let relay = relay.unwrap_or_else(|| Relay::new(context.peer.clone(), token, None));
         let entry = if modern {
             CallEntry::modern(Some(relay), confirm)
         } else {
