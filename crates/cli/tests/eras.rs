@@ -419,6 +419,63 @@ fn an_upstream_elicitation_during_a_2026_07_28_call_is_answered_through_input_re
 }
 
 #[test]
+fn a_stdio_upstreams_sampling_and_elicitation_reach_clients_of_both_eras() {
+    let Some(peers) = peers() else { return };
+    let fixture = ring0().with_file_name("ring0-mcp-fixture");
+    if !fixture.exists() {
+        assert!(!in_ci(), "{} is not built", fixture.display());
+        eprintln!(
+            "skipped: {} is not built (cargo build -p ring0-mcp --bins)",
+            fixture.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        r#"[[grants]]
+name = "upstreams"
+tools = ["up__*"]
+ceiling = "A3"
+
+[[upstreams]]
+alias = "up"
+command = {:?}
+[upstreams.tools."*"]
+effect = "nullipotent"
+authority = "A0"
+strategy = ["exploration"]
+"#,
+        fixture.display().to_string()
+    );
+    let gw = ring0_with(dir.path(), &config);
+    for era in ERAS {
+        let seen = calls(
+            &peers,
+            &gw.url,
+            era,
+            json!([
+                ["up__test_sampling", {"prompt": "hi"}],
+                ["up__test_elicitation", {"message": "who are you?"}]
+            ]),
+        );
+        assert_eq!(
+            seen["asked"],
+            json!(["sampling", "who are you?"]),
+            "{era}: {seen}"
+        );
+        assert_eq!(
+            text_of(&seen, 0),
+            "LLM response: sampled through ring0",
+            "{era}: {seen}"
+        );
+        assert!(
+            text_of(&seen, 1).contains("ada@example.org"),
+            "{era}: {seen}"
+        );
+    }
+}
+
+#[test]
 fn an_upstream_input_required_result_reaches_clients_of_both_eras() {
     let Some(peers) = peers() else { return };
     let upstream = py_server(&peers, false);
