@@ -476,6 +476,40 @@ strategy = ["exploration"]
 }
 
 #[test]
+fn an_approved_2026_07_28_call_is_one_intent_and_one_upstream_call() {
+    let Some(peers) = peers() else { return };
+    let upstream = py_server(&peers, false);
+    let dir = tempfile::tempdir().unwrap();
+    let gw = ring0_with(
+        dir.path(),
+        &py_config(
+            &upstream.url,
+            "[upstreams.tools.echo]\neffect = \"non_idempotent\"\nauthority = \"A3\"",
+        ),
+    );
+    gw.wait_for_line("tool py__calls trusted on first use");
+    let seen = calls(
+        &peers,
+        &gw.url,
+        "2026-07-28",
+        json!([["py__echo", {"text": "approved"}]]),
+    );
+    let asked = seen["asked"].as_array().unwrap();
+    assert_eq!(asked.len(), 1, "{seen}");
+    assert!(
+        asked[0].as_str().unwrap().contains("allow py__echo"),
+        "{seen}"
+    );
+    assert_eq!(text_of(&seen, 0), "approved", "{seen}");
+    assert_eq!(journal_lines(dir.path(), "py__echo").len(), 1, "one intent");
+    assert_eq!(
+        upstream_runs(&peers, &gw.url)["echo"],
+        1,
+        "one upstream call"
+    );
+}
+
+#[test]
 fn an_upstream_input_required_result_reaches_clients_of_both_eras() {
     let Some(peers) = peers() else { return };
     let upstream = py_server(&peers, false);
