@@ -11,8 +11,9 @@
 //!
 //! [`McpApprover`] plugs this into the policy engine's `Approver` (grants with `approval = true`,
 //! anything A3); without a policy engine, the downstream session applies it to A3 calls itself.
-//! The 2026-07-28 `input_required` result is not produced: a client of that era without
-//! elicitation gets the confirmation-code path.
+//! - A client of the 2026-07-28 era is asked the same question through an `input_required`
+//!   result on its `tools/call`; the call waits, parked, for the retry that carries the answer
+//!   (see [`crate::input`]), so an approved call is the same call, not a second one.
 
 use crate::limits::{CONFIRM_TOKEN_TTL, CONFIRM_TOKENS_MAX};
 use crate::log::Log;
@@ -120,23 +121,15 @@ impl Approvals {
                 "required": ["approve"]
             }
         });
-        if let Some(entry) = entry.as_ref().filter(|e| e.modern) {
-            // 2026-07-28: no server-to-client request; the question goes back in an
-            // `input_required` result and the retry carries the answer.
-            return match &entry.input_response {
-                Some(answer) if approved(answer) => Answer::Approved("input-required"),
-                Some(_) => Answer::Declined("the person declined this call".into()),
-                None => {
-                    *entry.needs_input.lock().expect("needs input") = Some(question);
-                    Answer::Failed("waiting for the client's answer (input required)".into())
-                }
-            };
-        }
         if let Some(entry) = entry.filter(|e| e.elicitation)
             && let Some(down) = entry.downstream.clone()
         {
             let mut params = question;
-            if let Some(o) = params.as_object_mut() {
+            // The sessionful era's elicitation has no `mode`; the 2026-07-28 era's question
+            // (an `input_required` result) keeps it.
+            if !entry.modern
+                && let Some(o) = params.as_object_mut()
+            {
                 o.remove("mode");
             }
             return match tokio::time::timeout(
@@ -170,9 +163,6 @@ fn approved(answer: &Value) -> bool {
     answer.get("action").and_then(Value::as_str) == Some("accept")
         && answer.pointer("/content/approve").and_then(Value::as_bool) == Some(true)
 }
-
-/// The key of ring0's approval question in an `input_required` result.
-pub const APPROVAL_INPUT_KEY: &str = "ring0-approval";
 
 /// The policy engine's approver for calls made over MCP.
 pub struct McpApprover {

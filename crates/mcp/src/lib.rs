@@ -23,6 +23,7 @@ pub mod config;
 pub mod forward;
 pub mod gateway;
 pub mod http;
+pub mod input;
 pub mod limits;
 pub mod log;
 pub mod names;

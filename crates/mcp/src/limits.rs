@@ -45,3 +45,23 @@ pub const APPROVAL_WAIT_DEFAULT: Duration = Duration::from_secs(300);
 pub const CONFIRM_TOKENS_MAX: usize = 1024;
 /// How long a confirm token stays valid.
 pub const CONFIRM_TOKEN_TTL: Duration = Duration::from_secs(600);
+/// Times in a row a broken upstream response stream is resumed with `Last-Event-ID` (sessionful
+/// era, servers that number their events) before the call is reported as lost. An attempt that
+/// brings new events restarts the count; the call's idle and hard timeouts bound it as well.
+pub const STREAM_RESUMES_MAX: u32 = 5;
+/// Longest wait before resuming a broken response stream, whatever `retry` the server asked for.
+pub const STREAM_RESUME_DELAY_MAX: Duration = Duration::from_secs(5);
+/// How long a question asked through an `input_required` result (2026-07-28 era) waits for the
+/// client's retry. Past it the parked call is dropped and the asker (an upstream's request,
+/// ring0's approval) gets an error.
+pub const INPUT_WAIT: Duration = Duration::from_secs(300);
+/// Calls parked at once waiting for their clients' answers; a question beyond this is answered
+/// with an error at once.
+pub const PARKED_CALLS_MAX: usize = 256;
+/// Questions one call may have outstanding at once (one `input_required` result carries them).
+pub const QUESTIONS_PER_CALL_MAX: usize = 16;
+/// How long a call's first question waits for others asked at the same moment, so that they
+/// travel in one `input_required` result. Not a timeout: a late question goes in the next one.
+pub const INPUT_BATCH_GRACE: Duration = Duration::from_millis(20);
+/// `input_required` rounds an upstream's tool call may go through before ring0 gives up on it.
+pub const UPSTREAM_INPUT_ROUNDS_MAX: usize = 10;

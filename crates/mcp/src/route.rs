@@ -27,13 +27,9 @@ pub struct CallEntry {
     pub confirm: Option<String>,
     /// Whether the client declared the elicitation capability.
     pub elicitation: bool,
-    /// The request is of the 2026-07-28 era: the server may not send it requests; questions
-    /// go back as an `input_required` result instead.
+    /// The request is of the 2026-07-28 era: the server may not send it requests; its
+    /// downstream asks through `input_required` results instead (see [`crate::input`]).
     pub modern: bool,
-    /// The answer to ring0's approval question, on the retry of an `input_required` result.
-    pub input_response: Option<Value>,
-    /// Set when a question must go back to the client as an `input_required` result.
-    pub needs_input: Mutex<Option<Value>>,
     /// The shaped upstream result, for the response (the journal keeps the observation).
     pub forwarded: Mutex<Option<Value>>,
 }
@@ -43,19 +39,14 @@ impl CallEntry {
         Self::with_facts(downstream, None, false)
     }
 
-    /// A request of the 2026-07-28 era, with the answer it carries to an earlier question.
-    pub fn modern(
-        downstream: Option<Arc<dyn Downstream>>,
-        confirm: Option<String>,
-        input_response: Option<Value>,
-    ) -> Arc<Self> {
+    /// A request of the 2026-07-28 era: questions reach the client through its downstream as
+    /// `input_required` results, so it can be asked whatever it declared.
+    pub fn modern(downstream: Option<Arc<dyn Downstream>>, confirm: Option<String>) -> Arc<Self> {
         Arc::new(Self {
             downstream,
             confirm,
-            elicitation: false,
+            elicitation: true,
             modern: true,
-            input_response,
-            needs_input: Mutex::new(None),
             forwarded: Mutex::new(None),
         })
     }
@@ -70,20 +61,25 @@ impl CallEntry {
             confirm,
             elicitation,
             modern: false,
-            input_response: None,
-            needs_input: Mutex::new(None),
             forwarded: Mutex::new(None),
         })
     }
 }
 
-/// Calls in flight by call id.
+/// Calls in flight by call id, and calls of the 2026-07-28 era parked until their clients
+/// answer a question.
 #[derive(Default)]
 pub struct Calls {
     map: Mutex<HashMap<String, Arc<CallEntry>>>,
+    parked: crate::input::Parked,
 }
 
 impl Calls {
+    /// Calls waiting for their clients' answers, by `requestState`.
+    pub fn parked(&self) -> &crate::input::Parked {
+        &self.parked
+    }
+
     pub fn insert(&self, call_id: &str, entry: Arc<CallEntry>) {
         self.map
             .lock()

@@ -24,6 +24,12 @@ pub mod code {
     pub const METHOD_NOT_FOUND: i64 = -32601;
     pub const INVALID_PARAMS: i64 = -32602;
     pub const INTERNAL_ERROR: i64 = -32603;
+    /// 2026-07-28: the `Mcp-*` / `MCP-Protocol-Version` headers do not match the body.
+    pub const HEADER_MISMATCH: i64 = -32020;
+    /// 2026-07-28: the request needs a client capability the client did not declare.
+    pub const MISSING_REQUIRED_CLIENT_CAPABILITY: i64 = -32021;
+    /// 2026-07-28: the server does not speak the request's protocol version.
+    pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 }
 
 /// Why a request got no result.
@@ -64,6 +70,9 @@ impl RpcError {
                         | code::INVALID_PARAMS
                         | code::INVALID_REQUEST
                         | code::PARSE_ERROR
+                        | code::HEADER_MISMATCH
+                        | code::MISSING_REQUIRED_CLIENT_CAPABILITY
+                        | code::UNSUPPORTED_PROTOCOL_VERSION
                 )
             }
             RpcError::Lost(_) | RpcError::Malformed(_) => false,

@@ -95,48 +95,68 @@ impl Authorizer for SessionGate {
     }
 }
 
-/// Forwards progress and relays server requests to one downstream client.
+/// Forwards progress and relays server requests to one downstream client: as requests in the
+/// sessionful era, through the call's `input_required` results in the 2026-07-28 era (`asker`).
 struct Relay {
-    peer: Peer<RoleServer>,
-    progress: Option<mpsc::UnboundedSender<Value>>,
+    /// The downstream request the call reports to and its progress token: the request that
+    /// made the call or, in the 2026-07-28 era, the latest retry that carried answers.
+    target: Arc<Mutex<(Peer<RoleServer>, Option<Value>)>>,
+    progress: mpsc::UnboundedSender<Value>,
+    asker: Option<crate::input::Asker>,
 }
 
 impl Relay {
-    fn new(peer: Peer<RoleServer>, token: Option<Value>) -> Arc<Self> {
-        let progress = token.map(|token| {
-            let (tx, mut rx) = mpsc::unbounded_channel::<Value>();
-            let peer = peer.clone();
-            tokio::spawn(async move {
-                while let Some(mut p) = rx.recv().await {
-                    p["progressToken"] = token.clone();
-                    if let Ok(param) = serde_json::from_value(p) {
-                        let _ = peer.notify_progress(param).await;
-                    }
+    fn new(
+        peer: Peer<RoleServer>,
+        token: Option<Value>,
+        asker: Option<crate::input::Asker>,
+    ) -> Arc<Self> {
+        let target = Arc::new(Mutex::new((peer, token)));
+        let (progress, mut rx) = mpsc::unbounded_channel::<Value>();
+        let to = target.clone();
+        tokio::spawn(async move {
+            while let Some(mut p) = rx.recv().await {
+                let (peer, token) = to.lock().expect("relay target").clone();
+                let Some(token) = token else { continue };
+                p["progressToken"] = token;
+                if let Ok(param) = serde_json::from_value(p) {
+                    let _ = peer.notify_progress(param).await;
                 }
-            });
-            tx
+            }
         });
-        Arc::new(Self { peer, progress })
+        Arc::new(Self {
+            target,
+            progress,
+            asker,
+        })
+    }
+
+    fn peer(&self) -> Peer<RoleServer> {
+        self.target.lock().expect("relay target").0.clone()
+    }
+}
+
+impl crate::input::Retarget for Relay {
+    fn retarget(&self, peer: Peer<RoleServer>, progress_token: Option<Value>) {
+        *self.target.lock().expect("relay target") = (peer, progress_token);
     }
 }
 
 #[async_trait]
 impl Downstream for Relay {
     fn progress(&self, progress: f64, total: Option<f64>, message: Option<String>) {
-        if let Some(tx) = &self.progress {
-            let mut p = json!({"progress": progress});
-            if let Some(t) = total {
-                p["total"] = json!(t);
-            }
-            if let Some(m) = message {
-                p["message"] = json!(m);
-            }
-            let _ = tx.send(p);
+        let mut p = json!({"progress": progress});
+        if let Some(t) = total {
+            p["total"] = json!(t);
         }
+        if let Some(m) = message {
+            p["message"] = json!(m);
+        }
+        let _ = self.progress.send(p);
     }
 
     fn log(&self, params: Value) {
-        let peer = self.peer.clone();
+        let peer = self.peer();
         if let Ok(param) = serde_json::from_value(params) {
             // The protocol's logging is deprecated for 2026-07-28; it is relayed for the
             // sessionful era, where clients show it.
@@ -148,8 +168,11 @@ impl Downstream for Relay {
     }
 
     async fn request(&self, method: &str, params: Option<Value>) -> Result<Value, Value> {
+        if let Some(asker) = &self.asker {
+            return asker.ask(method, params).await;
+        }
         let request = ServerRequest::CustomRequest(CustomRequest::new(method, params));
-        match self.peer.send_request(request).await {
+        match self.peer().send_request(request).await {
             Ok(result) => serde_json::to_value(result)
                 .map_err(|e| error_object(code::INTERNAL_ERROR, e.to_string())),
             Err(e) => Err(error_object(
@@ -294,6 +317,63 @@ impl GatewayServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<Value, ErrorData> {
+        let modern = context
+            .protocol_version()
+            .is_some_and(|v| v.as_str() >= "2026-07-28");
+        if !modern {
+            let cancel = context.ct.clone();
+            return self.run_call(request, context, None, cancel).await;
+        }
+        // 2026-07-28: the call runs in the background so that a question can go back to the
+        // client as an `input_required` result while the call waits for the answer.
+        let principal = match context.extensions.get::<http::request::Parts>() {
+            Some(parts) => parts
+                .headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| format!("http:{v}"))
+                .unwrap_or_else(|| "http".into()),
+            None => self.scope.clone(),
+        };
+        let binding = crate::input::binding(&request.name, request.arguments.as_ref(), &principal);
+        let parked = self.gw.calls().parked().clone();
+        let token = context
+            .meta
+            .get_progress_token()
+            .and_then(|t| serde_json::to_value(t).ok());
+        if let Some(state) = request.request_state.as_deref() {
+            let responses = request.input_responses.clone().unwrap_or_default();
+            let pending = parked.resume(state, &binding, &responses)?;
+            // Progress from now on goes to this retry's stream.
+            pending.retarget(context.peer.clone(), token);
+            return pending.step(&parked, &context.ct).await.into_result();
+        }
+        let (asker, questions) = crate::input::channel();
+        let relay = Relay::new(context.peer.clone(), token, Some(asker));
+        let first_ct = context.ct.clone();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let this = self.clone();
+        let round_cancel = cancel.clone();
+        let round_relay = relay.clone();
+        let done = tokio::spawn(async move {
+            this.run_call(request, context, Some(round_relay), round_cancel)
+                .await
+        });
+        let pending = crate::input::Pending::start(binding, done, questions, cancel, relay);
+        // The client closing this request's stream cancels the call (`first_ct`); once the call
+        // is parked, a retry's own stream takes that role.
+        pending.step(&parked, &first_ct).await.into_result()
+    }
+
+    /// One `tools/call` as one kernel round. `relay`: the call is of the 2026-07-28 era and
+    /// asks its client through `input_required` results. `cancel` cancels the round.
+    async fn run_call(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+        relay: Option<Arc<Relay>>,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<Value, ErrorData> {
         let generation = self.gw.generation();
         let call_id = format!("mcp-{}", CALL_COUNTER.fetch_add(1, Ordering::Relaxed));
         let token = context
@@ -318,16 +398,10 @@ impl GatewayServer {
         let elicitation = context
             .client_capabilities()
             .is_some_and(|c| c.elicitation.is_some());
-        let modern = context
-            .protocol_version()
-            .is_some_and(|v| v.as_str() >= "2026-07-28");
-        let relay = Relay::new(context.peer.clone(), token);
+        let modern = relay.is_some();
+        let relay = relay.unwrap_or_else(|| Relay::new(context.peer.clone(), token, None));
         let entry = if modern {
-            let answer = request
-                .input_responses
-                .as_ref()
-                .and_then(|r| r.get(crate::approval::APPROVAL_INPUT_KEY).cloned());
-            CallEntry::modern(Some(relay), confirm, answer)
+            CallEntry::modern(Some(relay), confirm)
         } else {
             CallEntry::with_facts(Some(relay), confirm, elicitation)
         };
@@ -352,7 +426,13 @@ impl GatewayServer {
         tokio::pin!(run);
         let outcome = tokio::select! {
             o = &mut run => o,
-            _ = context.ct.cancelled() => {
+            _ = cancel.cancelled() => {
+                session.cancel();
+                run.await
+            }
+            // In the 2026-07-28 era the round outlives the request that started it; `cancel`
+            // carries the client's cancellation instead.
+            _ = context.ct.cancelled(), if !modern => {
                 session.cancel();
                 run.await
             }
@@ -362,15 +442,6 @@ impl GatewayServer {
         }
         self.gw.calls().remove(&call_id);
         let forwarded = entry.forwarded.lock().expect("forwarded").take();
-        if let Some(question) = entry.needs_input.lock().expect("needs input").take() {
-            return Ok(json!({
-                "resultType": "input_required",
-                "inputRequests": {
-                    crate::approval::APPROVAL_INPUT_KEY: {"method": "elicitation/create", "params": question}
-                },
-                "requestState": "ring0-approval",
-            }));
-        }
         // An unknown tool is a protocol error (-32602), as the protocol specifies; every other
         // refusal is a result the model can correct itself from.
         if let Some(CallOutcome::Rejected { rejection }) =

@@ -1,21 +1,36 @@
-//! The Streamable HTTP transport of an upstream (the sessionful protocol era).
+//! The Streamable HTTP transport of an upstream, in both protocol eras.
 //!
 //! Each outgoing message is one POST. The answer is `202 Accepted` (notifications and responses),
 //! one JSON message, or an SSE stream carrying notifications and server requests related to the
-//! POSTed request before its response. The session id the server hands out at `initialize` is sent
-//! on every later request; a `404` on a request that carried one means the server forgot the
-//! session: the request is failed as not applied and the connection is closed, so the supervisor
-//! re-initializes, re-lists and re-pins. A background GET stream receives messages the server
-//! sends outside any request (such as `notifications/tools/list_changed`) when the server offers
-//! one (`405` means it does not).
+//! POSTed request before its response.
+//!
+//! - **Sessionful era** (2025-06-18 / 2025-11-25): the session id the server hands out at
+//!   `initialize` is sent on every later request; a `404` on a request that carried one means the
+//!   server forgot the session: the request is failed as not applied and the connection is closed,
+//!   so the supervisor re-initializes, re-lists and re-pins. A background GET stream receives
+//!   messages the server sends outside any request (such as `notifications/tools/list_changed`)
+//!   when the server offers one (`405` means it does not). A response stream that breaks before
+//!   the response is resumed with `Last-Event-ID` when the server numbered its events, at most
+//!   [`STREAM_RESUMES_MAX`] times in a row.
+//! - **Stateless era** (2026-07-28), chosen by [`HttpConnection::use_stateless`] after
+//!   `server/discover`: no session; every request carries the client context in its `_meta`
+//!   (`io.modelcontextprotocol/protocolVersion`, `clientInfo`, `clientCapabilities`) and the
+//!   routing headers (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`, and `Mcp-Param-*` for
+//!   arguments the tool's schema marks with `x-mcp-header`). The era has no client-to-server
+//!   notifications: cancelling a request closes its response stream.
+//!
+//! A server that refuses a request with a JSON-RPC error in a `4xx` body (header mismatch,
+//! unsupported protocol version) has that error delivered as the request's error, so its code
+//! and message reach the caller.
 
-use crate::limits::UPSTREAM_MESSAGE_BYTES_MAX;
+use crate::limits::{STREAM_RESUME_DELAY_MAX, STREAM_RESUMES_MAX, UPSTREAM_MESSAGE_BYTES_MAX};
 use crate::log::Log;
 use crate::rpc::{InboundHandler, Outbound, RpcError, RpcPeer};
+use base64::Engine;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use serde_json::Value;
-use std::collections::BTreeMap;
+use serde_json::{Map, Value, json};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +40,13 @@ const GET_STREAM_RETRY: Duration = Duration::from_secs(2);
 /// How long one POST may take to start answering.
 const POST_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The stateless protocol version ring0 speaks to upstreams that offer it.
+pub const STATELESS_PROTOCOL_VERSION: &str = "2026-07-28";
+/// `_meta` keys of the stateless era's per-request client context.
+pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+pub const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+pub const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+
 /// How to reach one HTTP upstream.
 #[derive(Debug, Clone)]
 pub struct HttpSpec {
@@ -33,11 +55,23 @@ pub struct HttpSpec {
     pub headers: BTreeMap<String, String>,
 }
 
+/// The per-request context of the stateless era.
+#[derive(Clone)]
+struct Stateless {
+    version: String,
+    meta: Map<String, Value>,
+}
+
 struct State {
     client: reqwest::Client,
     spec: HttpSpec,
     session: Mutex<Option<String>>,
     protocol: Mutex<Option<String>>,
+    stateless: Mutex<Option<Stateless>>,
+    /// Input schemas by tool name, for the stateless era's `Mcp-Param-*` headers.
+    schemas: Mutex<HashMap<String, Value>>,
+    /// The POST serving each request in flight of the stateless era (closed to cancel it).
+    posts: Mutex<HashMap<u64, tokio::task::AbortHandle>>,
     peer: OnceLock<Weak<RpcPeer>>,
     stop: CancellationToken,
     log: Log,
@@ -56,7 +90,39 @@ impl HttpConnection {
         *self.state.protocol.lock().expect("protocol") = Some(version.to_string());
     }
 
-    /// Opens the background GET stream for messages sent outside any request.
+    /// Speaks the stateless era from now on: every request carries `_meta` with the protocol
+    /// version and ring0's client context, and the era's routing headers. `None` goes back to
+    /// the sessionful era (after a failed `server/discover`).
+    pub fn use_stateless(&self, version: Option<&str>, capabilities: &Value) {
+        let context = version.map(|v| {
+            let mut meta = Map::new();
+            meta.insert(META_PROTOCOL_VERSION.into(), json!(v));
+            meta.insert(
+                META_CLIENT_INFO.into(),
+                json!({"name": "ring0", "version": env!("CARGO_PKG_VERSION")}),
+            );
+            meta.insert(META_CLIENT_CAPABILITIES.into(), capabilities.clone());
+            Stateless {
+                version: v.to_string(),
+                meta,
+            }
+        });
+        *self.state.protocol.lock().expect("protocol") =
+            context.as_ref().map(|c| c.version.clone());
+        *self.state.stateless.lock().expect("stateless") = context;
+    }
+
+    /// Whether the connection speaks the stateless era.
+    pub fn is_stateless(&self) -> bool {
+        self.state.stateless.lock().expect("stateless").is_some()
+    }
+
+    /// Records the listed tools' input schemas (for `Mcp-Param-*` headers).
+    pub fn set_tool_schemas(&self, schemas: HashMap<String, Value>) {
+        *self.state.schemas.lock().expect("schemas") = schemas;
+    }
+
+    /// Opens the background GET stream for messages sent outside any request (sessionful era).
     pub fn open_listen_stream(&self) {
         let state = self.state.clone();
         tokio::spawn(async move { listen(state).await });
@@ -67,6 +133,9 @@ impl Drop for HttpConnection {
     fn drop(&mut self) {
         self.state.stop.cancel();
         self.peer.close("the connection was closed by ring0");
+        for (_, post) in self.state.posts.lock().expect("posts").drain() {
+            post.abort();
+        }
         let session = self.state.session.lock().expect("session").take();
         if let Some(session) = session {
             let client = self.state.client.clone();
@@ -92,8 +161,31 @@ impl Outbound for Post {
         if self.0.stop.is_cancelled() {
             return Err("the connection is closed".into());
         }
+        let stateless = self.0.stateless.lock().expect("stateless").is_some();
+        if stateless && message.get("id").is_none() {
+            // The era has no client notifications: cancellation closes the request's stream;
+            // anything else has no receiver.
+            if message.get("method").and_then(Value::as_str) == Some("notifications/cancelled")
+                && let Some(id) = message.pointer("/params/requestId").and_then(Value::as_u64)
+                && let Some(post) = self.0.posts.lock().expect("posts").remove(&id)
+            {
+                post.abort();
+            }
+            return Ok(());
+        }
         let state = self.0.clone();
-        tokio::spawn(async move { post(state, message, related).await });
+        // The registry is held while the task is spawned, so its own removal at the end cannot
+        // run before the insertion.
+        let mut posts = self.0.posts.lock().expect("posts");
+        let task = tokio::spawn(async move {
+            post(state.clone(), message, related).await;
+            if let Some(id) = related {
+                state.posts.lock().expect("posts").remove(&id);
+            }
+        });
+        if stateless && let Some(id) = related {
+            posts.insert(id, task.abort_handle());
+        }
         Ok(())
     }
 }
@@ -124,6 +216,9 @@ pub fn connect(
         spec: spec.clone(),
         session: Mutex::new(None),
         protocol: Mutex::new(None),
+        stateless: Mutex::new(None),
+        schemas: Mutex::new(HashMap::new()),
+        posts: Mutex::new(HashMap::new()),
         peer: OnceLock::new(),
         stop: CancellationToken::new(),
         log,
@@ -151,18 +246,132 @@ fn request(state: &State, method: reqwest::Method) -> reqwest::RequestBuilder {
     req
 }
 
+/// A header value as the stateless era encodes it: plain when it is safe visible ASCII,
+/// otherwise `=?base64?…?=`.
+fn header_value(value: &str) -> String {
+    let sentinel = value.starts_with("=?base64?") && value.ends_with("?=");
+    let plain = value.is_empty()
+        || (!value.starts_with([' ', '\t'])
+            && !value.ends_with([' ', '\t'])
+            && value.chars().all(|c| (' '..='~').contains(&c))
+            && !sentinel);
+    if plain {
+        value.to_string()
+    } else {
+        format!(
+            "=?base64?{}?=",
+            base64::engine::general_purpose::STANDARD.encode(value)
+        )
+    }
+}
+
+/// The stateless era's routing headers for one request: `Mcp-Method`, `Mcp-Name` and, for a
+/// tool call, `Mcp-Param-*` for every argument the tool's schema marks with `x-mcp-header`.
+fn routing_headers(message: &Value, schemas: &HashMap<String, Value>) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let Some(method) = message.get("method").and_then(Value::as_str) else {
+        return out;
+    };
+    out.push(("mcp-method".into(), method.to_string()));
+    let params = message.get("params");
+    let name_key = match method {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" | "resources/subscribe" | "resources/unsubscribe" => Some("uri"),
+        "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
+        _ => None,
+    };
+    let name = name_key.and_then(|k| params?.get(k)?.as_str());
+    if let Some(name) = name {
+        out.push(("mcp-name".into(), header_value(name)));
+    }
+    if method == "tools/call"
+        && let (Some(tool), Some(arguments)) = (name, params.and_then(|p| p.get("arguments")))
+        && let Some(schema) = schemas.get(tool)
+    {
+        let mut path = Vec::new();
+        param_headers(schema, arguments, &mut path, &mut out);
+    }
+    out
+}
+
+fn param_headers(
+    schema: &Value,
+    arguments: &Value,
+    path: &mut Vec<String>,
+    out: &mut Vec<(String, String)>,
+) {
+    let Some(Value::Object(properties)) = schema.get("properties") else {
+        return;
+    };
+    for (name, sub) in properties {
+        path.push(name.clone());
+        if let Some(Value::String(header)) = sub.get("x-mcp-header")
+            && !header.is_empty()
+        {
+            let value = path.iter().try_fold(arguments, |v, k| v.get(k));
+            let text = match value {
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(Value::Bool(b)) => Some(b.to_string()),
+                Some(Value::Number(n)) => Some(n.to_string()),
+                _ => None,
+            };
+            if let Some(text) = text {
+                out.push((format!("mcp-param-{header}"), header_value(&text)));
+            }
+        }
+        param_headers(sub, arguments, path, out);
+        path.pop();
+    }
+}
+
+/// Adds the stateless era's client context to a request's `_meta`, keeping what is there
+/// (the progress token, ring0's own keys).
+fn with_context(mut message: Value, context: &Stateless) -> Value {
+    if message.get("method").is_none() {
+        return message;
+    }
+    let Some(obj) = message.as_object_mut() else {
+        return message;
+    };
+    let params = obj
+        .entry("params")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Some(p) = params.as_object_mut() {
+        let meta = p
+            .entry("_meta")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(m) = meta.as_object_mut() {
+            for (k, v) in &context.meta {
+                m.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    message
+}
+
 async fn post(state: Arc<State>, message: Value, related: Option<u64>) {
     let Some(peer) = state.peer.get().and_then(Weak::upgrade) else {
         return;
     };
     let is_initialize = message.get("method").and_then(Value::as_str) == Some("initialize");
     let had_session = state.session.lock().expect("session").is_some();
+    let stateless = state.stateless.lock().expect("stateless").clone();
+    let mut extra = Vec::new();
+    let message = match &stateless {
+        Some(context) => {
+            extra = routing_headers(&message, &state.schemas.lock().expect("schemas"));
+            with_context(message, context)
+        }
+        None => message,
+    };
     let body = serde_json::to_vec(&message).unwrap_or_default();
-    let sent = request(&state, reqwest::Method::POST)
+    let mut builder = request(&state, reqwest::Method::POST)
         .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await;
+        .body(body);
+    for (k, v) in extra {
+        builder = builder.header(k, v);
+    }
+    let sent = builder.send().await;
     let fail = |e: RpcError| {
         if let Some(id) = related {
             peer.fail(id, e);
@@ -201,7 +410,18 @@ async fn post(state: Arc<State>, message: Value, related: Option<u64>) {
     }
     if !status.is_success() {
         let text = bounded_text(response).await;
-        let why = format!("HTTP {status}: {text}");
+        // A JSON-RPC error in the body (the stateless era's header and version errors) is the
+        // request's error: its code tells the caller what was wrong.
+        if let Some(id) = related
+            && let Ok(v) = serde_json::from_str::<Value>(&text)
+            && v.get("error").is_some()
+        {
+            let mut v = v;
+            v["id"] = json!(id);
+            peer.deliver(v, related);
+            return;
+        }
+        let why = format!("HTTP {status}: {}", clip(&text));
         if status.is_client_error() {
             fail(RpcError::Refused(why));
         } else {
@@ -216,32 +436,125 @@ async fn post(state: Arc<State>, message: Value, related: Option<u64>) {
         .unwrap_or("")
         .to_ascii_lowercase();
     if content_type.starts_with("text/event-stream") {
-        read_events(&state, &peer, response.bytes_stream(), related).await;
-    } else {
-        match bounded_body(response).await {
-            Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
-                Ok(Value::Array(items)) => {
-                    for item in items {
-                        peer.deliver(item, related);
-                    }
-                }
-                Ok(v) => peer.deliver(v, related),
-                Err(e) => fail(RpcError::Malformed(format!("response is not JSON: {e}"))),
-            },
-            Err(e) => fail(RpcError::Lost(e)),
+        let mut end = read_events(&state, &peer, response.bytes_stream(), related).await;
+        if stateless.is_none() {
+            end = resume(&state, &peer, related, end).await;
         }
+        if let Some(id) = related
+            && peer.is_pending(id)
+            && !state.stop.is_cancelled()
+        {
+            let why = match end.last_id {
+                Some(_) => format!(
+                    "the response stream broke before the response arrived and could not be resumed ({} attempts)",
+                    STREAM_RESUMES_MAX
+                ),
+                None => "the response stream ended before the response arrived (the server numbers no events, so it cannot be resumed)".into(),
+            };
+            peer.fail(id, RpcError::Lost(why));
+        }
+        return;
+    }
+    match bounded_body(response).await {
+        Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Array(items)) => {
+                for item in items {
+                    peer.deliver(item, related);
+                }
+            }
+            Ok(v) => peer.deliver(v, related),
+            Err(e) => fail(RpcError::Malformed(format!("response is not JSON: {e}"))),
+        },
+        Err(e) => fail(RpcError::Lost(e)),
     }
     if let Some(id) = related
         && peer.is_pending(id)
         && !state.stop.is_cancelled()
     {
-        // The stream ended without the response. Resuming with Last-Event-ID is not attempted:
-        // the outcome is reported as unknown instead.
         peer.fail(
             id,
-            RpcError::Lost("the response stream ended before the response arrived".into()),
+            RpcError::Lost("the response body ended without the response".into()),
         );
     }
+}
+
+/// Resumes a response stream that ended before the response, with `Last-Event-ID`, while the
+/// request is still wanted (the call's timeouts forget it) and at most [`STREAM_RESUMES_MAX`]
+/// times in a row without progress.
+async fn resume(
+    state: &State,
+    peer: &Arc<RpcPeer>,
+    related: Option<u64>,
+    mut end: StreamEnd,
+) -> StreamEnd {
+    let Some(id) = related else { return end };
+    let mut attempts = 0;
+    while peer.is_pending(id) && !state.stop.is_cancelled() && attempts < STREAM_RESUMES_MAX {
+        let Some(last) = end.last_id.clone() else {
+            return end;
+        };
+        attempts += 1;
+        let delay = end
+            .retry_ms
+            .map(Duration::from_millis)
+            .unwrap_or(Duration::ZERO)
+            .min(STREAM_RESUME_DELAY_MAX);
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = state.stop.cancelled() => return end,
+        }
+        if !peer.is_pending(id) {
+            return end;
+        }
+        state.log.line(&format!(
+            "[{}] the response stream of request {id} broke; resuming after event {last:?} (attempt {attempts} of {STREAM_RESUMES_MAX})",
+            state.alias
+        ));
+        let sent = request(state, reqwest::Method::GET)
+            .header("accept", "text/event-stream")
+            .header("last-event-id", &last)
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_success() => {
+                let next = read_events(state, peer, r.bytes_stream(), related).await;
+                if next.last_id.as_ref().is_some_and(|l| *l != last) {
+                    // Progress: the budget of attempts applies to failures in a row.
+                    attempts = 0;
+                }
+                end = StreamEnd {
+                    last_id: next.last_id.or(end.last_id),
+                    retry_ms: next.retry_ms.or(end.retry_ms),
+                };
+            }
+            Ok(r) => {
+                state.log.line(&format!(
+                    "[{}] resuming the response stream of request {id} was refused (HTTP {})",
+                    state.alias,
+                    r.status()
+                ));
+                return end;
+            }
+            Err(e) => state.log.line(&format!(
+                "[{}] resuming the response stream of request {id} failed: {e}",
+                state.alias
+            )),
+        }
+    }
+    end
+}
+
+fn clip(text: &str) -> String {
+    let mut s = text.to_string();
+    if s.len() > 512 {
+        let mut cut = 512;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
 }
 
 async fn bounded_body(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
@@ -259,18 +572,7 @@ async fn bounded_body(mut response: reqwest::Response) -> Result<Vec<u8>, String
 
 async fn bounded_text(response: reqwest::Response) -> String {
     match bounded_body(response).await {
-        Ok(b) => {
-            let mut s = String::from_utf8_lossy(&b).into_owned();
-            if s.len() > 512 {
-                let mut cut = 512;
-                while !s.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                s.truncate(cut);
-                s.push('…');
-            }
-            s
-        }
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
         Err(e) => e,
     }
 }
@@ -301,26 +603,45 @@ where
     })
 }
 
-async fn read_events<S>(state: &State, peer: &Arc<RpcPeer>, stream: S, related: Option<u64>)
+/// Where an event stream stopped: the last event id and the server's reconnection delay.
+#[derive(Default)]
+struct StreamEnd {
+    last_id: Option<String>,
+    retry_ms: Option<u64>,
+}
+
+async fn read_events<S>(
+    state: &State,
+    peer: &Arc<RpcPeer>,
+    stream: S,
+    related: Option<u64>,
+) -> StreamEnd
 where
     S: Stream<Item = Result<Bytes, reqwest::Error>> + Send,
 {
+    let mut end = StreamEnd::default();
     let events = sse_stream::SseStream::from_bytes_stream(bound_events(stream));
     futures::pin_mut!(events);
     loop {
         let next = tokio::select! {
             n = events.next() => n,
-            _ = state.stop.cancelled() => return,
+            _ = state.stop.cancelled() => return end,
         };
         match next {
-            None => return,
+            None => return end,
             Some(Err(e)) => {
                 state
                     .log
                     .line(&format!("[{}] event stream failed: {e}", state.alias));
-                return;
+                return end;
             }
             Some(Ok(event)) => {
+                if let Some(id) = event.id.filter(|i| !i.is_empty()) {
+                    end.last_id = Some(id);
+                }
+                if let Some(retry) = event.retry {
+                    end.retry_ms = Some(retry);
+                }
                 let Some(data) = event.data else { continue };
                 if data.trim().is_empty() {
                     continue;
@@ -362,5 +683,62 @@ async fn listen(state: Arc<State>) {
             _ = tokio::time::sleep(GET_STREAM_RETRY) => {}
             _ = state.stop.cancelled() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_that_cannot_travel_plain_are_base64_wrapped() {
+        assert_eq!(header_value("echo"), "echo");
+        assert_eq!(header_value("a b"), "a b");
+        assert_eq!(header_value(" lead"), "=?base64?IGxlYWQ=?=");
+        assert_eq!(header_value("naïve"), "=?base64?bmHDr3Zl?=");
+    }
+
+    #[test]
+    fn a_tool_call_carries_method_name_and_marked_parameter_headers() {
+        let schemas = HashMap::from([(
+            "get".to_string(),
+            json!({"type": "object", "properties": {
+                "region": {"type": "string", "x-mcp-header": "Region"},
+                "opts": {"type": "object", "properties": {"dry": {"type": "boolean", "x-mcp-header": "Dry"}}},
+                "other": {"type": "string"}
+            }}),
+        )]);
+        let message = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "get", "arguments": {"region": "eu", "opts": {"dry": true}, "other": "x"}}});
+        let mut headers = routing_headers(&message, &schemas);
+        headers.sort();
+        assert_eq!(
+            headers,
+            vec![
+                ("mcp-method".to_string(), "tools/call".to_string()),
+                ("mcp-name".to_string(), "get".to_string()),
+                ("mcp-param-Dry".to_string(), "true".to_string()),
+                ("mcp-param-Region".to_string(), "eu".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_client_context_joins_the_request_meta_without_replacing_it() {
+        let context = Stateless {
+            version: STATELESS_PROTOCOL_VERSION.into(),
+            meta: Map::from_iter([(META_PROTOCOL_VERSION.to_string(), json!("2026-07-28"))]),
+        };
+        let m = with_context(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {"progressToken": "t"}}}),
+            &context,
+        );
+        assert_eq!(m["params"]["_meta"]["progressToken"], "t");
+        assert_eq!(m["params"]["_meta"][META_PROTOCOL_VERSION], "2026-07-28");
+        let bare = with_context(
+            json!({"jsonrpc": "2.0", "id": 2, "method": "server/discover"}),
+            &context,
+        );
+        assert_eq!(bare["params"]["_meta"][META_PROTOCOL_VERSION], "2026-07-28");
     }
 }

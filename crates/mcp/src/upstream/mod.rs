@@ -16,7 +16,7 @@ use crate::config::{Endpoint, UpstreamConfig};
 use crate::forward::{ForwardConfig, forward};
 use crate::limits::{
     LIST_PAGES_MAX, RESTART_BACKOFF_INITIAL, RESTART_BACKOFF_MAX, RESTART_BACKOFF_RESET_AFTER,
-    RESTARTS_MAX, UPSTREAM_HANDSHAKE_TIMEOUT, UPSTREAM_TOOLS_MAX,
+    RESTARTS_MAX, UPSTREAM_HANDSHAKE_TIMEOUT, UPSTREAM_INPUT_ROUNDS_MAX, UPSTREAM_TOOLS_MAX,
 };
 use crate::log::Log;
 use crate::names::expose;
@@ -33,8 +33,11 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-/// The protocol version ring0 asks upstreams for (they may answer an older one).
+/// The protocol version ring0 asks upstreams for in the sessionful handshake (they may answer an
+/// older one). Streamable HTTP upstreams are first offered the stateless era (`server/discover`).
 pub const UPSTREAM_PROTOCOL_VERSION: &str = "2025-11-25";
+/// Delay before a stateless upstream's `subscriptions/listen` stream is opened again.
+const SUBSCRIPTION_RETRY: Duration = Duration::from_secs(2);
 
 /// One tool of an upstream's listing.
 #[derive(Debug, Clone)]
@@ -174,22 +177,16 @@ impl InboundHandler for Handler {
     }
 }
 
-/// Removes a call's routes and tells the server when it is abandoned before its response.
+/// Removes a request's route and tells the server when it is abandoned before its response.
 struct CallGuard<'a> {
     up: &'a Upstream,
     peer: Arc<RpcPeer>,
     id: u64,
-    token: String,
     done: bool,
 }
 
 impl Drop for CallGuard<'_> {
     fn drop(&mut self) {
-        self.up
-            .progress
-            .lock()
-            .expect("progress")
-            .remove(&self.token);
         self.up
             .in_flight
             .lock()
@@ -337,32 +334,56 @@ impl Upstream {
                 (conn.peer.clone(), Connection::Http(conn))
             }
         };
-        let init = tokio::time::timeout(
-            UPSTREAM_HANDSHAKE_TIMEOUT,
-            peer.request(
-                "initialize",
-                Some(json!({
-                    "protocolVersion": UPSTREAM_PROTOCOL_VERSION,
-                    "capabilities": {"roots": {}, "sampling": {}, "elicitation": {}},
-                    "clientInfo": {"name": "ring0", "version": env!("CARGO_PKG_VERSION")},
-                })),
-            ),
-        )
-        .await
-        .map_err(|_| "initialize timed out".to_string())?
-        .map_err(|e| format!("initialize failed: {e}"))?;
+        let client_capabilities = json!({"roots": {}, "sampling": {}, "elicitation": {}});
+        let discovered = match &connection {
+            Connection::Http(c) => self.discover(c, &peer, &client_capabilities).await,
+            Connection::Stdio(_) => None,
+        };
+        let init = match discovered {
+            Some(init) => init,
+            None => {
+                let init = tokio::time::timeout(
+                    UPSTREAM_HANDSHAKE_TIMEOUT,
+                    peer.request(
+                        "initialize",
+                        Some(json!({
+                            "protocolVersion": UPSTREAM_PROTOCOL_VERSION,
+                            "capabilities": client_capabilities,
+                            "clientInfo": {"name": "ring0", "version": env!("CARGO_PKG_VERSION")},
+                        })),
+                    ),
+                )
+                .await
+                .map_err(|_| "initialize timed out".to_string())?
+                .map_err(|e| format!("initialize failed: {}", explain(&e)))?;
+                let protocol = init
+                    .get("protocolVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                if let Connection::Http(c) = &connection {
+                    c.set_protocol_version(protocol);
+                }
+                peer.notify("notifications/initialized", None)
+                    .map_err(|e| format!("notifications/initialized: {e}"))?;
+                if let Connection::Http(c) = &connection {
+                    c.open_listen_stream();
+                }
+                init
+            }
+        };
         let protocol = init
             .get("protocolVersion")
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
-        if let Connection::Http(c) = &connection {
-            c.set_protocol_version(&protocol);
-        }
-        peer.notify("notifications/initialized", None)
-            .map_err(|e| format!("notifications/initialized: {e}"))?;
-        if let Connection::Http(c) = &connection {
-            c.open_listen_stream();
+        if let Connection::Http(c) = &connection
+            && c.is_stateless()
+            && init
+                .pointer("/capabilities/tools/listChanged")
+                .and_then(Value::as_bool)
+                == Some(true)
+        {
+            self.subscribe_list_changed(&peer);
         }
         let server = ServerIdentity::from_initialize(&init);
         *self.capabilities.lock().expect("capabilities") =
@@ -375,6 +396,101 @@ impl Upstream {
         self.starts.fetch_add(1, Ordering::Relaxed);
         self.connected.notify_waiters();
         Ok(peer)
+    }
+
+    /// Asks an HTTP server for the stateless era with `server/discover`. Returns what
+    /// `initialize` would have (protocol version, capabilities, server info, instructions) when
+    /// the server offers [`http::STATELESS_PROTOCOL_VERSION`]; otherwise the connection goes back
+    /// to the sessionful era and `None` is returned.
+    async fn discover(
+        &self,
+        connection: &http::HttpConnection,
+        peer: &Arc<RpcPeer>,
+        client_capabilities: &Value,
+    ) -> Option<Value> {
+        let alias = &self.config.alias;
+        connection.use_stateless(Some(http::STATELESS_PROTOCOL_VERSION), client_capabilities);
+        let answer = tokio::time::timeout(
+            UPSTREAM_HANDSHAKE_TIMEOUT,
+            peer.request("server/discover", Some(json!({}))),
+        )
+        .await;
+        let why = match answer {
+            Ok(Ok(found)) => {
+                let offered = found
+                    .get("supportedVersions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|v| {
+                        v.iter()
+                            .any(|v| v.as_str() == Some(http::STATELESS_PROTOCOL_VERSION))
+                    });
+                if offered {
+                    self.log.line(&format!(
+                        "[{alias}] speaking protocol {} (stateless)",
+                        http::STATELESS_PROTOCOL_VERSION
+                    ));
+                    return Some(json!({
+                        "protocolVersion": http::STATELESS_PROTOCOL_VERSION,
+                        "capabilities": found.get("capabilities").cloned().unwrap_or(Value::Null),
+                        "serverInfo": found.pointer("/_meta/io.modelcontextprotocol~1serverInfo").cloned().unwrap_or(Value::Null),
+                        "instructions": found.get("instructions").cloned().unwrap_or(Value::Null),
+                    }));
+                }
+                format!(
+                    "it offers only {}",
+                    found
+                        .get("supportedVersions")
+                        .map(Value::to_string)
+                        .unwrap_or_else(|| "no versions".into())
+                )
+            }
+            Ok(Err(e)) => explain(&e),
+            Err(_) => "server/discover timed out".into(),
+        };
+        connection.use_stateless(None, client_capabilities);
+        self.log.line(&format!(
+            "[{alias}] no stateless protocol ({why}); using the sessionful handshake"
+        ));
+        None
+    }
+
+    /// Keeps a `subscriptions/listen` request open (the stateless era's channel for
+    /// `notifications/tools/list_changed`), opening it again when it ends, until the connection
+    /// closes or the server refuses it.
+    fn subscribe_list_changed(self: &Arc<Self>, peer: &Arc<RpcPeer>) {
+        let this = Arc::downgrade(self);
+        let peer = peer.clone();
+        tokio::spawn(async move {
+            while !peer.is_closed() {
+                let flight = match peer.start(
+                    "subscriptions/listen",
+                    Some(json!({"notifications": {"toolsListChanged": true}})),
+                ) {
+                    Ok(f) => f,
+                    Err(_) => return,
+                };
+                let id = flight.id;
+                let outcome = tokio::select! {
+                    r = flight.result => r.unwrap_or_else(|_| Err(RpcError::Lost("closed".into()))),
+                    _ = peer.closed().cancelled() => return,
+                };
+                if let Err(e @ RpcError::Remote { .. }) = &outcome {
+                    if let Some(up) = this.upgrade() {
+                        up.log.line(&format!(
+                            "[{}] no list-changed subscription: {}",
+                            up.config.alias,
+                            explain(e)
+                        ));
+                    }
+                    return;
+                }
+                peer.forget(id);
+                tokio::select! {
+                    _ = tokio::time::sleep(SUBSCRIPTION_RETRY) => {}
+                    _ = peer.closed().cancelled() => return,
+                }
+            }
+        });
     }
 
     /// Lists every page, pins, and publishes the listing.
@@ -476,6 +592,15 @@ impl Upstream {
                 verdict,
             });
         }
+        let live = self.live.read().expect("live").clone();
+        if let Some(Connection::Http(c)) = live.as_ref().map(|l| &l._connection) {
+            c.set_tool_schemas(
+                tools
+                    .iter()
+                    .filter_map(|t| Some((t.name.clone(), t.raw.get("inputSchema")?.clone())))
+                    .collect(),
+            );
+        }
         *self.listing.write().expect("listing") = Some(Arc::new(Listing {
             server,
             capabilities: self.capabilities.lock().expect("capabilities").clone(),
@@ -522,6 +647,13 @@ impl Upstream {
     }
 
     /// Calls a tool of this upstream.
+    ///
+    /// A server of the 2026-07-28 era may answer with an `input_required` result: its questions
+    /// are relayed to the client that made the call (as requests in the sessionful era, as the
+    /// downstream call's own `input_required` result in the 2026-07-28 era) and the call is sent
+    /// again with the answers and the server's `requestState`, at most
+    /// [`UPSTREAM_INPUT_ROUNDS_MAX`] times. The hard limit covers every round; the idle timeout
+    /// covers the server's work, not the time a person takes to answer.
     pub async fn call(
         &self,
         tool: &str,
@@ -548,17 +680,91 @@ impl Upstream {
                 entry: entry.clone(),
             },
         );
+        let _route = ProgressGuard {
+            up: self,
+            token: token.clone(),
+        };
         let mut meta = serde_json::Map::new();
-        meta.insert("progressToken".into(), Value::String(token.clone()));
+        meta.insert("progressToken".into(), Value::String(token));
         if let Some(key) = &ctx.idempotency_key {
             meta.insert(
                 "io.ring0/idempotency-key".into(),
                 Value::String(key.clone()),
             );
         }
-        let params = json!({"name": tool, "arguments": args, "_meta": meta});
+        let mut params = json!({"name": tool, "arguments": args, "_meta": meta});
+        let hard = tokio::time::sleep(self.config.max_timeout());
+        tokio::pin!(hard);
+        let mut rounds = 0;
+        let raw = loop {
+            let raw = self
+                .call_once(
+                    &peer,
+                    params.clone(),
+                    &entry,
+                    &idle,
+                    hard.as_mut(),
+                    ctx,
+                    rounds > 0,
+                )
+                .await?;
+            if raw.get("resultType").and_then(Value::as_str) != Some("input_required") {
+                break raw;
+            }
+            rounds += 1;
+            if rounds > UPSTREAM_INPUT_ROUNDS_MAX {
+                return Err(ToolError::unknown(format!(
+                    "upstream {alias:?} still asked for input after {UPSTREAM_INPUT_ROUNDS_MAX} rounds; ring0 stopped the call and its outcome is unknown"
+                )));
+            }
+            let answers = tokio::select! {
+                a = self.answer_input(&raw, entry.as_ref()) => a?,
+                _ = &mut hard => {
+                    return Err(ToolError::unknown(format!(
+                        "upstream {alias:?} did not finish within {} ms (hard limit) while its question waited for the client; its outcome is unknown",
+                        self.config.max_timeout().as_millis()
+                    )));
+                }
+                _ = ctx.cancel.cancelled() => {
+                    return Err(ToolError::unknown(format!(
+                        "the call was cancelled while upstream {alias:?} waited for the client's answer; its outcome is unknown"
+                    )));
+                }
+            };
+            params["inputResponses"] = answers;
+            match raw.get("requestState") {
+                Some(state) if !state.is_null() => params["requestState"] = state.clone(),
+                _ => {
+                    if let Some(p) = params.as_object_mut() {
+                        p.remove("requestState");
+                    }
+                }
+            }
+        };
+        let shaped = forward(&raw, output_schema, forward_config);
+        if let Some(e) = &entry {
+            *e.forwarded.lock().expect("forwarded") = Some(shaped.result);
+        }
+        Ok(shaped.observation)
+    }
+
+    /// Sends one `tools/call` request and waits for its result within the call's timeouts.
+    /// `retry`: the request repeats an earlier one with the client's answers (its refusal is
+    /// then no proof that nothing ran).
+    #[allow(clippy::too_many_arguments)]
+    async fn call_once(
+        &self,
+        peer: &Arc<RpcPeer>,
+        params: Value,
+        entry: &Option<Arc<CallEntry>>,
+        idle: &Notify,
+        mut hard: std::pin::Pin<&mut tokio::time::Sleep>,
+        ctx: &CallContext,
+        retry: bool,
+    ) -> Result<Value, ToolError> {
+        let alias = &self.config.alias;
         let flight = match peer.start_with("tools/call", Some(params), |id| {
-            if let Some(e) = &entry {
+            if let Some(e) = entry {
                 self.in_flight
                     .lock()
                     .expect("in flight")
@@ -567,26 +773,27 @@ impl Upstream {
         }) {
             Ok(f) => f,
             Err(e) => {
-                self.progress.lock().expect("progress").remove(&token);
-                if let Some(ours) = &entry {
+                if let Some(ours) = entry {
                     self.in_flight
                         .lock()
                         .expect("in flight")
                         .retain(|(_, e)| !Arc::ptr_eq(e, ours));
                 }
-                return Err(ToolError::not_applied(format!("upstream {alias:?}: {e}")));
+                let message = format!("upstream {alias:?}: {e}");
+                return Err(if retry {
+                    ToolError::unknown(message)
+                } else {
+                    ToolError::not_applied(message)
+                });
             }
         };
         let mut guard = CallGuard {
             up: self,
             peer: peer.clone(),
             id: flight.id,
-            token,
             done: false,
         };
         let idle_timeout = self.config.idle_timeout();
-        let hard = tokio::time::sleep(self.config.max_timeout());
-        tokio::pin!(hard);
         let mut result = flight.result;
         let outcome = loop {
             tokio::select! {
@@ -615,23 +822,140 @@ impl Upstream {
             }
         };
         drop(guard);
-        match outcome {
-            Ok(raw) => {
-                let shaped = forward(&raw, output_schema, forward_config);
-                if let Some(e) = &entry {
-                    *e.forwarded.lock().expect("forwarded") = Some(shaped.result);
-                }
-                Ok(shaped.observation)
+        outcome.map_err(|e| {
+            if let RpcError::Remote {
+                code: code::UNSUPPORTED_PROTOCOL_VERSION,
+                ..
+            } = &e
+            {
+                // The server no longer speaks what was negotiated: connect and negotiate again.
+                peer.close(&format!(
+                    "the server refused the protocol version: {}",
+                    explain(&e)
+                ));
             }
-            Err(e) => {
-                let message = format!("upstream {alias:?}: {e}");
-                if e.definitely_not_applied() {
-                    Err(ToolError::not_applied(message))
-                } else {
-                    Err(ToolError::unknown(message))
+            let message = format!("upstream {alias:?}: {}", explain(&e));
+            if e.definitely_not_applied() && !retry {
+                ToolError::not_applied(message)
+            } else {
+                ToolError::unknown(message)
+            }
+        })
+    }
+
+    /// Relays an `input_required` result's questions to the client that made the call and
+    /// collects its answers (`inputResponses`), asked together.
+    async fn answer_input(
+        &self,
+        raw: &Value,
+        entry: Option<&Arc<CallEntry>>,
+    ) -> Result<Value, ToolError> {
+        let alias = &self.config.alias;
+        let requests = raw
+            .get("inputRequests")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        if requests.is_empty() {
+            return Err(ToolError::unknown(format!(
+                "upstream {alias:?} answered input_required without any input request; its outcome is unknown"
+            )));
+        }
+        let Some(down) = entry.and_then(|e| e.downstream.clone()) else {
+            return Err(ToolError::unknown(format!(
+                "upstream {alias:?} asked for input ({}) but no client is connected to answer; its outcome is unknown",
+                requests.keys().cloned().collect::<Vec<_>>().join(", ")
+            )));
+        };
+        let asks = requests.iter().map(|(key, request)| {
+            let down = down.clone();
+            async move {
+                let method = request
+                    .get("method")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                let reply = down.request(&method, request.get("params").cloned()).await;
+                (key.clone(), method, reply)
+            }
+        });
+        let mut answers = serde_json::Map::new();
+        for (key, method, reply) in futures::future::join_all(asks).await {
+            match reply {
+                Ok(result) => {
+                    answers.insert(key, result);
+                }
+                // A question the client could not answer is a cancelled elicitation; the server
+                // decides what that means for its call.
+                Err(_) if method == "elicitation/create" => {
+                    answers.insert(key, json!({"action": "cancel"}));
+                }
+                Err(e) => {
+                    return Err(ToolError::unknown(format!(
+                        "upstream {alias:?} asked for input ({method}) and the client could not answer: {}; its outcome is unknown",
+                        e.get("message")
+                            .and_then(Value::as_str)
+                            .unwrap_or("no answer")
+                    )));
                 }
             }
         }
+        Ok(Value::Object(answers))
+    }
+}
+
+/// Removes a call's progress route when the call ends.
+struct ProgressGuard<'a> {
+    up: &'a Upstream,
+    token: String,
+}
+
+impl Drop for ProgressGuard<'_> {
+    fn drop(&mut self) {
+        self.up
+            .progress
+            .lock()
+            .expect("progress")
+            .remove(&self.token);
+    }
+}
+
+/// An upstream's error as a person should read it: the stateless era's refusals say what was
+/// refused and why.
+fn explain(e: &RpcError) -> String {
+    match e {
+        RpcError::Remote {
+            code: code::HEADER_MISMATCH,
+            message,
+            ..
+        } => format!(
+            "the server refused the request because its MCP headers do not match its body (error {}: {message}); nothing was run",
+            code::HEADER_MISMATCH
+        ),
+        RpcError::Remote {
+            code: code::UNSUPPORTED_PROTOCOL_VERSION,
+            message,
+            data,
+        } => {
+            let supported = data
+                .as_ref()
+                .and_then(|d| d.get("supported").or_else(|| d.get("supportedVersions")))
+                .map(|s| format!("; it supports {s}"))
+                .unwrap_or_default();
+            format!(
+                "the server does not support the protocol version ring0 sent (error {}: {message}{supported}); ring0 reconnects and negotiates again",
+                code::UNSUPPORTED_PROTOCOL_VERSION
+            )
+        }
+        RpcError::Remote {
+            code: code::MISSING_REQUIRED_CLIENT_CAPABILITY,
+            message,
+            ..
+        } => format!(
+            "the server requires a client capability ring0 did not declare (error {}: {message})",
+            code::MISSING_REQUIRED_CLIENT_CAPABILITY
+        ),
+        other => other.to_string(),
     }
 }
 
@@ -682,5 +1006,54 @@ async fn supervise(this: Weak<Upstream>) {
         drop(up);
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remote(code: i64, message: &str, data: Option<Value>) -> RpcError {
+        RpcError::Remote {
+            code,
+            message: message.into(),
+            data,
+        }
+    }
+
+    #[test]
+    fn a_header_mismatch_says_the_headers_disagree_with_the_body_and_nothing_ran() {
+        let e = remote(
+            code::HEADER_MISMATCH,
+            "Mcp-Name header `a` does not match",
+            None,
+        );
+        let text = explain(&e);
+        assert!(text.contains("headers do not match its body"), "{text}");
+        assert!(text.contains("Mcp-Name header `a`"), "{text}");
+        assert!(e.definitely_not_applied());
+    }
+
+    #[test]
+    fn an_unsupported_version_names_what_the_server_supports() {
+        let e = remote(
+            code::UNSUPPORTED_PROTOCOL_VERSION,
+            "Unsupported protocol version",
+            Some(json!({"supported": ["2025-11-25"], "requested": "2026-07-28"})),
+        );
+        let text = explain(&e);
+        assert!(
+            text.contains("does not support the protocol version"),
+            "{text}"
+        );
+        assert!(text.contains("2025-11-25"), "{text}");
+        assert!(e.definitely_not_applied());
+    }
+
+    #[test]
+    fn other_errors_read_as_before() {
+        let e = remote(-32000, "boom", None);
+        assert_eq!(explain(&e), e.to_string());
+        assert!(!e.definitely_not_applied());
     }
 }
