@@ -30,6 +30,13 @@ pub const RECEIPT_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Most requests the SQLite writer folds into one transaction (one fsync).
 pub const GROUP_COMMIT_BATCH_MAX: usize = 1024;
 
+/// The SQLite writer waits for callers its last batch answered to come back, so they share the
+/// next fsync instead of missing it, for at most this share (25 %) of the last commit's time...
+pub const GROUP_COMMIT_GATHER_PERCENT: u32 = 25;
+
+/// ... and never longer than this (1 ms). A lone caller never waits.
+pub const GROUP_COMMIT_GATHER_US_MAX: u64 = 1_000;
+
 /// Most requests waiting for the SQLite writer; a proposer beyond this waits for room.
 pub const WRITER_QUEUE_MAX: usize = 16 * 1024;
 

@@ -2,16 +2,19 @@
 //!
 //! - **Durability.** WAL mode with `synchronous=FULL`: a proposal or transition returns only after
 //!   its transaction is fsynced. A caller that gets an error must not dispatch (fail closed).
-//! - **Group commit.** One writer thread owns the only write connection. It takes every request
-//!   waiting at the moment (up to [`GROUP_COMMIT_BATCH_MAX`]) and decides them all in one
-//!   transaction — one fsync for the batch — each inside its own savepoint, so one refused request
-//!   does not undo the others. Replies go out after the commit.
+//! - **Group commit.** One writer thread owns the only write connection. It decides every request
+//!   waiting — and every one that arrives while it is deciding — in one transaction (up to
+//!   [`GROUP_COMMIT_BATCH_MAX`]), one fsync for the batch, each inside its own savepoint, so one
+//!   refused request does not undo the others. Replies go out after the commit. The transaction
+//!   stays open a moment (a bounded share of the last commit's time) for the callers the last
+//!   batch answered, so callers that come back together share one fsync instead of the first
+//!   starting a batch the others then wait behind (see `Gather`).
 //! - **Checkpoints off the commit path.** SQLite's automatic checkpoint would run inside some
 //!   commit and make it wait for the database file's fsync; a checkpointer thread with its own
 //!   connection folds the WAL back instead (`PASSIVE`: it never blocks the writer or the
 //!   readers), when the writer has been idle [`CHECKPOINT_IDLE_MS`] — so its fsync of the
-//!   database file does not compete with commits — or after [`CHECKPOINT_BATCHES_MAX`] batches,
-//!   which bounds the WAL under constant load.
+//!   database file does not compete with commits — or once [`CHECKPOINT_WAL_FRAMES_MAX`] frames
+//!   wait, which bounds each checkpoint's work under constant load.
 //! - **Concurrent readers.** Reads run on a small pool of reader threads with their own
 //!   connections; WAL lets them read while the writer commits.
 //! - **One writer process.** An exclusive `flock` on `<db>.lock` is held while the journal is
@@ -32,8 +35,9 @@
 use crate::clock::{Clock, SystemClock};
 use crate::decide::{self, Found, Write};
 use crate::limits::{
-    ARGS_INLINE_BYTES_MAX, GROUP_COMMIT_BATCH_MAX, MEMO_ENTRIES_MAX, READERS_DEFAULT,
-    RECENT_LIMIT_MAX, WRITER_QUEUE_MAX,
+    ARGS_INLINE_BYTES_MAX, GROUP_COMMIT_BATCH_MAX, GROUP_COMMIT_GATHER_PERCENT,
+    GROUP_COMMIT_GATHER_US_MAX, MEMO_ENTRIES_MAX, READERS_DEFAULT, RECENT_LIMIT_MAX,
+    WRITER_QUEUE_MAX,
 };
 use crate::memo::MemoEntry;
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
@@ -45,14 +49,23 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, Row, params}
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write as _};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// The checkpointer checkpoints once the writer has committed nothing for this long (50 ms).
 pub const CHECKPOINT_IDLE_MS: u64 = 50;
-/// ... or once this many batches were committed since the last checkpoint (1,000).
-pub const CHECKPOINT_BATCHES_MAX: u64 = 1_000;
+/// ... or once this many WAL frames wait to be copied back (65,536: 64 MiB with the default
+/// 1 KiB pages), which bounds each checkpoint's work under constant load — a bound in batches
+/// would not, since a batch holds from one request to [`GROUP_COMMIT_BATCH_MAX`]. (The WAL
+/// file itself starts again from its beginning only after a checkpoint that catches up with
+/// the writer, so under load without a pause it keeps growing; the idle checkpoint is what
+/// resets it.) Checkpointing much more often makes the checkpoint's database fsync compete with
+/// commits: measured with `cargo bench -p ring0-journal --bench commit` (two runs each), 8,192
+/// frames made the p99 under 64 proposers 2–3x worse; 65,536 left it within the run-to-run
+/// noise.
+pub const CHECKPOINT_WAL_FRAMES_MAX: i64 = 65_536;
 /// How often the checkpointer looks (25 ms).
 const CHECKPOINT_TICK_MS: u64 = 25;
 
@@ -61,6 +74,8 @@ const CHECKPOINT_TICK_MS: u64 = 25;
 struct WalActivity {
     /// Milliseconds since the journal opened, at the last commit.
     last_commit_ms: std::sync::atomic::AtomicU64,
+    /// Batches committed since the checkpointer last checkpointed: whether there is anything to
+    /// look at.
     batches_since_checkpoint: std::sync::atomic::AtomicU64,
 }
 
@@ -599,15 +614,24 @@ fn writer_loop(
     activity: Arc<WalActivity>,
     opened: std::time::Instant,
 ) {
+    // Callers answered by the last batch, and how long its COMMIT (its fsync) took: how many
+    // requests the next batch waits for, and for how long at most (see `Gather`).
+    let mut answered_last = 0;
+    let mut commit_last = Duration::ZERO;
     while let Ok(first) = rx.recv() {
+        let gather = Gather::after(answered_last, commit_last);
         let mut batch = vec![first];
-        while batch.len() < GROUP_COMMIT_BATCH_MAX {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            }
-        }
-        let results = commit_batch(&mut conn, &files, clock.as_ref(), incarnation, &batch);
+        let (results, commit_time) = commit_batch(
+            &mut conn,
+            &files,
+            clock.as_ref(),
+            incarnation,
+            &mut batch,
+            &rx,
+            gather,
+        );
+        answered_last = batch.len();
+        commit_last = commit_time;
         let since_open = u64::try_from(opened.elapsed().as_millis()).unwrap_or(u64::MAX);
         activity
             .last_commit_ms
@@ -642,51 +666,112 @@ fn writer_loop(
     let _ = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
-/// Decides every job of the batch in one transaction; each job in its own savepoint.
+/// How the writer forms the next batch after the one that answered `answered_last` callers and
+/// whose COMMIT took `commit_last`.
+///
+/// Callers answered together tend to come back together (the proposers of one round each
+/// dispatch and settle, or propose their next intent), but not at the same instant: their
+/// requests trickle in. Committing as soon as the first is decided would start a batch the rest miss,
+/// and they would wait for its fsync and then for their own — two commits instead of one. So
+/// the writer keeps the transaction open for them, deciding each as it arrives, until as many
+/// requests as it last answered are in or [`GROUP_COMMIT_GATHER_PERCENT`] of the last commit's
+/// time (never more than [`GROUP_COMMIT_GATHER_US_MAX`]) has passed since the batch began; the
+/// decisions themselves take up part of that time, so the wait costs less than it says. A lone
+/// caller never waits: the last batch answered one caller and it is here.
+#[derive(Clone, Copy)]
+struct Gather {
+    expected: usize,
+    deadline: Instant,
+}
+
+impl Gather {
+    fn after(answered_last: usize, commit_last: Duration) -> Self {
+        let wait = (commit_last * GROUP_COMMIT_GATHER_PERCENT / 100)
+            .min(Duration::from_micros(GROUP_COMMIT_GATHER_US_MAX));
+        Self {
+            expected: answered_last.min(GROUP_COMMIT_BATCH_MAX),
+            deadline: Instant::now() + wait,
+        }
+    }
+
+    /// The next request to add to `batch`, if one is waiting or is worth waiting for.
+    fn next(&self, rx: &Receiver<WriteJob>, batch_len: usize) -> Option<WriteJob> {
+        if batch_len >= GROUP_COMMIT_BATCH_MAX {
+            return None;
+        }
+        if let Ok(job) = rx.try_recv() {
+            return Some(job);
+        }
+        if batch_len >= self.expected {
+            return None;
+        }
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        rx.recv_timeout(left).ok()
+    }
+}
+
+/// Decides `batch` and every request [`Gather`] adds to it in one transaction, each job in its
+/// own savepoint, and commits: one fsync for all. Returns the results, in `batch` order, and
+/// how long the COMMIT took.
 fn commit_batch(
     conn: &mut Connection,
     files: &Files,
     clock: &dyn Clock,
     incarnation: u64,
-    batch: &[WriteJob],
-) -> Vec<Result<Done, JournalError>> {
-    let fail_all = |e: JournalError| batch.iter().map(|_| Err(e.clone())).collect::<Vec<_>>();
+    batch: &mut Vec<WriteJob>,
+    rx: &Receiver<WriteJob>,
+    gather: Gather,
+) -> (Vec<Result<Done, JournalError>>, Duration) {
+    let fail_all = |n: usize, e: JournalError| {
+        let results = (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>();
+        (results, Duration::ZERO)
+    };
     if let Err(e) = exec_cached(conn, "BEGIN IMMEDIATE") {
-        return fail_all(files.sql(e));
+        return fail_all(batch.len(), files.sql(e));
     }
     let now = clock.now_ms();
     let mut results = Vec::with_capacity(batch.len());
-    for job in batch {
-        if let Err(e) = exec_cached(conn, "SAVEPOINT job") {
-            results.push(Err(files.sql(e)));
-            continue;
-        }
-        let result = apply(conn, files, clock, now, incarnation, job);
-        if let Err(e) = &result
-            && conn.is_autocommit()
-        {
-            // SQLite rolled the whole transaction back itself (SQLITE_FULL, an I/O error):
-            // every decision of this batch is gone, so every request fails closed.
-            return fail_all(e.clone());
-        }
-        let end = if result.is_ok() {
-            exec_cached(conn, "RELEASE job")
-        } else {
-            exec_cached(conn, "ROLLBACK TO job").and_then(|()| exec_cached(conn, "RELEASE job"))
-        };
-        match end {
-            Ok(()) => results.push(result),
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                return fail_all(files.sql(e));
+    loop {
+        while let Some(job) = batch.get(results.len()) {
+            if let Err(e) = exec_cached(conn, "SAVEPOINT job") {
+                results.push(Err(files.sql(e)));
+                continue;
+            }
+            let result = apply(conn, files, clock, now, incarnation, job);
+            if let Err(e) = &result
+                && conn.is_autocommit()
+            {
+                // SQLite rolled the whole transaction back itself (SQLITE_FULL, an I/O error):
+                // every decision of this batch is gone, so every request fails closed.
+                return fail_all(batch.len(), e.clone());
+            }
+            let end = if result.is_ok() {
+                exec_cached(conn, "RELEASE job")
+            } else {
+                exec_cached(conn, "ROLLBACK TO job").and_then(|()| exec_cached(conn, "RELEASE job"))
+            };
+            match end {
+                Ok(()) => results.push(result),
+                Err(e) => {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    return fail_all(batch.len(), files.sql(e));
+                }
             }
         }
+        match gather.next(rx, batch.len()) {
+            Some(job) => batch.push(job),
+            None => break,
+        }
     }
+    let started = Instant::now();
     match exec_cached(conn, "COMMIT") {
-        Ok(()) => results,
+        Ok(()) => (results, started.elapsed()),
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
-            fail_all(files.sql(e))
+            fail_all(batch.len(), files.sql(e))
         }
     }
 }
@@ -917,13 +1002,23 @@ fn checkpoint_loop(
         }
         let now = u64::try_from(opened.elapsed().as_millis()).unwrap_or(u64::MAX);
         let idle = now.saturating_sub(activity.last_commit_ms.load(Relaxed));
-        if idle >= CHECKPOINT_IDLE_MS || batches >= CHECKPOINT_BATCHES_MAX {
+        if idle >= CHECKPOINT_IDLE_MS || wal_backlog_frames(&conn) >= CHECKPOINT_WAL_FRAMES_MAX {
             activity
                 .batches_since_checkpoint
                 .fetch_sub(batches, Relaxed);
             let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
         }
     }
+}
+
+/// WAL frames not yet copied back into the database file. A `NOOP` checkpoint only reads the
+/// WAL index header: no lock the writer or the readers wait for, no I/O. An error reads as 0
+/// (nothing to do now; the idle checkpoint still comes).
+fn wal_backlog_frames(conn: &Connection) -> i64 {
+    conn.query_row("PRAGMA wal_checkpoint(NOOP)", [], |row| {
+        Ok(row.get::<_, i64>(1)? - row.get::<_, i64>(2)?)
+    })
+    .unwrap_or(0)
 }
 
 fn reader_loop(conn: Connection, files: Files, rx: Arc<Mutex<Receiver<ReadJob>>>) {
@@ -1136,5 +1231,66 @@ impl JournalReader {
                 "id prefix {id:?} matches more than one intent"
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> WriteJob {
+        let fingerprint = Fingerprint::compute("read", &serde_json::json!({})).unwrap();
+        let entry = MemoEntry {
+            text: "{}".into(),
+            stored_ms: 0,
+        };
+        WriteJob::MemoPut(fingerprint, entry, oneshot::channel().0)
+    }
+
+    #[test]
+    fn a_batch_takes_every_request_already_waiting_beyond_the_count_it_expects() {
+        let (tx, rx) = mpsc::sync_channel(8);
+        for _ in 0..3 {
+            tx.send(request()).unwrap();
+        }
+        let gather = Gather::after(1, Duration::ZERO);
+        let mut batch_len = 1;
+        while gather.next(&rx, batch_len).is_some() {
+            batch_len += 1;
+        }
+        assert_eq!(batch_len, 4);
+    }
+
+    #[test]
+    fn a_batch_stops_waiting_for_callers_that_do_not_come_back() {
+        // The last batch answered 64 callers and none is back: the batch closes instead of
+        // holding its transaction open for them.
+        let (_tx, rx) = mpsc::sync_channel::<WriteJob>(8);
+        let gather = Gather::after(64, Duration::from_millis(2));
+        assert!(gather.next(&rx, 1).is_none());
+    }
+
+    #[test]
+    fn the_wal_backlog_counts_frames_until_a_checkpoint_copies_them_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("backlog.db")).unwrap();
+        conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
+            .unwrap();
+        conn.execute_batch(
+            "PRAGMA wal_autocheckpoint = 0; CREATE TABLE t (x); INSERT INTO t VALUES (1);",
+        )
+        .unwrap();
+        assert!(wal_backlog_frames(&conn) > 0);
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .unwrap();
+        assert_eq!(wal_backlog_frames(&conn), 0);
+    }
+
+    #[test]
+    fn a_batch_never_grows_past_its_maximum() {
+        let (tx, rx) = mpsc::sync_channel(8);
+        tx.send(request()).unwrap();
+        let gather = Gather::after(2 * GROUP_COMMIT_BATCH_MAX, Duration::from_millis(2));
+        assert!(gather.next(&rx, GROUP_COMMIT_BATCH_MAX).is_none());
     }
 }
