@@ -25,6 +25,7 @@ pub mod gateway;
 pub mod http;
 pub mod limits;
 pub mod log;
+pub mod lossless;
 pub mod names;
 pub mod passthrough;
 pub mod pin;

@@ -45,3 +45,14 @@ pub const APPROVAL_WAIT_DEFAULT: Duration = Duration::from_secs(300);
 pub const CONFIRM_TOKENS_MAX: usize = 1024;
 /// How long a confirm token stays valid.
 pub const CONFIRM_TOKEN_TTL: Duration = Duration::from_secs(600);
+/// Raw tool results and listings kept for the response that carries them out (see
+/// [`crate::lossless`]); the oldest makes room for a new one.
+pub const RAW_STASH_ENTRIES_MAX: usize = 1024;
+/// Bytes of raw JSON kept at once; the oldest entries make room, and a single larger result is
+/// answered with its typed rendering.
+pub const RAW_STASH_BYTES_MAX: usize = 128 * 1024 * 1024;
+/// How long a raw result is kept: long enough for the response to be written, and for a client
+/// that resumes an SSE stream to be sent the same event again.
+pub const RAW_STASH_TTL: Duration = Duration::from_secs(120);
+/// Longest SSE event held while it arrives in pieces; a longer one is passed on as rmcp wrote it.
+pub const SSE_EVENT_BYTES_MAX: usize = 64 * 1024 * 1024;

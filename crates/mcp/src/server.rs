@@ -17,6 +17,8 @@
 use crate::approval::{Answer, Approvals, CONFIRM_META_KEY};
 use crate::gateway::{Gateway, Generation};
 use crate::limits::{APPROVAL_WAIT_DEFAULT, TOOLS_PAGE_SIZE};
+pub use crate::lossless::Lossless;
+use crate::lossless::{RawKind, RawStash, adapt_to_era};
 use crate::route::{CallEntry, Downstream};
 use crate::rpc::{code, error_object};
 use async_trait::async_trait;
@@ -175,6 +177,7 @@ pub struct GatewayServer {
     primary_busy: Arc<AtomicBool>,
     listening: Arc<AtomicBool>,
     instructions: Option<String>,
+    raw: Arc<RawStash>,
 }
 
 impl GatewayServer {
@@ -187,6 +190,7 @@ impl GatewayServer {
             primary: Arc::new(Mutex::new(None)),
             primary_busy: Arc::new(AtomicBool::new(false)),
             listening: Arc::new(AtomicBool::new(false)),
+            raw: RawStash::new(),
             instructions: Some(
                 "Tools are mediated by ring0: arguments are validated against each tool's schema, \
                  calls are authorized by the session's grants and recorded in a journal, and output \
@@ -204,6 +208,17 @@ impl GatewayServer {
             approvals,
             format!("mcp-session-{n}-{}", uuid::Uuid::new_v4().simple()),
         )
+    }
+
+    /// Shares `stash` for raw results (the HTTP endpoint's response layer reads the same one).
+    pub fn with_raw_stash(mut self, stash: Arc<RawStash>) -> Self {
+        self.raw = stash;
+        self
+    }
+
+    /// Where this session's raw results wait for the response that carries them out.
+    pub fn raw_stash(&self) -> &Arc<RawStash> {
+        &self.raw
     }
 
     fn open(&self, generation: &Generation) -> Arc<Session> {
@@ -465,10 +480,12 @@ impl ServerHandler for GatewayServer {
     async fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let cursor = request.as_ref().and_then(|r| r.cursor.clone());
-        typed(self.list(cursor.as_deref())?)
+        let value = self.list(cursor.as_deref())?;
+        let raw = adapt_to_era(value.clone(), RawKind::ListTools, is_modern(&context));
+        typed(self.raw.stand_in(raw, value))
     }
 
     async fn call_tool(
@@ -476,20 +493,24 @@ impl ServerHandler for GatewayServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let modern = is_modern(&context);
         let value = self.call(request, context).await?;
         if value.get("resultType").and_then(Value::as_str) == Some("input_required") {
             let input: rmcp::model::InputRequiredResult = serde_json::from_value(value)
                 .map_err(|e| ErrorData::internal_error(format!("input required: {e}"), None))?;
             return Ok(CallToolResponse::InputRequired(input));
         }
-        let result: CallToolResult = typed(value.clone()).unwrap_or_else(|e| {
-            // A content item rmcp's model does not know: keep the text, say what was dropped.
-            let text = format!("ring0: the result could not be represented ({e}): {value}");
-            serde_json::from_value(
-                json!({"content": [{"type": "text", "text": text}], "isError": true}),
-            )
-            .expect("a text result")
-        });
+        // The typed stand-in: replaced by the raw result on the way out (see crate::lossless);
+        // where rmcp's model cannot hold the result, it says so in text.
+        let raw = adapt_to_era(value.clone(), RawKind::CallTool, modern);
+        let fallback = match typed::<CallToolResult>(value.clone()) {
+            Ok(_) => value,
+            Err(e) => {
+                let text = format!("ring0: the result could not be represented ({e}): {value}");
+                json!({"content": [{"type": "text", "text": text}], "isError": true})
+            }
+        };
+        let result: CallToolResult = typed(self.raw.stand_in(raw, fallback))?;
         Ok(CallToolResponse::Complete(result))
     }
 
@@ -606,67 +627,11 @@ impl ServerHandler for GatewayServer {
     }
 }
 
-/// A session whose `tools/list` and `tools/call` results travel as raw JSON.
-///
-/// rmcp's typed `Tool` and `CallToolResult` drop fields they do not model (a tool's `execution`,
-/// new annotation hints, unknown content items); over stdio ring0 answers these two methods with
-/// the JSON it built, so upstream definitions and results reach the client unchanged. Requests of
-/// the stateless 2026-07-28 era, and everything else, go through the typed handler, which
-/// carries that era's rules. (rmcp's HTTP service accepts only a `ServerHandler`, so over HTTP
-/// results take the typed path.)
-pub struct Lossless(pub GatewayServer);
-
-impl rmcp::Service<RoleServer> for Lossless {
-    async fn handle_request(
-        &self,
-        request: rmcp::model::ClientRequest,
-        context: RequestContext<RoleServer>,
-    ) -> Result<rmcp::model::ServerResult, ErrorData> {
-        use rmcp::model::{ClientRequest, CustomResult, ServerResult};
-        let legacy = context
-            .protocol_version()
-            .is_some_and(|v| v.as_str() < "2026-07-28");
-        match request {
-            ClientRequest::ListToolsRequest(r) if legacy => {
-                let cursor = r.params.and_then(|p| p.cursor);
-                let value = self.0.list(cursor.as_deref())?;
-                Ok(ServerResult::CustomResult(CustomResult(value)))
-            }
-            ClientRequest::CallToolRequest(r) if legacy => {
-                let value = self.0.call(r.params, context).await?;
-                Ok(ServerResult::CustomResult(CustomResult(value)))
-            }
-            other => {
-                <GatewayServer as rmcp::Service<RoleServer>>::handle_request(
-                    &self.0, other, context,
-                )
-                .await
-            }
-        }
-    }
-
-    async fn handle_notification(
-        &self,
-        notification: rmcp::model::ClientNotification,
-        context: NotificationContext<RoleServer>,
-    ) -> Result<(), ErrorData> {
-        <GatewayServer as rmcp::Service<RoleServer>>::handle_notification(
-            &self.0,
-            notification,
-            context,
-        )
-        .await
-    }
-
-    fn get_info(&self) -> ServerConfig {
-        ServerHandler::get_info(&self.0)
-    }
-
-    fn supported_protocol_versions(
-        &self,
-    ) -> std::borrow::Cow<'static, [rmcp::model::ProtocolVersion]> {
-        ServerHandler::supported_protocol_versions(&self.0)
-    }
+/// Whether a request is answered in the 2026-07-28 era (or later).
+fn is_modern(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|v| v.as_str() >= "2026-07-28")
 }
 
 /// Serves one session over stdin/stdout until the client disconnects.
