@@ -14,6 +14,7 @@ use crate::approval::Approvals;
 use crate::gateway::Gateway;
 use crate::lossless::RawStash;
 use crate::server::GatewayServer;
+use crate::tasks::TaskTable;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{StatusCode, header};
@@ -88,10 +89,12 @@ pub fn router(
     // sessions return by the raw results they stashed.
     let stash = RawStash::new();
     let sessions_stash = stash.clone();
+    let tasks = TaskTable::new();
     let service = StreamableHttpService::new(
         move || {
             Ok(GatewayServer::new_session(gw.clone(), approvals.clone())
-                .with_raw_stash(sessions_stash.clone()))
+                .with_raw_stash(sessions_stash.clone())
+                .with_task_table(tasks.clone()))
         },
         Arc::new(LocalSessionManager::default()),
         config,

@@ -32,6 +32,7 @@ pub mod pin;
 pub mod route;
 pub mod rpc;
 pub mod server;
+pub mod tasks;
 pub mod upstream;
 
 pub use config::{ToolOverride, UpstreamConfig};

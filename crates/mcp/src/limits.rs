@@ -56,3 +56,19 @@ pub const RAW_STASH_BYTES_MAX: usize = 128 * 1024 * 1024;
 pub const RAW_STASH_TTL: Duration = Duration::from_secs(120);
 /// Longest SSE event held while it arrives in pieces; a longer one is passed on as rmcp wrote it.
 pub const SSE_EVENT_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Tasks held at once across every session of one endpoint (running, or finished and kept).
+pub const TASKS_MAX: usize = 256;
+/// Tasks held at once for one downstream session. At either bound the oldest finished task
+/// makes room; when none has finished, a call is answered the ordinary way instead of as a task.
+pub const TASKS_PER_SESSION_MAX: usize = 32;
+/// How long a finished task (and its result) stays available to `tasks/get`.
+pub const TASK_RETAIN_AFTER_DONE: Duration = Duration::from_secs(600);
+/// Poll interval suggested to clients for `tasks/get`, in milliseconds.
+pub const TASK_POLL_INTERVAL_MS: u64 = 500;
+/// An upstream call still running after this becomes a task (for clients that support tasks);
+/// one that finishes sooner is answered directly.
+pub const TASK_PROMOTE_AFTER: Duration = Duration::from_secs(1);
+/// Each `job_wait` round a job task's watcher makes waits at most this long.
+pub const TASK_JOB_WAIT_SLICE: Duration = Duration::from_secs(60);
+/// Longest task status message (a job's last lines of output); the start is cut, and counted.
+pub const TASK_STATUS_BYTES_MAX: usize = 4096;

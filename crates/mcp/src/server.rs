@@ -21,6 +21,7 @@ pub use crate::lossless::Lossless;
 use crate::lossless::{RawKind, RawStash, adapt_to_era};
 use crate::route::{CallEntry, Downstream};
 use crate::rpc::{code, error_object};
+use crate::tasks::TaskTable;
 use async_trait::async_trait;
 use ring0_core::receipt::CallOutcome;
 use ring0_core::{Authority, ProposedArguments, ProposedCall, Round, ToolSpec};
@@ -178,6 +179,7 @@ pub struct GatewayServer {
     listening: Arc<AtomicBool>,
     instructions: Option<String>,
     raw: Arc<RawStash>,
+    tasks: Arc<TaskTable>,
 }
 
 impl GatewayServer {
@@ -191,6 +193,7 @@ impl GatewayServer {
             primary_busy: Arc::new(AtomicBool::new(false)),
             listening: Arc::new(AtomicBool::new(false)),
             raw: RawStash::new(),
+            tasks: TaskTable::new(),
             instructions: Some(
                 "Tools are mediated by ring0: arguments are validated against each tool's schema, \
                  calls are authorized by the session's grants and recorded in a journal, and output \
@@ -219,6 +222,25 @@ impl GatewayServer {
     /// Where this session's raw results wait for the response that carries them out.
     pub fn raw_stash(&self) -> &Arc<RawStash> {
         &self.raw
+    }
+
+    /// Shares `table` for tasks (the HTTP endpoint shares one among its sessions, since each
+    /// stateless request gets a session of its own).
+    pub fn with_task_table(mut self, table: Arc<TaskTable>) -> Self {
+        self.tasks = table;
+        self
+    }
+
+    pub(crate) fn task_table(&self) -> &Arc<TaskTable> {
+        &self.tasks
+    }
+
+    pub(crate) fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    pub(crate) fn gateway(&self) -> &Gateway {
+        &self.gw
     }
 
     fn open(&self, generation: &Generation) -> Arc<Session> {
@@ -302,6 +324,34 @@ impl GatewayServer {
             out["nextCursor"] = json!(format!("{}:{end}", generation.number));
         }
         Ok(out)
+    }
+
+    /// A `tools/call` answered the ordinary way: the result (a typed stand-in for the raw
+    /// JSON, see [`crate::lossless`]) or the question an approval needs.
+    pub(crate) async fn answer_call(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let modern = is_modern(&context);
+        let value = self.call(request, context).await?;
+        if value.get("resultType").and_then(Value::as_str) == Some("input_required") {
+            let input: rmcp::model::InputRequiredResult = serde_json::from_value(value)
+                .map_err(|e| ErrorData::internal_error(format!("input required: {e}"), None))?;
+            return Ok(CallToolResponse::InputRequired(input));
+        }
+        // The typed stand-in: replaced by the raw result on the way out (see crate::lossless);
+        // where rmcp's model cannot hold the result, it says so in text.
+        let raw = adapt_to_era(value.clone(), RawKind::CallTool, modern);
+        let fallback = match typed::<CallToolResult>(value.clone()) {
+            Ok(_) => value,
+            Err(e) => {
+                let text = format!("ring0: the result could not be represented ({e}): {value}");
+                json!({"content": [{"type": "text", "text": text}], "isError": true})
+            }
+        };
+        let result: CallToolResult = typed(self.raw.stand_in(raw, fallback))?;
+        Ok(CallToolResponse::Complete(result))
     }
 
     async fn call(
@@ -474,6 +524,8 @@ impl ServerHandler for GatewayServer {
         if let Some(i) = &self.instructions {
             info["instructions"] = json!(i);
         }
+        // Background jobs and long upstream calls are offered as tasks (see crate::tasks).
+        info["capabilities"]["extensions"][rmcp::model::TASKS_EXTENSION_ID] = json!({});
         serde_json::from_value(info).expect("a valid server config")
     }
 
@@ -493,25 +545,10 @@ impl ServerHandler for GatewayServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let modern = is_modern(&context);
-        let value = self.call(request, context).await?;
-        if value.get("resultType").and_then(Value::as_str) == Some("input_required") {
-            let input: rmcp::model::InputRequiredResult = serde_json::from_value(value)
-                .map_err(|e| ErrorData::internal_error(format!("input required: {e}"), None))?;
-            return Ok(CallToolResponse::InputRequired(input));
+        if let Some(response) = crate::tasks::offer(self, &request, &context).await? {
+            return Ok(response);
         }
-        // The typed stand-in: replaced by the raw result on the way out (see crate::lossless);
-        // where rmcp's model cannot hold the result, it says so in text.
-        let raw = adapt_to_era(value.clone(), RawKind::CallTool, modern);
-        let fallback = match typed::<CallToolResult>(value.clone()) {
-            Ok(_) => value,
-            Err(e) => {
-                let text = format!("ring0: the result could not be represented ({e}): {value}");
-                json!({"content": [{"type": "text", "text": text}], "isError": true})
-            }
-        };
-        let result: CallToolResult = typed(self.raw.stand_in(raw, fallback))?;
-        Ok(CallToolResponse::Complete(result))
+        self.answer_call(request, context).await
     }
 
     async fn list_prompts(
@@ -604,6 +641,33 @@ impl ServerHandler for GatewayServer {
         let level = serde_json::to_value(request.level)
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         crate::passthrough::set_level(&self.gw, level).await
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        crate::tasks::get(self, request, &context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        crate::tasks::cancel(self, request, &context).await
+    }
+
+    async fn update_task(
+        &self,
+        _request: rmcp::model::UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Err(ErrorData::invalid_params(
+            "ring0's tasks never ask for input: answer approvals when the call is made",
+            None,
+        ))
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
