@@ -491,3 +491,54 @@ fn over_stateless_http_a_long_upstream_call_is_a_task_followed_by_later_requests
     // The result is rendered for the era that asked: 2026-07-28 results carry resultType.
     assert_eq!(r["result"]["resultType"], "complete", "{done}");
 }
+
+// ---- the Python SDK client, with a tasks extension of its own ----
+
+fn python() -> Option<PathBuf> {
+    let dir = std::env::var_os("MCP_PEERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-peers"));
+    if dir.join(".installed-3").exists() {
+        return Some(dir.join("py/bin/python"));
+    }
+    let why = format!(
+        "the MCP peers are not installed in {} (run scripts/install-mcp-peers.sh)",
+        dir.display()
+    );
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    assert!(!ci, "{why} (CI is set, so this is a failure)");
+    eprintln!("skipped: {why}");
+    None
+}
+
+#[test]
+fn python_client_with_a_tasks_extension_follows_and_cancels_tasks() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_http(dir.path());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/py_client_tasks.py");
+    let out = Command::new(python)
+        .arg(script)
+        .arg(format!("http://{}/mcp", server.addr))
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "the Python client failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap();
+    // The slow call came back as a task, was followed with tasks/get, and resolved to its result.
+    assert_eq!(seen["statuses"][0], "working", "{seen}");
+    assert_eq!(
+        seen["statuses"].as_array().unwrap().last().unwrap(),
+        "completed",
+        "{seen}"
+    );
+    assert_eq!(seen["slow"], "done after 3 steps", "{seen}");
+    assert_eq!(seen["silent_result_type"], "task", "{seen}");
+    assert_eq!(seen["cancelled"], "cancelled", "{seen}");
+    assert_eq!(seen["unknown"], -32602, "{seen}");
+}
