@@ -652,3 +652,81 @@ pub(crate) async fn cancel(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_ids_are_unguessable_and_distinct() {
+        let table = TaskTable::new();
+        let a = table.create("s", false).unwrap();
+        let b = table.create("s", false).unwrap();
+        assert_ne!(a.id, b.id);
+        // "task_" and 128 random bits in hex.
+        assert_eq!(a.id.len(), 5 + 32);
+    }
+
+    #[test]
+    fn another_sessions_task_is_answered_as_unknown() {
+        let table = TaskTable::new();
+        let task = table.create("session-a", false).unwrap();
+        let foreign = table.find(&task.id, "session-b").err().unwrap();
+        let unknown = table.find("task_nope", "session-b").err().unwrap();
+        assert_eq!(foreign.code, unknown.code);
+        assert!(table.find(&task.id, "session-a").is_ok());
+    }
+
+    #[test]
+    fn at_the_session_bound_the_oldest_finished_task_makes_room() {
+        let table = TaskTable::new();
+        let tasks: Vec<_> = (0..TASKS_PER_SESSION_MAX)
+            .map(|_| table.create("s", false).unwrap())
+            .collect();
+        // Nothing finished: no room, the call is answered the ordinary way.
+        assert!(table.create("s", false).is_none());
+        // Another session still has room.
+        assert!(table.create("t", false).is_some());
+        tasks[3].finish(TaskStatus::Cancelled, None, None);
+        let fresh = table.create("s", false).unwrap();
+        assert!(table.find(&tasks[3].id, "s").is_err());
+        assert!(table.find(&fresh.id, "s").is_ok());
+        assert!(table.find(&tasks[4].id, "s").is_ok());
+    }
+
+    #[test]
+    fn the_whole_table_is_bounded() {
+        let table = TaskTable::new();
+        let mut made = 0;
+        for i in 0..TASKS_MAX + 10 {
+            if table.create(&format!("s{i}"), false).is_some() {
+                made += 1;
+            }
+        }
+        assert_eq!(made, TASKS_MAX);
+        assert_eq!(table.len(), TASKS_MAX);
+    }
+
+    #[test]
+    fn a_finished_job_reports_its_output_and_exit_status_for_its_era() {
+        let status = json!({"job": "job_1", "state": "COMPLETED",
+                            "observation": {"text": "hello\n", "exit_code": 0, "is_error": false}});
+        let legacy = job_result(&status, false);
+        assert_eq!(legacy["content"][0]["text"], "hello\n");
+        assert_eq!(legacy["structuredContent"]["exit_code"], 0);
+        assert_eq!(legacy["isError"], false);
+        assert!(!legacy.contains_key("resultType"));
+        assert_eq!(job_result(&status, true)["resultType"], "complete");
+        let timed_out = json!({"job": "job_1", "state": "TIMED_OUT", "observation": {"text": ""}});
+        assert_eq!(job_result(&timed_out, false)["isError"], true);
+    }
+
+    #[test]
+    fn a_long_status_message_keeps_its_end_and_counts_the_rest() {
+        let text = format!("{}END", "é".repeat(TASK_STATUS_BYTES_MAX));
+        let out = bounded(text);
+        assert!(out.ends_with("END"));
+        assert!(out.starts_with('['), "{}", &out[..40]);
+        assert!(out.len() < TASK_STATUS_BYTES_MAX + 64);
+    }
+}
