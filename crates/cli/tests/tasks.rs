@@ -237,7 +237,7 @@ impl Drop for Served {
 
 fn serve_http(dir: &Path) -> Served {
     let config = format!(
-        "[[grants]]\nname = \"fixture\"\ntools = [\"fx__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"fx\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\", \"FIXTURE_LOG\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
+        "[[grants]]\nname = \"fixture\"\ntools = [\"fx__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"fx\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\", \"FIXTURE_LOG\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n[upstreams.tools.silent]\neffect = \"non_idempotent\"\nauthority = \"A0\"\n",
         fixture().display().to_string()
     );
     std::fs::write(dir.join("ring0.toml"), config).unwrap();
@@ -417,7 +417,7 @@ fn over_http_a_short_upstream_call_is_answered_directly() {
 }
 
 #[test]
-fn cancelling_an_upstream_call_task_cancels_the_call_upstream() {
+fn cancelling_an_upstream_call_task_cancels_it_upstream_and_the_journal_settles_it() {
     let dir = tempfile::tempdir().unwrap();
     let server = serve_http(dir.path());
     let mut c = HttpSession::open(&server.addr);
@@ -439,6 +439,30 @@ fn cancelling_an_upstream_call_task_cancels_the_call_upstream() {
             "the upstream was never told the call was cancelled"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // The call may have had an effect: the journal settles it as uncertain, for a person
+    // (no settlement is declared), never as done or as not applied.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
+            .args(["journal", "ls"])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = listing
+            .lines()
+            .find(|l| l.contains("fx__silent"))
+            .unwrap_or("")
+            .to_string();
+        if line.contains("DEAD_LETTER") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled call was not settled: {listing}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

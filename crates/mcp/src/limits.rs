@@ -72,3 +72,6 @@ pub const TASK_PROMOTE_AFTER: Duration = Duration::from_secs(1);
 pub const TASK_JOB_WAIT_SLICE: Duration = Duration::from_secs(60);
 /// Longest task status message (a job's last lines of output); the start is cut, and counted.
 pub const TASK_STATUS_BYTES_MAX: usize = 4096;
+/// A job task's status message (its state and last lines of output) is refreshed by `tasks/get`
+/// at most this often; polls in between get the last one. Each refresh is a journaled round.
+pub const TASK_INSPECT_INTERVAL_MIN: Duration = Duration::from_secs(1);

@@ -22,8 +22,8 @@
 //! ordinary way. A finished task is kept for [`TASK_RETAIN_AFTER_DONE`].
 
 use crate::limits::{
-    TASK_JOB_WAIT_SLICE, TASK_POLL_INTERVAL_MS, TASK_PROMOTE_AFTER, TASK_RETAIN_AFTER_DONE,
-    TASK_STATUS_BYTES_MAX, TASKS_MAX, TASKS_PER_SESSION_MAX,
+    TASK_INSPECT_INTERVAL_MIN, TASK_JOB_WAIT_SLICE, TASK_POLL_INTERVAL_MS, TASK_PROMOTE_AFTER,
+    TASK_RETAIN_AFTER_DONE, TASK_STATUS_BYTES_MAX, TASKS_MAX, TASKS_PER_SESSION_MAX,
 };
 use crate::lossless::{RawKind, adapt_to_era};
 use crate::server::GatewayServer;
@@ -71,6 +71,8 @@ struct State {
     updated: SystemTime,
     finished: Option<Instant>,
     cancel_requested: bool,
+    /// When `job_inspect` last refreshed the status message (each one is a journaled round).
+    inspected: Option<Instant>,
     work: Work,
 }
 
@@ -203,6 +205,7 @@ impl TaskTable {
                 updated: now_wall,
                 finished: None,
                 cancel_requested: false,
+                inspected: None,
                 work: Work::Pending,
             }),
         });
@@ -571,10 +574,15 @@ pub(crate) async fn get(
         .task_table()
         .find(&request.task_id, &owner_of(server, context))?;
     let job = {
-        let s = task.lock();
+        let mut s = task.lock();
+        let fresh = s
+            .inspected
+            .is_some_and(|at| at.elapsed() < TASK_INSPECT_INTERVAL_MIN);
         match &s.work {
-            Work::Job { job, scope } if !s.status.is_terminal() => {
-                Some((job.clone(), scope.clone()))
+            Work::Job { job, scope } if !s.status.is_terminal() && !fresh => {
+                let job = Some((job.clone(), scope.clone()));
+                s.inspected = Some(Instant::now());
+                job
             }
             _ => None,
         }
