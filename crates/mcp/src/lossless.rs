@@ -132,7 +132,11 @@ impl StashInner {
         while let Some(id) = self.order.front() {
             match self.entries.get(id) {
                 Some(e) if now.duration_since(e.at) < RAW_STASH_TTL => return,
-                _ => self.evict_oldest(),
+                Some(_) => self.evict_oldest(),
+                // Taken already: only its place in the order is left.
+                None => {
+                    self.order.pop_front();
+                }
             }
         }
     }
@@ -170,6 +174,10 @@ impl RawStash {
         let now = Instant::now();
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.expire(now);
+        if inner.order.len() > 2 * self.entries_max {
+            let StashInner { order, entries, .. } = &mut *inner;
+            order.retain(|id| entries.contains_key(id));
+        }
         while !inner.entries.is_empty()
             && (inner.entries.len() >= self.entries_max || inner.bytes + bytes > self.bytes_max)
         {
@@ -192,6 +200,13 @@ impl RawStash {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.expire(Instant::now());
         inner.entries.get(id).map(|e| e.value.clone())
+    }
+
+    fn take(&self, id: &str) -> Option<Arc<Value>> {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = inner.entries.remove(id)?;
+        inner.bytes -= entry.bytes;
+        Some(entry.value)
     }
 
     /// Number of entries kept (for tests of the bounds).
@@ -224,6 +239,16 @@ impl RawStash {
     /// the era (cache hints of 2026-07-28 listings) are kept where the raw result has none.
     /// Returns whether `result` changed.
     pub fn substitute(&self, result: &mut Value) -> bool {
+        self.substitute_with(result, false)
+    }
+
+    /// [`RawStash::substitute`], forgetting the entry: for a transport that never sends a
+    /// response twice (stdio).
+    pub fn substitute_once(&self, result: &mut Value) -> bool {
+        self.substitute_with(result, true)
+    }
+
+    fn substitute_with(&self, result: &mut Value, forget: bool) -> bool {
         let Some(id) = result
             .get("_meta")
             .and_then(|m| m.get(RAW_META_KEY))
@@ -231,7 +256,8 @@ impl RawStash {
         else {
             return false;
         };
-        let Some(raw) = self.get(id) else {
+        let raw = if forget { self.take(id) } else { self.get(id) };
+        let Some(raw) = raw else {
             return false;
         };
         let mut out = (*raw).clone();
@@ -449,7 +475,7 @@ impl rmcp::Service<RoleServer> for Lossless {
         let Ok(mut value) = serde_json::to_value(&result) else {
             return Ok(result);
         };
-        if self.0.raw_stash().substitute(&mut value) {
+        if self.0.raw_stash().substitute_once(&mut value) {
             Ok(ServerResult::CustomResult(rmcp::model::CustomResult(value)))
         } else {
             Ok(result)
@@ -516,6 +542,15 @@ mod tests {
     }
 
     #[test]
+    fn a_stdio_substitution_forgets_its_entry() {
+        let stash = RawStash::new();
+        let mut result = stash.stand_in(json!({"content": [], "x": 1}), json!({"content": []}));
+        assert!(stash.substitute_once(&mut result));
+        assert_eq!(result["x"], 1);
+        assert!(stash.is_empty());
+    }
+
+    #[test]
     fn a_forged_marker_names_nothing() {
         let stash = RawStash::new();
         let mut result = json!({"content": [], "_meta": {RAW_META_KEY: "0123"}});
@@ -531,6 +566,19 @@ mod tests {
         assert_eq!(stash.len(), 8);
         assert!(stash.get(&ids[19]).is_some());
         assert!(stash.get(&ids[0]).is_none());
+    }
+
+    #[test]
+    fn taken_entries_do_not_cost_live_ones_their_place() {
+        let stash = RawStash::with_limits(4, 1 << 20);
+        let first = stash.put(json!(1)).unwrap();
+        let kept = stash.put(json!(2)).unwrap();
+        assert!(stash.take(&first).is_some());
+        for i in 0..2 {
+            stash.put(json!(i + 3));
+        }
+        assert!(stash.get(&kept).is_some());
+        assert_eq!(stash.len(), 3);
     }
 
     #[test]

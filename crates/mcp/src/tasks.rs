@@ -420,7 +420,7 @@ fn raw_of(server: &GatewayServer, response: &CallToolResponse) -> Option<Value> 
         return None;
     };
     let mut v = serde_json::to_value(result).ok()?;
-    server.raw_stash().substitute(&mut v);
+    server.raw_stash().substitute_once(&mut v);
     Some(v)
 }
 
