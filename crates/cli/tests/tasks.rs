@@ -217,6 +217,20 @@ fn a_client_without_task_support_gets_the_job_handle_as_before() {
     assert!(job.starts_with("job_"), "{r}");
 }
 
+#[test]
+fn where_the_job_tools_are_not_granted_a_background_job_is_answered_with_its_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ring0.toml"),
+        "[[grants]]\nname = \"shell\"\ntools = [\"shell\"]\nceiling = \"A2\"\napproval = true\n",
+    )
+    .unwrap();
+    let mut c = Stdio0::start(dir.path(), task_capabilities());
+    let r = c.request("tools/call", shell(&["true"]));
+    assert!(r["result"].get("resultType").is_none(), "{r}");
+    assert!(r["result"]["structuredContent"]["job"].is_string(), "{r}");
+}
+
 // ---- Streamable HTTP, with a slow upstream ----
 
 fn fixture() -> PathBuf {

@@ -46,6 +46,9 @@ use tokio_util::sync::CancellationToken;
 /// `_meta` key of a job task's job handle (usable with the job tools too).
 pub const JOB_META_KEY: &str = "io.ring0/job";
 
+/// The job tools a job task runs its operations through.
+const JOB_TOOLS: [&str; 3] = ["job_wait", "job_inspect", "job_cancel"];
+
 /// The owner of tasks created by stateless requests (which have no session).
 const STATELESS_OWNER: &str = "stateless";
 
@@ -444,14 +447,25 @@ pub(crate) async fn offer(
             .and_then(|a| a.get("background"))
             .and_then(Value::as_bool)
             == Some(true);
-    let upstream = server
-        .gateway()
-        .generation()
+    let generation = server.gateway().generation();
+    let upstream = generation
         .tools
         .get(request.name.as_ref())
         .is_some_and(|t| t.upstream.is_some());
     if !background_shell && !upstream {
         return Ok(None);
+    }
+    if background_shell {
+        // A job task is followed and cancelled with the job tools: where the grants do not
+        // allow them, the job handle is answered the ordinary way.
+        let session = generation.kernel.open_session(
+            SessionConfig::new(server.scope().to_string()).authorizer(generation.gate.clone()),
+        );
+        let catalog = session.catalog();
+        let granted = |name: &str| catalog.iter().any(|spec| spec.name == name);
+        if !JOB_TOOLS.iter().all(|t| granted(t)) {
+            return Ok(None);
+        }
     }
     let modern = is_modern(context);
     let table = server.task_table().clone();
