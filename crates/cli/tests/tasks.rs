@@ -218,6 +218,48 @@ fn a_client_without_task_support_gets_the_job_handle_as_before() {
 }
 
 #[test]
+fn a_job_task_waiting_for_input_says_so_and_completes_once_it_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Stdio0::start(dir.path(), task_capabilities());
+    let created = c.request(
+        "tools/call",
+        json!({"name": "shell", "arguments": {"argv": ["sh", "-c", "read x; echo got $x"],
+                                              "background": true, "stdin": "pipe"}}),
+    );
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"].as_str().unwrap().to_string();
+    let job = created["result"]["_meta"]["io.ring0/job"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let r = c.request("tasks/get", json!({"taskId": id}));
+        let message = r["result"]["statusMessage"].as_str().unwrap_or("");
+        if message.contains("waiting for input") {
+            assert_eq!(r["result"]["status"], "working", "{r}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never reported waiting: {r}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let sent = c.request(
+        "tools/call",
+        json!({"name": "job_send_input", "arguments": {"job": job, "input": "hello\n"}}),
+    );
+    assert_ne!(sent["result"]["isError"], true, "{sent}");
+    let done = settle(|| c.request("tasks/get", json!({"taskId": id})));
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert!(
+        done["result"]["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("got hello"),
+        "{done}"
+    );
+}
+
+#[test]
 fn where_the_job_tools_are_not_granted_a_background_job_is_answered_with_its_handle() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

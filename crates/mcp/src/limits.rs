@@ -70,7 +70,7 @@ pub const TASK_POLL_INTERVAL_MS: u64 = 500;
 pub const TASK_PROMOTE_AFTER: Duration = Duration::from_secs(1);
 /// Each `job_wait` round a job task's watcher makes waits at most this long.
 pub const TASK_JOB_WAIT_SLICE: Duration = Duration::from_secs(60);
-/// Longest task status message (a job's last lines of output); the start is cut, and counted.
+/// Longest output tail (or error text) in a task status message; its start is cut, and counted.
 pub const TASK_STATUS_BYTES_MAX: usize = 4096;
 /// A job task's status message (its state and last lines of output) is refreshed by `tasks/get`
 /// at most this often; polls in between get the last one. Each refresh is a journaled round.

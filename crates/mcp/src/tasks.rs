@@ -616,8 +616,18 @@ pub(crate) async fn get(
                 if !settle_job(&task, &status) {
                     let state = status.get("state").and_then(Value::as_str).unwrap_or("");
                     let tail = snapshot.get("tail").and_then(Value::as_str).unwrap_or("");
+                    // A job blocked on its input is still working: the input goes in with
+                    // job_send_input, a call of its own (the grants decide who may send it).
+                    let waiting = if state == "SUSPENDED" {
+                        format!(" (waiting for input: send it with job_send_input, job {job})")
+                    } else {
+                        String::new()
+                    };
                     let mut s = task.lock();
-                    s.message = Some(bounded(format!("job {job} {state}; last output:\n{tail}")));
+                    s.message = Some(format!(
+                        "job {job} {state}{waiting}; last output:\n{}",
+                        bounded(tail.to_string())
+                    ));
                     s.updated = SystemTime::now();
                 }
             }
