@@ -418,12 +418,17 @@ fn create_result(task: &TaskRecord, job: Option<&str>) -> CallToolResponse {
 }
 
 /// The raw result of a call answered through the typed handler (its stand-in replaced).
-fn raw_of(server: &GatewayServer, response: &CallToolResponse) -> Option<Value> {
+/// `sent`: the response still goes out to the client, so its raw entry must stay for it.
+fn raw_of(server: &GatewayServer, response: &CallToolResponse, sent: bool) -> Option<Value> {
     let CallToolResponse::Complete(result) = response else {
         return None;
     };
     let mut v = serde_json::to_value(result).ok()?;
-    server.raw_stash().substitute_once(&mut v);
+    if sent {
+        server.raw_stash().substitute(&mut v);
+    } else {
+        server.raw_stash().substitute_once(&mut v);
+    }
     Some(v)
 }
 
@@ -482,7 +487,7 @@ pub(crate) async fn offer(
                 return Err(e);
             }
         };
-        let job = raw_of(server, &response)
+        let job = raw_of(server, &response, true)
             .filter(|v| v.get("isError").and_then(Value::as_bool) != Some(true))
             .and_then(|v| {
                 v.pointer("/structuredContent/job")
@@ -551,7 +556,7 @@ pub(crate) async fn offer(
             return;
         }
         match done {
-            Ok(Ok(response)) => match raw_of(&finisher, &response) {
+            Ok(Ok(response)) => match raw_of(&finisher, &response, false) {
                 Some(raw) => record.finish(
                     TaskStatus::Completed,
                     Some(object(adapt_to_era(raw, RawKind::CallTool, record.modern))),
