@@ -7,10 +7,14 @@
 //! defaults: loopback hosts only unless configured, browser `Origin`s checked against the allowed
 //! list (loopback origins by default; requests without an `Origin`, as non-browser clients send,
 //! pass), and an optional bearer token checked here before the request reaches the service.
+//! Tool listings and results leave as the raw JSON ring0 built: a response layer replaces the
+//! typed stand-ins rmcp serializes (see [`crate::lossless`]).
 
 use crate::approval::Approvals;
 use crate::gateway::Gateway;
+use crate::lossless::RawStash;
 use crate::server::GatewayServer;
+use crate::tasks::TaskTable;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{StatusCode, header};
@@ -81,12 +85,25 @@ pub fn router(
         .with_allowed_origins(origins)
         .enforce_origin_validation()
         .with_cancellation_token(shutdown);
+    // One stash for every session: the response layer replaces the typed stand-ins the
+    // sessions return by the raw results they stashed.
+    let stash = RawStash::new();
+    let sessions_stash = stash.clone();
+    let tasks = TaskTable::new();
     let service = StreamableHttpService::new(
-        move || Ok(GatewayServer::new_session(gw.clone(), approvals.clone())),
+        move || {
+            Ok(GatewayServer::new_session(gw.clone(), approvals.clone())
+                .with_raw_stash(sessions_stash.clone())
+                .with_task_table(tasks.clone()))
+        },
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let mut app = axum::Router::new().route_service(MCP_PATH, service);
+    let mut app = axum::Router::new()
+        .route_service(MCP_PATH, service)
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            crate::lossless::rewrite_response(stash.clone(), req, next)
+        }));
     if let Some(token) = &options.bearer_token {
         let token = Arc::new(token.clone());
         app = app.layer(middleware::from_fn(move |req: Request, next: Next| {

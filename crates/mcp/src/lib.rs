@@ -16,7 +16,10 @@
 //! - [`server::GatewayServer`]: one downstream MCP session (rmcp `ServerHandler`), served over
 //!   stdio by [`serve_stdio`] or over HTTP by [`http::serve_http`];
 //! - [`upstream::Upstream`]: one supervised upstream connection;
-//! - [`pin`]: pins, the lock file, quarantine and approval.
+//! - [`pin`]: pins, the lock file, quarantine and approval;
+//! - [`lossless`]: tool listings and results as raw JSON past rmcp's typed model, over stdio and
+//!   HTTP in both eras;
+//! - [`tasks`]: background shell jobs and long upstream calls as MCP tasks.
 
 pub mod approval;
 pub mod config;
@@ -26,12 +29,14 @@ pub mod http;
 pub mod input;
 pub mod limits;
 pub mod log;
+pub mod lossless;
 pub mod names;
 pub mod passthrough;
 pub mod pin;
 pub mod route;
 pub mod rpc;
 pub mod server;
+pub mod tasks;
 pub mod upstream;
 
 pub use config::{ToolOverride, UpstreamConfig};

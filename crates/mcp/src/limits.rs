@@ -65,3 +65,33 @@ pub const QUESTIONS_PER_CALL_MAX: usize = 16;
 pub const INPUT_BATCH_GRACE: Duration = Duration::from_millis(20);
 /// `input_required` rounds an upstream's tool call may go through before ring0 gives up on it.
 pub const UPSTREAM_INPUT_ROUNDS_MAX: usize = 10;
+/// Raw tool results and listings kept for the response that carries them out (see
+/// [`crate::lossless`]); the oldest makes room for a new one.
+pub const RAW_STASH_ENTRIES_MAX: usize = 1024;
+/// Bytes of raw JSON kept at once; the oldest entries make room, and a single larger result is
+/// answered with its typed rendering.
+pub const RAW_STASH_BYTES_MAX: usize = 128 * 1024 * 1024;
+/// How long a raw result is kept: long enough for the response to be written, and for a client
+/// that resumes an SSE stream to be sent the same event again.
+pub const RAW_STASH_TTL: Duration = Duration::from_secs(120);
+/// Longest SSE event held while it arrives in pieces; a longer one is passed on as rmcp wrote it.
+pub const SSE_EVENT_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Tasks held at once across every session of one endpoint (running, or finished and kept).
+pub const TASKS_MAX: usize = 256;
+/// Tasks held at once for one downstream session. At either bound the oldest finished task
+/// makes room; when none has finished, a call is answered the ordinary way instead of as a task.
+pub const TASKS_PER_SESSION_MAX: usize = 32;
+/// How long a finished task (and its result) stays available to `tasks/get`.
+pub const TASK_RETAIN_AFTER_DONE: Duration = Duration::from_secs(600);
+/// Poll interval suggested to clients for `tasks/get`, in milliseconds.
+pub const TASK_POLL_INTERVAL_MS: u64 = 500;
+/// An upstream call still running after this becomes a task (for clients that support tasks);
+/// one that finishes sooner is answered directly.
+pub const TASK_PROMOTE_AFTER: Duration = Duration::from_secs(1);
+/// Each `job_wait` round a job task's watcher makes waits at most this long.
+pub const TASK_JOB_WAIT_SLICE: Duration = Duration::from_secs(60);
+/// Longest output tail (or error text) in a task status message; its start is cut, and counted.
+pub const TASK_STATUS_BYTES_MAX: usize = 4096;
+/// A job task's status message (its state and last lines of output) is refreshed by `tasks/get`
+/// at most this often; polls in between get the last one. Each refresh is a journaled round.
+pub const TASK_INSPECT_INTERVAL_MIN: Duration = Duration::from_secs(1);

@@ -17,8 +17,11 @@
 use crate::approval::{Answer, Approvals, CONFIRM_META_KEY};
 use crate::gateway::{Gateway, Generation};
 use crate::limits::{APPROVAL_WAIT_DEFAULT, TOOLS_PAGE_SIZE};
+pub use crate::lossless::Lossless;
+use crate::lossless::{RawKind, RawStash, adapt_to_era};
 use crate::route::{CallEntry, Downstream};
 use crate::rpc::{code, error_object};
+use crate::tasks::TaskTable;
 use async_trait::async_trait;
 use ring0_core::receipt::CallOutcome;
 use ring0_core::{Authority, ProposedArguments, ProposedCall, Round, ToolSpec};
@@ -198,6 +201,8 @@ pub struct GatewayServer {
     primary_busy: Arc<AtomicBool>,
     listening: Arc<AtomicBool>,
     instructions: Option<String>,
+    raw: Arc<RawStash>,
+    tasks: Arc<TaskTable>,
 }
 
 impl GatewayServer {
@@ -210,6 +215,8 @@ impl GatewayServer {
             primary: Arc::new(Mutex::new(None)),
             primary_busy: Arc::new(AtomicBool::new(false)),
             listening: Arc::new(AtomicBool::new(false)),
+            raw: RawStash::new(),
+            tasks: TaskTable::new(),
             instructions: Some(
                 "Tools are mediated by ring0: arguments are validated against each tool's schema, \
                  calls are authorized by the session's grants and recorded in a journal, and output \
@@ -227,6 +234,36 @@ impl GatewayServer {
             approvals,
             format!("mcp-session-{n}-{}", uuid::Uuid::new_v4().simple()),
         )
+    }
+
+    /// Shares `stash` for raw results (the HTTP endpoint's response layer reads the same one).
+    pub fn with_raw_stash(mut self, stash: Arc<RawStash>) -> Self {
+        self.raw = stash;
+        self
+    }
+
+    /// Where this session's raw results wait for the response that carries them out.
+    pub fn raw_stash(&self) -> &Arc<RawStash> {
+        &self.raw
+    }
+
+    /// Shares `table` for tasks (the HTTP endpoint shares one among its sessions, since each
+    /// stateless request gets a session of its own).
+    pub fn with_task_table(mut self, table: Arc<TaskTable>) -> Self {
+        self.tasks = table;
+        self
+    }
+
+    pub(crate) fn task_table(&self) -> &Arc<TaskTable> {
+        &self.tasks
+    }
+
+    pub(crate) fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    pub(crate) fn gateway(&self) -> &Gateway {
+        &self.gw
     }
 
     fn open(&self, generation: &Generation) -> Arc<Session> {
@@ -310,6 +347,34 @@ impl GatewayServer {
             out["nextCursor"] = json!(format!("{}:{end}", generation.number));
         }
         Ok(out)
+    }
+
+    /// A `tools/call` answered the ordinary way: the result (a typed stand-in for the raw
+    /// JSON, see [`crate::lossless`]) or the question an approval needs.
+    pub(crate) async fn answer_call(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let modern = is_modern(&context);
+        let value = self.call(request, context).await?;
+        if value.get("resultType").and_then(Value::as_str) == Some("input_required") {
+            let input: rmcp::model::InputRequiredResult = serde_json::from_value(value)
+                .map_err(|e| ErrorData::internal_error(format!("input required: {e}"), None))?;
+            return Ok(CallToolResponse::InputRequired(input));
+        }
+        // The typed stand-in: replaced by the raw result on the way out (see crate::lossless);
+        // where rmcp's model cannot hold the result, it says so in text.
+        let raw = adapt_to_era(value.clone(), RawKind::CallTool, modern);
+        let fallback = match typed::<CallToolResult>(value.clone()) {
+            Ok(_) => value,
+            Err(e) => {
+                let text = format!("ring0: the result could not be represented ({e}): {value}");
+                json!({"content": [{"type": "text", "text": text}], "isError": true})
+            }
+        };
+        let result: CallToolResult = typed(self.raw.stand_in(raw, fallback))?;
+        Ok(CallToolResponse::Complete(result))
     }
 
     async fn call(
@@ -530,16 +595,20 @@ impl ServerHandler for GatewayServer {
         if let Some(i) = &self.instructions {
             info["instructions"] = json!(i);
         }
+        // Background jobs and long upstream calls are offered as tasks (see crate::tasks).
+        info["capabilities"]["extensions"][rmcp::model::TASKS_EXTENSION_ID] = json!({});
         serde_json::from_value(info).expect("a valid server config")
     }
 
     async fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let cursor = request.as_ref().and_then(|r| r.cursor.clone());
-        typed(self.list(cursor.as_deref())?)
+        let value = self.list(cursor.as_deref())?;
+        let raw = adapt_to_era(value.clone(), RawKind::ListTools, is_modern(&context));
+        typed(self.raw.stand_in(raw, value))
     }
 
     async fn call_tool(
@@ -547,21 +616,10 @@ impl ServerHandler for GatewayServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let value = self.call(request, context).await?;
-        if value.get("resultType").and_then(Value::as_str) == Some("input_required") {
-            let input: rmcp::model::InputRequiredResult = serde_json::from_value(value)
-                .map_err(|e| ErrorData::internal_error(format!("input required: {e}"), None))?;
-            return Ok(CallToolResponse::InputRequired(input));
+        if let Some(response) = crate::tasks::offer(self, &request, &context).await? {
+            return Ok(response);
         }
-        let result: CallToolResult = typed(value.clone()).unwrap_or_else(|e| {
-            // A content item rmcp's model does not know: keep the text, say what was dropped.
-            let text = format!("ring0: the result could not be represented ({e}): {value}");
-            serde_json::from_value(
-                json!({"content": [{"type": "text", "text": text}], "isError": true}),
-            )
-            .expect("a text result")
-        });
-        Ok(CallToolResponse::Complete(result))
+        self.answer_call(request, context).await
     }
 
     async fn list_prompts(
@@ -656,6 +714,33 @@ impl ServerHandler for GatewayServer {
         crate::passthrough::set_level(&self.gw, level).await
     }
 
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        crate::tasks::get(self, request, &context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        crate::tasks::cancel(self, request, &context).await
+    }
+
+    async fn update_task(
+        &self,
+        _request: rmcp::model::UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Err(ErrorData::invalid_params(
+            "ring0's tasks never ask for input: answer approvals when the call is made",
+            None,
+        ))
+    }
+
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         if self.listening.swap(true, Ordering::AcqRel) {
             return;
@@ -677,67 +762,11 @@ impl ServerHandler for GatewayServer {
     }
 }
 
-/// A session whose `tools/list` and `tools/call` results travel as raw JSON.
-///
-/// rmcp's typed `Tool` and `CallToolResult` drop fields they do not model (a tool's `execution`,
-/// new annotation hints, unknown content items); over stdio ring0 answers these two methods with
-/// the JSON it built, so upstream definitions and results reach the client unchanged. Requests of
-/// the stateless 2026-07-28 era, and everything else, go through the typed handler, which
-/// carries that era's rules. (rmcp's HTTP service accepts only a `ServerHandler`, so over HTTP
-/// results take the typed path.)
-pub struct Lossless(pub GatewayServer);
-
-impl rmcp::Service<RoleServer> for Lossless {
-    async fn handle_request(
-        &self,
-        request: rmcp::model::ClientRequest,
-        context: RequestContext<RoleServer>,
-    ) -> Result<rmcp::model::ServerResult, ErrorData> {
-        use rmcp::model::{ClientRequest, CustomResult, ServerResult};
-        let legacy = context
-            .protocol_version()
-            .is_some_and(|v| v.as_str() < "2026-07-28");
-        match request {
-            ClientRequest::ListToolsRequest(r) if legacy => {
-                let cursor = r.params.and_then(|p| p.cursor);
-                let value = self.0.list(cursor.as_deref())?;
-                Ok(ServerResult::CustomResult(CustomResult(value)))
-            }
-            ClientRequest::CallToolRequest(r) if legacy => {
-                let value = self.0.call(r.params, context).await?;
-                Ok(ServerResult::CustomResult(CustomResult(value)))
-            }
-            other => {
-                <GatewayServer as rmcp::Service<RoleServer>>::handle_request(
-                    &self.0, other, context,
-                )
-                .await
-            }
-        }
-    }
-
-    async fn handle_notification(
-        &self,
-        notification: rmcp::model::ClientNotification,
-        context: NotificationContext<RoleServer>,
-    ) -> Result<(), ErrorData> {
-        <GatewayServer as rmcp::Service<RoleServer>>::handle_notification(
-            &self.0,
-            notification,
-            context,
-        )
-        .await
-    }
-
-    fn get_info(&self) -> ServerConfig {
-        ServerHandler::get_info(&self.0)
-    }
-
-    fn supported_protocol_versions(
-        &self,
-    ) -> std::borrow::Cow<'static, [rmcp::model::ProtocolVersion]> {
-        ServerHandler::supported_protocol_versions(&self.0)
-    }
+/// Whether a request is answered in the 2026-07-28 era (or later).
+fn is_modern(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|v| v.as_str() >= "2026-07-28")
 }
 
 /// Serves one session over stdin/stdout until the client disconnects.

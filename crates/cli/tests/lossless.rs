@@ -1,0 +1,403 @@
+//! An upstream's tool definitions and results reach the client through `ring0 serve` with the
+//! fields typed MCP models do not know — a tool's `execution`, an unknown annotation hint, an
+//! unknown top-level field, an unknown result field, a content item of an unknown type — over
+//! Streamable HTTP in both protocol eras and over stdio in the 2026-07-28 era.
+//!
+//! The upstream is `fixtures/unmodelled_server.py` (standard library only). The Python SDK client
+//! checks come from the peers `scripts/install-mcp-peers.sh` installs; without them those tests
+//! print why they are skipped, unless `CI` is set.
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::channel;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[[grants]]\nname = \"unmodelled\"\ntools = [\"un__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"un\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
+        fixtures()
+            .join("unmodelled_server.py")
+            .display()
+            .to_string()
+    );
+    std::fs::write(dir.path().join("ring0.toml"), config).unwrap();
+    dir
+}
+
+fn check_tool(tool: &Value) {
+    assert_eq!(
+        tool["execution"],
+        json!({"taskSupport": "optional"}),
+        "{tool}"
+    );
+    assert_eq!(tool["annotations"]["futureHint"], "kept", "{tool}");
+    assert_eq!(tool["annotations"]["readOnlyHint"], true, "{tool}");
+    assert_eq!(tool["x-vendor"], json!({"kept": true}), "{tool}");
+}
+
+fn probe_of(list: &Value) -> Value {
+    list["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tools in {list}"))
+        .iter()
+        .find(|t| t["name"] == "un__probe")
+        .cloned()
+        .unwrap_or_else(|| panic!("un__probe not listed: {list}"))
+}
+
+fn check_widget(result: &Value) {
+    assert_eq!(result["content"][0]["text"], "a widget follows", "{result}");
+    assert_eq!(
+        result["content"][1],
+        json!({"type": "widget", "widget": {"dial": 7}}),
+        "{result}"
+    );
+}
+
+// ---- ring0 serve over HTTP, spoken to with raw HTTP/1.1 ----
+
+struct Served {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve_http(dir: &Path) -> Served {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ring0"))
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let _ = tx.send(rest.trim_end_matches("/mcp").to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(WAIT).expect("the bound address is printed");
+    Served { child, addr }
+}
+
+/// Decodes a `Transfer-Encoding: chunked` body.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let Some((size, rest)) = body.split_once("\r\n") else {
+            return out;
+        };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            return out;
+        };
+        if n == 0 || rest.len() < n {
+            return out;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+}
+
+/// POSTs one JSON-RPC message; returns the response headers and the JSON-RPC response with
+/// `id` (from a JSON body or from the SSE stream).
+fn post(addr: &str, headers: &[(&str, &str)], body: &Value) -> (String, Value) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let text = body.to_string();
+    let mut req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        text.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(&text);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let body_text = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    let Some(id) = body.get("id") else {
+        return (head.to_string(), Value::Null);
+    };
+    let message = body_text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .chain(std::iter::once(body_text.as_str()))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|m| m.get("id") == Some(id) && m.get("method").is_none())
+        .unwrap_or_else(|| panic!("no response in:\n{head}\n{body_text}"));
+    (head.to_string(), message)
+}
+
+fn session_id(head: &str) -> String {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_string())
+        })
+        .expect("a session id")
+}
+
+fn modern_meta() -> Value {
+    json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+           "io.modelcontextprotocol/clientCapabilities": {},
+           "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}})
+}
+
+#[test]
+fn over_http_sessionful_unmodelled_definition_and_result_fields_reach_the_client() {
+    let dir = workspace();
+    let server = serve_http(dir.path());
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}}});
+    let (head, _) = post(&server.addr, &[], &init);
+    let session = session_id(&head);
+    let h = [
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-11-25"),
+    ];
+    post(
+        &server.addr,
+        &h,
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    let (_, list) = post(
+        &server.addr,
+        &h,
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}),
+    );
+    check_tool(&probe_of(&list["result"]));
+    assert!(list["result"].get("resultType").is_none(), "{list}");
+    let (_, probe) = post(
+        &server.addr,
+        &h,
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": "un__probe", "arguments": {}}}),
+    );
+    assert_eq!(
+        probe["result"]["x-result"],
+        json!({"kept": true}),
+        "{probe}"
+    );
+    assert!(probe["result"].get("resultType").is_none(), "{probe}");
+    assert_eq!(
+        probe["result"]["_meta"]["io.ring0/receipt"]["state"],
+        "ACKED"
+    );
+    let (_, widget) = post(
+        &server.addr,
+        &h,
+        &json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                "params": {"name": "un__widget", "arguments": {}}}),
+    );
+    check_widget(&widget["result"]);
+}
+
+#[test]
+fn over_http_stateless_2026_unmodelled_fields_reach_the_client_with_result_type() {
+    let dir = workspace();
+    let server = serve_http(dir.path());
+    let list = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list",
+                      "params": {"_meta": modern_meta()}});
+    let (_, list) = post(
+        &server.addr,
+        &[
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/list"),
+        ],
+        &list,
+    );
+    check_tool(&probe_of(&list["result"]));
+    assert_eq!(list["result"]["resultType"], "complete", "{list}");
+    assert!(list["result"].get("ttlMs").is_some(), "{list}");
+    for (id, tool) in [(8, "un__probe"), (9, "un__widget")] {
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": tool, "arguments": {}, "_meta": modern_meta()}});
+        let (_, r) = post(
+            &server.addr,
+            &[
+                ("MCP-Protocol-Version", "2026-07-28"),
+                ("Mcp-Method", "tools/call"),
+                ("Mcp-Name", tool),
+            ],
+            &call,
+        );
+        assert_eq!(r["result"]["resultType"], "complete", "{r}");
+        if tool == "un__probe" {
+            assert_eq!(r["result"]["x-result"], json!({"kept": true}), "{r}");
+        } else {
+            check_widget(&r["result"]);
+        }
+    }
+}
+
+// ---- ring0 serve over stdio in the 2026-07-28 era ----
+
+#[test]
+fn over_stdio_in_the_2026_era_unmodelled_fields_reach_the_client() {
+    let dir = workspace();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ring0"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, rx) = channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<Value>(&line)
+                && tx.send(v).is_err()
+            {
+                return;
+            }
+        }
+    });
+    let mut ask = |id: u64, method: &str, mut params: Value| -> Value {
+        params["_meta"] = modern_meta();
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        stdin.write_all(format!("{msg}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+        loop {
+            let m = rx.recv_timeout(WAIT).expect("an answer");
+            if m.get("id") == Some(&json!(id)) && m.get("method").is_none() {
+                return m;
+            }
+        }
+    };
+    let list = ask(1, "tools/list", json!({}));
+    check_tool(&probe_of(&list["result"]));
+    assert_eq!(list["result"]["resultType"], "complete", "{list}");
+    let probe = ask(
+        2,
+        "tools/call",
+        json!({"name": "un__probe", "arguments": {}}),
+    );
+    assert_eq!(
+        probe["result"]["x-result"],
+        json!({"kept": true}),
+        "{probe}"
+    );
+    assert_eq!(probe["result"]["resultType"], "complete", "{probe}");
+    let widget = ask(
+        3,
+        "tools/call",
+        json!({"name": "un__widget", "arguments": {}}),
+    );
+    check_widget(&widget["result"]);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+// ---- the Python SDK client ----
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+fn python() -> Option<PathBuf> {
+    let dir = std::env::var_os("MCP_PEERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-peers"));
+    if dir.join(".installed-3").exists() {
+        return Some(dir.join("py/bin/python"));
+    }
+    let why = format!(
+        "the MCP peers are not installed in {} (run scripts/install-mcp-peers.sh)",
+        dir.display()
+    );
+    assert!(!in_ci(), "{why} (CI is set, so this is a failure)");
+    eprintln!("skipped: {why}");
+    None
+}
+
+fn run_py(python: &Path, args: &[&str]) -> Value {
+    let out = Command::new(python)
+        .arg(fixtures().join("py_client_lossless.py"))
+        .args(args)
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "the Python client failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("one JSON line")
+}
+
+#[test]
+fn python_client_over_http_receives_unmodelled_fields_in_both_eras() {
+    let Some(python) = python() else { return };
+    for era in ["legacy", "2026-07-28"] {
+        let dir = workspace();
+        let server = serve_http(dir.path());
+        let url = format!("http://{}/mcp", server.addr);
+        let seen = run_py(&python, &["http", &url, era]);
+        check_tool(&seen["tool"]);
+        // The SDK's own typed model knows `execution`; rmcp's does not, yet it arrives.
+        assert_eq!(
+            seen["typed_execution"],
+            json!({"taskSupport": "optional"}),
+            "{era}: {seen}"
+        );
+        assert_eq!(
+            seen["result"]["x-result"],
+            json!({"kept": true}),
+            "{era}: {seen}"
+        );
+        assert_eq!(seen["result"]["content"][0]["text"], "probed", "{seen}");
+    }
+}
+
+#[test]
+fn python_client_over_stdio_in_the_2026_era_receives_unmodelled_fields() {
+    let Some(python) = python() else { return };
+    let dir = workspace();
+    let seen = run_py(
+        &python,
+        &[
+            "stdio",
+            env!("CARGO_BIN_EXE_ring0"),
+            dir.path().to_str().unwrap(),
+            "2026-07-28",
+        ],
+    );
+    check_tool(&seen["tool"]);
+    assert_eq!(seen["result"]["x-result"], json!({"kept": true}), "{seen}");
+}

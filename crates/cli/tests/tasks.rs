@@ -1,0 +1,624 @@
+//! Background jobs and long upstream calls as MCP tasks, as a client that declares the tasks
+//! extension sees them through `ring0 serve`: over stdio (JSON-RPC lines, on the embedded
+//! defaults, where `shell` is approved through elicitation) and over Streamable HTTP (both eras,
+//! with the standard-library Python fixture as a slow upstream).
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(60);
+const TASKS: &str = "io.modelcontextprotocol/tasks";
+
+fn task_capabilities() -> Value {
+    json!({"elicitation": {}, "extensions": {TASKS: {}}})
+}
+
+// ---- stdio ----
+
+struct Stdio0 {
+    child: Child,
+    stdin: ChildStdin,
+    messages: Receiver<Value>,
+    next_id: u64,
+}
+
+impl Stdio0 {
+    fn start(dir: &Path, capabilities: Value) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ring0"))
+            .arg("serve")
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ring0 serve");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && tx.send(v).is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let mut c = Self {
+            child,
+            stdin,
+            messages: rx,
+            next_id: 1,
+        };
+        c.request(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": capabilities,
+                   "clientInfo": {"name": "tasks-test", "version": "1"}}),
+        );
+        c.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        c
+    }
+
+    fn send(&mut self, message: Value) {
+        self.stdin
+            .write_all(format!("{message}\n").as_bytes())
+            .unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Sends a request and returns its response, approving any elicitation on the way.
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let m = self
+                .messages
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no response to {method}"));
+            if m.get("id") == Some(&json!(id)) && m.get("method").is_none() {
+                return m;
+            }
+            if m["method"] == "elicitation/create" {
+                let answer = json!({"jsonrpc": "2.0", "id": m["id"],
+                    "result": {"action": "accept", "content": {"approve": true}}});
+                self.send(answer);
+            }
+        }
+    }
+}
+
+impl Drop for Stdio0 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `tasks/get` through `get` until the task leaves `working`.
+fn settle(mut get: impl FnMut() -> Value) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let r = get();
+        let status = r["result"]["status"].as_str().unwrap_or("").to_string();
+        if status != "working" {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "the task never finished: {r}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn shell(argv: &[&str]) -> Value {
+    json!({"name": "shell", "arguments": {"argv": argv, "background": true}})
+}
+
+#[test]
+fn a_background_shell_call_returns_a_task_that_completes_with_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Stdio0::start(dir.path(), task_capabilities());
+    let init_caps = c.request("tools/list", json!({}));
+    assert!(init_caps["result"]["tools"].is_array());
+    let created = c.request(
+        "tools/call",
+        shell(&["sh", "-c", "sleep 0.5; echo finished-in-a-task"]),
+    );
+    let r = &created["result"];
+    assert_eq!(r["resultType"], "task", "{created}");
+    assert_eq!(r["status"], "working", "{created}");
+    let id = r["taskId"].as_str().unwrap().to_string();
+    assert!(r["_meta"]["io.ring0/job"].is_string(), "{created}");
+    let done = settle(|| c.request("tasks/get", json!({"taskId": id})));
+    let t = &done["result"];
+    assert_eq!(t["status"], "completed", "{done}");
+    assert!(
+        t["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("finished-in-a-task"),
+        "{done}"
+    );
+    assert_eq!(t["result"]["isError"], false, "{done}");
+    assert_eq!(t["result"]["structuredContent"]["exit_code"], 0, "{done}");
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie has exited; only a live process counts as a survivor.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            let state = s.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn cancelling_a_job_task_stops_its_process_and_reports_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Stdio0::start(dir.path(), task_capabilities());
+    let created = c.request(
+        "tools/call",
+        shell(&["sh", "-c", "echo $$ > job.pid; exec sleep 300"]),
+    );
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"].as_str().unwrap().to_string();
+    let pid_file = dir.path().join("job.pid");
+    let deadline = Instant::now() + WAIT;
+    let pid: u32 = loop {
+        if let Some(p) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "the job never started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(alive(pid));
+    let working = c.request("tasks/get", json!({"taskId": id}));
+    assert_eq!(working["result"]["status"], "working", "{working}");
+    let ack = c.request("tasks/cancel", json!({"taskId": id}));
+    assert!(ack.get("error").is_none(), "{ack}");
+    let after = c.request("tasks/get", json!({"taskId": id}));
+    assert_eq!(after["result"]["status"], "cancelled", "{after}");
+    assert!(!alive(pid), "the job's process survived its cancellation");
+}
+
+#[test]
+fn an_unknown_task_id_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Stdio0::start(dir.path(), task_capabilities());
+    let r = c.request(
+        "tasks/get",
+        json!({"taskId": "task_00000000000000000000000000000000"}),
+    );
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    let r = c.request(
+        "tasks/cancel",
+        json!({"taskId": "task_00000000000000000000000000000000"}),
+    );
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+}
+
+#[test]
+fn a_client_without_task_support_gets_the_job_handle_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Stdio0::start(dir.path(), json!({"elicitation": {}}));
+    let r = c.request("tools/call", shell(&["true"]));
+    assert!(r["result"].get("resultType").is_none(), "{r}");
+    let job = r["result"]["structuredContent"]["job"].as_str().unwrap();
+    assert!(job.starts_with("job_"), "{r}");
+}
+
+#[test]
+fn a_job_task_waiting_for_input_says_so_and_completes_once_it_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Stdio0::start(dir.path(), task_capabilities());
+    let created = c.request(
+        "tools/call",
+        json!({"name": "shell", "arguments": {"argv": ["sh", "-c", "read x; echo got $x"],
+                                              "background": true, "stdin": "pipe"}}),
+    );
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"].as_str().unwrap().to_string();
+    let job = created["result"]["_meta"]["io.ring0/job"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let r = c.request("tasks/get", json!({"taskId": id}));
+        let message = r["result"]["statusMessage"].as_str().unwrap_or("");
+        if message.contains("waiting for input") {
+            assert_eq!(r["result"]["status"], "working", "{r}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never reported waiting: {r}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let sent = c.request(
+        "tools/call",
+        json!({"name": "job_send_input", "arguments": {"job": job, "input": "hello\n"}}),
+    );
+    assert_ne!(sent["result"]["isError"], true, "{sent}");
+    let done = settle(|| c.request("tasks/get", json!({"taskId": id})));
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert!(
+        done["result"]["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("got hello"),
+        "{done}"
+    );
+}
+
+#[test]
+fn where_the_job_tools_are_not_granted_a_background_job_is_answered_with_its_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ring0.toml"),
+        "[[grants]]\nname = \"shell\"\ntools = [\"shell\"]\nceiling = \"A2\"\napproval = true\n",
+    )
+    .unwrap();
+    let mut c = Stdio0::start(dir.path(), task_capabilities());
+    let r = c.request("tools/call", shell(&["true"]));
+    assert!(r["result"].get("resultType").is_none(), "{r}");
+    assert!(r["result"]["structuredContent"]["job"].is_string(), "{r}");
+}
+
+// ---- Streamable HTTP, with a slow upstream ----
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../mcp/tests/fixtures/stdio_server.py")
+}
+
+struct Served {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve_http(dir: &Path) -> Served {
+    let config = format!(
+        "[[grants]]\nname = \"fixture\"\ntools = [\"fx__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"fx\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\", \"FIXTURE_LOG\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n[upstreams.tools.silent]\neffect = \"non_idempotent\"\nauthority = \"A0\"\n",
+        fixture().display().to_string()
+    );
+    std::fs::write(dir.join("ring0.toml"), config).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ring0"))
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .current_dir(dir)
+        .env("FIXTURE_LOG", dir.join("fixture.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let _ = tx.send(rest.trim_end_matches("/mcp").to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(WAIT).expect("the bound address is printed");
+    Served { child, addr }
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// POSTs one message; returns the response headers and the JSON-RPC response (or null).
+fn post(addr: &str, headers: &[(&str, &str)], body: &Value) -> (String, Value) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let text = body.to_string();
+    let mut req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        text.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(&text);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let body_text = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    let Some(id) = body.get("id") else {
+        return (head.to_string(), Value::Null);
+    };
+    let message = body_text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .chain(std::iter::once(body_text.as_str()))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|m| m.get("id") == Some(id) && m.get("method").is_none())
+        .unwrap_or_else(|| panic!("no response in:\n{head}\n{body_text}"));
+    (head.to_string(), message)
+}
+
+/// One sessionful HTTP client (2025-11-25) that declares the tasks extension.
+struct HttpSession {
+    addr: String,
+    session: String,
+    next_id: u64,
+}
+
+impl HttpSession {
+    fn open(addr: &str) -> Self {
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {"extensions": {TASKS: {}}},
+                       "clientInfo": {"name": "t", "version": "1"}}});
+        let (head, _) = post(addr, &[], &init);
+        let session = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("mcp-session-id")
+                    .then(|| v.trim().to_string())
+            })
+            .expect("a session id");
+        let mut s = Self {
+            addr: addr.to_string(),
+            session,
+            next_id: 1,
+        };
+        s.notify();
+        s
+    }
+
+    fn notify(&mut self) {
+        let h = [
+            ("Mcp-Session-Id", self.session.as_str()),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ];
+        post(
+            &self.addr,
+            &h,
+            &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        );
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let h = [
+            ("Mcp-Session-Id", self.session.as_str()),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ];
+        let body =
+            json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params});
+        post(&self.addr, &h, &body).1
+    }
+}
+
+fn slow_call(steps: u32) -> Value {
+    json!({"name": "fx__slow", "arguments": {"steps": steps, "delay_ms": 700}})
+}
+
+#[test]
+fn over_http_a_long_upstream_call_becomes_a_task_only_its_session_can_see() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_http(dir.path());
+    let mut owner = HttpSession::open(&server.addr);
+    let mut other = HttpSession::open(&server.addr);
+    let created = owner.request("tools/call", slow_call(3));
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"].as_str().unwrap().to_string();
+    // Another session asking for it gets the answer an unknown id gets.
+    let foreign = other.request("tasks/get", json!({"taskId": id}));
+    let unknown = other.request(
+        "tasks/get",
+        json!({"taskId": "task_00000000000000000000000000000000"}),
+    );
+    assert_eq!(foreign["error"]["code"], -32602, "{foreign}");
+    assert_eq!(foreign["error"]["code"], unknown["error"]["code"]);
+    let foreign_cancel = other.request("tasks/cancel", json!({"taskId": id}));
+    assert_eq!(foreign_cancel["error"]["code"], -32602, "{foreign_cancel}");
+    let done = settle(|| owner.request("tasks/get", json!({"taskId": id})));
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["result"]["content"][0]["text"], "done after 3 steps",
+        "{done}"
+    );
+    assert_eq!(
+        done["result"]["result"]["_meta"]["io.ring0/receipt"]["state"],
+        "ACKED"
+    );
+}
+
+#[test]
+fn over_http_a_short_upstream_call_is_answered_directly() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_http(dir.path());
+    let mut c = HttpSession::open(&server.addr);
+    let r = c.request(
+        "tools/call",
+        json!({"name": "fx__echo", "arguments": {"text": "quick"}}),
+    );
+    assert_eq!(r["result"]["content"][0]["text"], "quick", "{r}");
+}
+
+#[test]
+fn cancelling_an_upstream_call_task_cancels_it_upstream_and_the_journal_settles_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_http(dir.path());
+    let mut c = HttpSession::open(&server.addr);
+    let created = c.request("tools/call", json!({"name": "fx__silent", "arguments": {}}));
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"].as_str().unwrap().to_string();
+    let ack = c.request("tasks/cancel", json!({"taskId": id}));
+    assert!(ack.get("error").is_none(), "{ack}");
+    let after = c.request("tasks/get", json!({"taskId": id}));
+    assert_eq!(after["result"]["status"], "cancelled", "{after}");
+    let log = dir.path().join("fixture.log");
+    let deadline = Instant::now() + WAIT;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("notifications/cancelled")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the upstream was never told the call was cancelled"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The call may have had an effect: the journal settles it as uncertain, for a person
+    // (no settlement is declared), never as done or as not applied.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
+            .args(["journal", "ls"])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = listing
+            .lines()
+            .find(|l| l.contains("fx__silent"))
+            .unwrap_or("")
+            .to_string();
+        if line.contains("DEAD_LETTER") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled call was not settled: {listing}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn modern_meta() -> Value {
+    json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+           "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}}},
+           "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}})
+}
+
+fn stateless(addr: &str, id: u64, method: &str, mut params: Value, name: Option<&str>) -> Value {
+    params["_meta"] = modern_meta();
+    let mut h = vec![
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", method),
+    ];
+    if let Some(n) = name {
+        h.push(("Mcp-Name", n));
+    }
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    post(addr, &h, &body).1
+}
+
+#[test]
+fn over_stateless_http_a_long_upstream_call_is_a_task_followed_by_later_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_http(dir.path());
+    let created = stateless(
+        &server.addr,
+        1,
+        "tools/call",
+        slow_call(2),
+        Some("fx__slow"),
+    );
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"].as_str().unwrap().to_string();
+    let mut n = 1;
+    let done = settle(|| {
+        n += 1;
+        stateless(
+            &server.addr,
+            n,
+            "tasks/get",
+            json!({"taskId": id}),
+            Some(&id),
+        )
+    });
+    let r = &done["result"];
+    assert_eq!(r["status"], "completed", "{done}");
+    assert_eq!(r["result"]["content"][0]["text"], "done after 2 steps");
+    // The result is rendered for the era that asked: 2026-07-28 results carry resultType.
+    assert_eq!(r["result"]["resultType"], "complete", "{done}");
+}
+
+// ---- the Python SDK client, with a tasks extension of its own ----
+
+fn python() -> Option<PathBuf> {
+    let dir = std::env::var_os("MCP_PEERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-peers"));
+    if dir.join(".installed-3").exists() {
+        return Some(dir.join("py/bin/python"));
+    }
+    let why = format!(
+        "the MCP peers are not installed in {} (run scripts/install-mcp-peers.sh)",
+        dir.display()
+    );
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    assert!(!ci, "{why} (CI is set, so this is a failure)");
+    eprintln!("skipped: {why}");
+    None
+}
+
+#[test]
+fn python_client_with_a_tasks_extension_follows_and_cancels_tasks() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_http(dir.path());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/py_client_tasks.py");
+    let out = Command::new(python)
+        .arg(script)
+        .arg(format!("http://{}/mcp", server.addr))
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "the Python client failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap();
+    // The slow call came back as a task, was followed with tasks/get, and resolved to its result.
+    assert_eq!(seen["statuses"][0], "working", "{seen}");
+    assert_eq!(
+        seen["statuses"].as_array().unwrap().last().unwrap(),
+        "completed",
+        "{seen}"
+    );
+    assert_eq!(seen["slow"], "done after 3 steps", "{seen}");
+    assert_eq!(seen["silent_result_type"], "task", "{seen}");
+    assert_eq!(seen["cancelled"], "cancelled", "{seen}");
+    assert_eq!(seen["unknown"], -32602, "{seen}");
+}
