@@ -3,7 +3,7 @@
 //! For each call, in its epoch: commit the intent to the journal (a duplicate, replay or conflict
 //! never reaches the executor), then hand the recorded intent to the journal's settlement
 //! protocol ([`ring0_journal::drive_bounded`]) with the tool as its executor
-//! ([`crate::settle`]): snapshot for a probe, DISPATCHED, run under the timeout, ACKED on
+//! (the `settle` module): snapshot for a probe, DISPATCHED, run under the timeout, ACKED on
 //! success, FAILED only for "definitely not applied" errors, otherwise UNKNOWN followed by
 //! reconciliation (idempotency-key re-dispatch, probe, or DEAD_LETTER for a person), with at
 //! most [`SETTLE_REDISPATCH_MAX`] re-dispatches while the model waits.
