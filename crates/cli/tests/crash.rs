@@ -84,6 +84,27 @@ struct Ledger {
     posts: u64,
 }
 
+/// How the counting service behaves.
+#[derive(Clone, Copy)]
+struct Behaviour {
+    /// Deduplicate refunds by their `Idempotency-Key`.
+    honours_keys: bool,
+    /// Refunds (applied) whose answer is dropped, in percent.
+    ack_loss_percent: u64,
+    /// Reads (the probe's) answer HTTP 500.
+    reads_fail: bool,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Self {
+            honours_keys: false,
+            ack_loss_percent: 10,
+            reads_fail: false,
+        }
+    }
+}
+
 /// The counting service.
 struct Service {
     addr: SocketAddr,
@@ -92,7 +113,7 @@ struct Service {
 }
 
 impl Service {
-    fn start(honours_keys: bool, seed: u64) -> Self {
+    fn start(behaviour: Behaviour, seed: u64) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let ledger = Arc::new(Mutex::new(Ledger {
@@ -109,7 +130,7 @@ impl Service {
                 }
                 let Ok(conn) = conn else { continue };
                 let (l, n) = (l.clone(), counter.fetch_add(1, Ordering::SeqCst));
-                std::thread::spawn(move || serve(conn, &l, honours_keys, mix(seed ^ n)));
+                std::thread::spawn(move || serve(conn, &l, behaviour, mix(seed ^ n)));
             }
         });
         Self { addr, ledger, stop }
@@ -123,7 +144,8 @@ impl Drop for Service {
     }
 }
 
-fn serve(conn: TcpStream, ledger: &Mutex<Ledger>, honours_keys: bool, dice: u64) {
+fn serve(conn: TcpStream, ledger: &Mutex<Ledger>, behaviour: Behaviour, dice: u64) {
+    let honours_keys = behaviour.honours_keys;
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let mut reader = BufReader::new(&conn);
     let mut line = String::new();
@@ -160,6 +182,8 @@ fn serve(conn: TcpStream, ledger: &Mutex<Ledger>, honours_keys: bool, dice: u64)
         }
         if order >= l.applied.len() {
             (404, "{}".to_string())
+        } else if method == "GET" && behaviour.reads_fail {
+            (500, "{\"error\":\"reads are down\"}".to_string())
         } else if method == "GET" {
             (200, format!("{{\"applied\":{}}}", l.applied[order]))
         } else if honours_keys && !key.is_empty() && l.seen_keys.contains(&key) {
@@ -180,7 +204,7 @@ fn serve(conn: TcpStream, ledger: &Mutex<Ledger>, honours_keys: bool, dice: u64)
     if method == "POST" {
         // Answer late, or not at all: the effect above is already applied.
         std::thread::sleep(Duration::from_millis(dice % ANSWER_DELAY_MS_MAX));
-        if dice % 100 < 10 {
+        if dice % 100 < behaviour.ack_loss_percent {
             return;
         }
     }
@@ -428,7 +452,13 @@ fn in_flight(stderr: &str) -> u64 {
 }
 
 fn scenario(name: &str, probe: bool, seed: u64) -> Outcome {
-    let service = Service::start(!probe, seed);
+    let service = Service::start(
+        Behaviour {
+            honours_keys: !probe,
+            ..Behaviour::default()
+        },
+        seed,
+    );
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), service.addr, probe);
     let journal = dir.path().join(".ring0/journal.db");
@@ -592,4 +622,55 @@ fn a_sigkilled_ring0_never_refunds_an_order_twice() {
     );
     // Lost acknowledgements and kills in flight were settled by re-dispatch or probe.
     assert!(reconciled > 0, "no intent was ever reconciled");
+}
+
+/// One `ring0 serve` run against a service that loses every acknowledgement, with the probe
+/// scenario's config; returns the answer to one refund and the journal's record of it.
+fn one_lost_ack(reads_fail: bool) -> (Value, IntentRecord, u32, Value) {
+    let service = Service::start(
+        Behaviour {
+            ack_loss_percent: 100,
+            reads_fail,
+            ..Behaviour::default()
+        },
+        7,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), service.addr, true);
+    let first = run_ring0(dir.path(), &config, 0, &[5], None);
+    let again = run_ring0(dir.path(), &config, 1, &[5], None);
+    let mut records = records(&dir.path().join(".ring0/journal.db"));
+    assert_eq!(records.len(), 1, "one intent");
+    let applied = service.ledger.lock().unwrap().applied[5];
+    (
+        first.answers[&5].clone(),
+        records.remove(0),
+        applied,
+        again.answers[&5].clone(),
+    )
+}
+
+#[test]
+fn a_lost_acknowledgement_is_settled_by_the_probe_without_a_second_refund() {
+    let (answer, record, applied, again) = one_lost_ack(false);
+    assert_eq!(applied, 1);
+    assert_eq!(record.state, IntentState::Acked, "{answer}");
+    assert_eq!(record.attempts, 1, "sent once");
+    assert_eq!(
+        disposition(&answer),
+        Some(Disposition::Recovered),
+        "{answer}"
+    );
+    assert_eq!(disposition(&again), Some(Disposition::Replayed), "{again}");
+}
+
+#[test]
+fn an_inconclusive_probe_leaves_the_refund_to_a_person() {
+    let (answer, record, applied, again) = one_lost_ack(true);
+    assert_eq!(applied, 1);
+    assert_eq!(record.state, IntentState::DeadLetter, "{answer}");
+    assert_eq!(answer["result"]["isError"], json!(true), "{answer}");
+    // Asked again, it is refused rather than sent a second time.
+    assert_eq!(again["result"]["isError"], json!(true), "{again}");
+    assert_eq!(record.attempts, 1, "sent once");
 }
