@@ -326,9 +326,15 @@ async fn run_call(
     // this call only lends it the tool.
     let exec = CallExecutor::new(env, job, ms(env.round_start.elapsed()));
     let dispatches_max = 1 + SETTLE_REDISPATCH_MAX;
-    let settled =
-        ring0_journal::drive_bounded(env.journal.as_ref(), &exec, record.clone(), dispatches_max)
-            .await;
+    // Boxed: the protocol's state machine is large, and run_call's future (which reads share)
+    // should not carry it inline.
+    let settled = Box::pin(ring0_journal::drive_bounded(
+        env.journal.as_ref(),
+        &exec,
+        record.clone(),
+        dispatches_max,
+    ))
+    .await;
     let receipt = match settled {
         Ok(done) => settled_receipt(job, &done, exec.timing()),
         Err(e) if exec.dispatches.load(Ordering::Relaxed) == 0 => rejected(
