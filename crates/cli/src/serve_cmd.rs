@@ -27,6 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 /// How long `serve` waits for upstreams at start before serving without the slow ones.
 const UPSTREAM_START_WAIT: Duration = Duration::from_secs(20);
+/// How long `serve` waits for the catalog to include the upstreams that are up.
+const CATALOG_REBUILD_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -42,6 +44,12 @@ pub struct ServeArgs {
     /// Accept this Host (and origin) besides loopback, for a non-loopback --http bind.
     #[arg(long, value_name = "HOST")]
     allow_host: Vec<String>,
+    /// The user-intent scope of the stdio session (part of every call's identity). By default
+    /// each connection gets a fresh scope. Give a fixed scope for a client that re-proposes its
+    /// calls after a restart (of ring0 or of itself): a mutating call it already made is then
+    /// replayed from the journal, or settled, instead of running again.
+    #[arg(long, value_name = "SCOPE")]
+    scope: Option<String>,
 }
 
 #[derive(Args)]
@@ -75,6 +83,29 @@ fn describe_grants(loaded: &Loaded) -> String {
         .join("; ")
 }
 
+/// The generation holding the tools of every upstream that is up. An upstream publishes its
+/// listing a moment before the gateway's catalog is rebuilt from it; recovery must see the
+/// rebuilt catalog, or it would take the upstream's tools for missing ones.
+async fn settled_generation(gw: &Gateway) -> Arc<ring0_mcp::gateway::Generation> {
+    let deadline = tokio::time::Instant::now() + CATALOG_REBUILD_WAIT;
+    loop {
+        let generation = gw.generation();
+        let complete = gw.upstreams().iter().all(|up| {
+            up.listing().is_none_or(|l| {
+                l.tools.is_empty()
+                    || generation
+                        .tools
+                        .values()
+                        .any(|t| t.upstream.as_deref() == Some(up.alias()))
+            })
+        });
+        if complete || tokio::time::Instant::now() >= deadline {
+            return generation;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 pub fn run(args: ServeArgs) -> Result<String, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let loaded = Config::load(args.config.as_deref(), &cwd).map_err(|e| e.to_string())?;
@@ -93,6 +124,11 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
             "--http {addr} is not a loopback address: name the hosts clients will use with --allow-host"
         ));
     }
+    if args.scope.is_some() && args.http.is_some() {
+        return Err(
+            "--scope applies to the stdio session; HTTP sessions each get their own scope".into(),
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -105,10 +141,6 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
         let approvals = Approvals::new(calls.clone(), log.clone(), false);
         let built = build_kernel(&loaded, Arc::new(McpApprover::new(approvals.clone())))
             .map_err(|e| e.to_string())?;
-        // Settle what an earlier process left open before serving anything new. Intents of
-        // upstream tools are not in this registry: recovery dead-letters them for a person
-        // rather than guessing.
-        crate::call_cmd::recover(&built.kernel).await?;
         let builtins = built
             .kernel
             .registry()
@@ -141,7 +173,12 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
                 "upstream {alias} is not up yet; serving without it for now"
             ));
         }
-        let generation = gw.generation();
+        let generation = settled_generation(&gw).await;
+        // Settle what an earlier process left open before serving anything new, with every
+        // tool the upstreams listed: an upstream tool's intent is settled by its own
+        // settlement (same-key re-dispatch, probe). An intent whose tool is missing (its
+        // upstream is not up) goes to DEAD_LETTER for a person rather than being guessed at.
+        crate::call_cmd::recover(&generation.kernel).await?;
         let where_ = match args.http {
             Some(addr) => format!("http://{addr}{MCP_PATH}"),
             None => "stdio".to_string(),
@@ -173,7 +210,13 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
             }
         ));
         match args.http {
-            None => ring0_mcp::serve_stdio(GatewayServer::new_session(gw, approvals)).await,
+            None => {
+                let server = match &args.scope {
+                    Some(scope) => GatewayServer::new(gw, approvals, scope.clone()),
+                    None => GatewayServer::new_session(gw, approvals),
+                };
+                ring0_mcp::serve_stdio(server).await
+            }
             Some(addr) => {
                 let shutdown = CancellationToken::new();
                 let stop = shutdown.clone();

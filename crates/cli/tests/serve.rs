@@ -414,6 +414,23 @@ fn an_invalid_config_is_refused_at_start_with_the_offending_key() {
     assert!(err.contains("upstreams[0].alias"), "{err}");
 }
 
+#[test]
+fn a_fixed_scope_is_refused_for_http_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
+        .args(["serve", "--http", "127.0.0.1:0", "--scope", "s"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--scope applies to the stdio session"),
+        "{err}"
+    );
+}
+
 // ---- Streamable HTTP ----
 
 struct HttpServer {

@@ -24,7 +24,8 @@
 //! [`ProposeDecision::Recorded`], [`begin_dispatch`] (RECORDED → DISPATCHED with the
 //! pre-dispatch snapshot) before the executor is touched, then [`record_outcome`]
 //! (→ ACKED | FAILED | UNKNOWN), and for UNKNOWN [`settle()`] by the tool's
-//! [`ring0_core::Settlement`]. [`drive`] is that sequence behind an [`Executor`]. On start,
+//! [`ring0_core::Settlement`]. [`drive`] (or [`drive_bounded`]) is that sequence behind an [`Executor`]; the kernel runs
+//! every committed call through it, so the protocol has one implementation. On start,
 //! [`recover`]. Each open of a journal is a new incarnation ([`Journal::incarnation`], stamped on
 //! every record it moves): recovery leaves calls in flight in the current incarnation to their
 //! live owners, so it may run while new calls are being dispatched.
@@ -51,7 +52,7 @@ pub use decide::decide_existing;
 pub use machine::{TransitionError, check, is_allowed};
 pub use memory::MemoryJournal;
 pub use record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
-pub use recovery::{Executor, RecoveryPolicy, RecoveryReport, drive, recover};
+pub use recovery::{Executor, RecoveryPolicy, RecoveryReport, drive, drive_bounded, recover};
 pub use settle::{
     DispatchOutcome, ErrorClass, ProbeVerdict, Settled, begin_dispatch, begin_reconcile,
     cancel_before_dispatch, compensate, record_outcome, settle,

@@ -44,18 +44,35 @@ const DRIVE_STEPS_MAX: u32 = 4 * ATTEMPTS_MAX + 8;
 
 /// Runs an owned record to a settled state: ACKED, FAILED, DEAD_LETTER (or whatever terminal
 /// state it is already in). A DISPATCHED record given here is one a crash left in flight: it
-/// goes to UNKNOWN and is reconciled, never dispatched again blindly.
+/// goes to UNKNOWN and is reconciled, never dispatched again blindly. Dispatches are bounded by
+/// the record's [`ATTEMPTS_MAX`] alone; [`drive_bounded`] takes a tighter budget.
 pub async fn drive(
     journal: &dyn Journal,
     exec: &dyn Executor,
     record: IntentRecord,
 ) -> Result<IntentRecord, JournalError> {
+    drive_bounded(journal, exec, record, u32::MAX).await
+}
+
+/// [`drive`] making at most `dispatches_max` dispatches in this call. When settlement would
+/// dispatch once more (a same-key re-dispatch, or a probe that found the world unchanged) and
+/// the budget is spent, the record goes to DEAD_LETTER instead — a caller answering a model
+/// in real time cannot retry forever, and a person settles what is left.
+pub async fn drive_bounded(
+    journal: &dyn Journal,
+    exec: &dyn Executor,
+    record: IntentRecord,
+    dispatches_max: u32,
+) -> Result<IntentRecord, JournalError> {
     let mut r = record;
+    let mut dispatches: u32 = 0;
     for _ in 0..DRIVE_STEPS_MAX {
         r = match r.state {
+            IntentState::Recorded if dispatches >= dispatches_max => return Ok(r),
             IntentState::Recorded => {
                 let snapshot = exec.snapshot(&r).await;
                 let dispatched = begin_dispatch(journal, &r, snapshot).await?;
+                dispatches += 1;
                 dispatch_once(journal, exec, dispatched).await?
             }
             IntentState::Dispatched => {
@@ -66,12 +83,22 @@ pub async fn drive(
             IntentState::Unknown | IntentState::Reconciling => {
                 let kind = exec.settlement(&r);
                 let reconciling = begin_reconcile(journal, &r).await?;
+                let spent = dispatches >= dispatches_max;
+                if spent && kind == Settlement::IdempotencyKey {
+                    return budget_spent(journal, &reconciling).await;
+                }
                 let verdict = match kind {
                     Settlement::Probe => Some(exec.probe(&reconciling).await),
                     _ => None,
                 };
+                if spent && verdict == Some(ProbeVerdict::Unchanged) {
+                    return budget_spent(journal, &reconciling).await;
+                }
                 match settle(journal, &reconciling, kind, verdict).await? {
-                    Settled::Redispatch(d) => dispatch_once(journal, exec, d).await?,
+                    Settled::Redispatch(d) => {
+                        dispatches += 1;
+                        dispatch_once(journal, exec, d).await?
+                    }
                     Settled::Resumable(x) => x,
                     Settled::Acked(x) | Settled::DeadLetter(x) => return Ok(x),
                 }
@@ -83,6 +110,15 @@ pub async fn drive(
         "intent {} did not settle within {DRIVE_STEPS_MAX} protocol steps (state {})",
         r.id, r.state
     )))
+}
+
+async fn budget_spent(
+    journal: &dyn Journal,
+    reconciling: &IntentRecord,
+) -> Result<IntentRecord, JournalError> {
+    let t = Transition::to(reconciling, IntentState::DeadLetter)
+        .note("re-dispatch budget spent: a person decides");
+    journal.transition(t).await
 }
 
 async fn dispatch_once(

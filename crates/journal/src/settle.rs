@@ -134,13 +134,18 @@ pub async fn begin_dispatch(
 }
 
 /// DISPATCHED → ACKED | FAILED | UNKNOWN from the executor's outcome. The stored receipt carries
-/// the intent's identity and the state it settled in.
+/// the intent's identity and the state it settled in. A record that is not mutating (a read kept
+/// for the audit trail) never goes to UNKNOWN: its failure is FAILED.
 pub async fn record_outcome(
     journal: &dyn Journal,
     dispatched: &IntentRecord,
     outcome: DispatchOutcome,
 ) -> Result<IntentRecord, JournalError> {
     let mut to = outcome.state();
+    // A read has no effect to be unsure about: its failure is never ambiguous.
+    if to == IntentState::Unknown && !dispatched.mutating {
+        to = IntentState::Failed;
+    }
     // A re-dispatch after an ambiguous outcome that now fails "definitely not applied" says
     // nothing about the earlier attempt: the intent as a whole is still unknown.
     let after_ambiguity = dispatched.previous_state() == Some(IntentState::Reconciling);

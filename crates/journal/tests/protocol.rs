@@ -9,7 +9,7 @@ use ring0_core::{Fingerprint, IntentState, Observation, Receipt, SemanticKey, Se
 use ring0_journal::{
     DispatchOutcome, ErrorClass, Executor, IntentRecord, JournalError, ProbeVerdict,
     ProposeDecision, RecoveryPolicy, Settled, Transition, begin_dispatch, compensate, drive,
-    limits::ATTEMPTS_MAX, record_outcome, recover, settle,
+    drive_bounded, limits::ATTEMPTS_MAX, record_outcome, recover, settle,
 };
 use serde_json::{Value, json};
 use std::sync::Mutex;
@@ -490,6 +490,67 @@ async fn drive_resumes_after_a_probe_finds_nothing_happened(b: &mut Backend) {
     );
 }
 
+async fn a_spent_dispatch_budget_dead_letters_instead_of_dispatching_again(b: &mut Backend) {
+    let world = World::new(Settlement::IdempotencyKey, vec![ErrorClass::Timeout]);
+    let r = recorded(b.journal.propose(refund(20, "t1")).await.unwrap());
+    let done = drive_bounded(&*b.journal, &world, r, 1).await.unwrap();
+    assert_eq!(done.state, IntentState::DeadLetter);
+    assert_eq!(world.dispatches.lock().unwrap().len(), 1);
+    let probe = World::new(Settlement::Probe, vec![ErrorClass::ConnectionLost]);
+    let r = recorded(b.journal.propose(refund(21, "t2")).await.unwrap());
+    let done = drive_bounded(&*b.journal, &probe, r, 1).await.unwrap();
+    assert_eq!(
+        done.state,
+        IntentState::DeadLetter,
+        "unchanged, but no budget left"
+    );
+    assert_eq!(*probe.applied.lock().unwrap(), 0);
+}
+
+async fn a_bounded_drive_still_acks_what_a_probe_found(b: &mut Backend) {
+    // The probe needs no dispatch: a spent budget does not stop it from settling ACKED.
+    struct Applied(World);
+    #[async_trait]
+    impl Executor for Applied {
+        fn settlement(&self, r: &IntentRecord) -> Settlement {
+            self.0.settlement(r)
+        }
+        async fn snapshot(&self, r: &IntentRecord) -> Option<Value> {
+            self.0.snapshot(r).await
+        }
+        async fn dispatch(&self, r: &IntentRecord) -> DispatchOutcome {
+            // Applied, then the acknowledgement is lost.
+            *self.0.applied.lock().unwrap() += 1;
+            let _ = self.0.dispatch(r).await;
+            DispatchOutcome::Failed {
+                class: ErrorClass::ConnectionLost,
+                receipt: receipt("lost"),
+            }
+        }
+        async fn probe(&self, r: &IntentRecord) -> ProbeVerdict {
+            self.0.probe(r).await
+        }
+    }
+    let world = Applied(World::new(Settlement::Probe, vec![ErrorClass::Other]));
+    let r = recorded(b.journal.propose(refund(20, "t1")).await.unwrap());
+    let done = drive_bounded(&*b.journal, &world, r, 1).await.unwrap();
+    assert_eq!(done.state, IntentState::Acked);
+    assert_eq!(world.0.dispatches.lock().unwrap().len(), 1);
+}
+
+async fn a_failed_read_is_failed_never_unknown(b: &mut Backend) {
+    let mut p = proposal("stat", json!({"path": "a"}), "s", "c1");
+    p.mutating = false;
+    let r = recorded(b.journal.propose(p).await.unwrap());
+    let d = begin_dispatch(&*b.journal, &r, None).await.unwrap();
+    let failed = DispatchOutcome::Failed {
+        class: ErrorClass::Timeout,
+        receipt: receipt("timed out"),
+    };
+    let done = record_outcome(&*b.journal, &d, failed).await.unwrap();
+    assert_eq!(done.state, IntentState::Failed);
+}
+
 async fn recovery_settles_what_a_crash_left_open_from_the_log_alone(b: &mut Backend) {
     let in_flight = recorded_then(b, "t1", &[IntentState::Dispatched]).await;
     let p = proposal("refund", json!({"order": "o-2"}), "s", "t2");
@@ -657,6 +718,9 @@ on_both_backends!(
     compensation_undoes_an_acked_effect_and_blocks_the_same_epoch,
     drive_settles_a_lost_ack_through_the_same_idempotency_key,
     drive_resumes_after_a_probe_finds_nothing_happened,
+    a_spent_dispatch_budget_dead_letters_instead_of_dispatching_again,
+    a_bounded_drive_still_acks_what_a_probe_found,
+    a_failed_read_is_failed_never_unknown,
     recovery_settles_what_a_crash_left_open_from_the_log_alone,
     recovery_leaves_a_call_in_flight_in_this_process_to_its_owner,
     recovery_may_cancel_what_was_never_dispatched,

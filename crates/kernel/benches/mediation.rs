@@ -4,10 +4,12 @@
 //!
 //! `cargo bench -p ring0-kernel --bench mediation`
 //!
-//! Three shapes are measured:
+//! Four shapes are measured:
 //! - one call per round through `Session::handle_turn` (OpenAI Chat Completions in and out): the
 //!   headline figure, and the one `bench/peers` compares against other frameworks;
 //! - one call per round through `Session::run_round` (no provider parse or render);
+//! - one write per round through `Session::run_round`: committed to the in-memory journal,
+//!   dispatched and settled through the journal's protocol;
 //! - a round of 64 read-only calls in `SafeParallel` through `handle_turn`, reported per call.
 //!
 //! Inputs (turns, rounds, arguments) are built before each timed batch, so only the call is
@@ -43,6 +45,8 @@ const SAMPLES: usize = 21;
 const DIRECT_CALLS_PER_BATCH: usize = 200_000;
 
 const TOOL: &str = "noop";
+/// The same function registered as a write: committed to the journal and settled through it.
+const WRITE_TOOL: &str = "noop_write";
 
 /// The tool: echoes its one integer argument. The same function is registered with the kernel
 /// and awaited directly as the baseline.
@@ -73,6 +77,25 @@ fn session(mode: ExecutionMode) -> Session {
     kernel.open_session(SessionConfig::new("bench").mode(mode))
 }
 
+/// A session whose one tool is a write, so each call is committed to the in-memory journal,
+/// dispatched and settled through the journal's protocol.
+fn write_session() -> Session {
+    let spec = ToolSpec::new(WRITE_TOOL, "returns its argument", schema())
+        .effect(ring0_core::Effect::Idempotent)
+        .authority(ring0_core::Authority::A1)
+        .strategy(&[ring0_core::Strategy::Exploitation])
+        .settlement(ring0_core::Settlement::IdempotencyKey);
+    let kernel = Kernel::builder()
+        .tool(spec, tool_fn(noop))
+        .expect("the benchmark tool registers")
+        .authorizer(Arc::new(GrantTable::allow(
+            &[WRITE_TOOL],
+            ring0_core::Authority::A1,
+        )))
+        .build();
+    kernel.open_session(SessionConfig::new("bench"))
+}
+
 /// An OpenAI Chat Completions assistant turn with calls `first..first + n`. Arguments differ
 /// per call so the exact-repeat guard and the journal see distinct intents, as in a real run.
 fn chat_turn(first: usize, n: usize) -> Value {
@@ -85,12 +108,12 @@ fn chat_turn(first: usize, n: usize) -> Value {
     json!({"role": "assistant", "content": null, "tool_calls": calls})
 }
 
-fn one_call_round(i: usize) -> Round {
+fn one_call_round(i: usize, tool: &str) -> Round {
     Round {
         calls: vec![ProposedCall {
             index: 0,
             call_id: format!("call_{i}"),
-            tool: TOOL.into(),
+            tool: tool.into(),
             arguments: ProposedArguments::Text(format!("{{\"x\":{i}}}")),
         }],
         text: None,
@@ -179,10 +202,16 @@ async fn handle_turn_batch(b: usize, per_round: usize, mode: ExecutionMode) -> (
     (elapsed, rounds * per_round)
 }
 
-async fn run_round_batch(b: usize) -> (Duration, usize) {
-    let session = session(ExecutionMode::SafeParallel);
+async fn run_round_batch(b: usize, write: bool) -> (Duration, usize) {
+    let (session, tool) = if write {
+        (write_session(), WRITE_TOOL)
+    } else {
+        (session(ExecutionMode::SafeParallel), TOOL)
+    };
     let base = b * CALLS_PER_BATCH;
-    let rounds: Vec<Round> = (base..base + CALLS_PER_BATCH).map(one_call_round).collect();
+    let rounds: Vec<Round> = (base..base + CALLS_PER_BATCH)
+        .map(|i| one_call_round(i, tool))
+        .collect();
     let options = RoundOptions::default();
     let mut failed = 0;
     let start = Instant::now();
@@ -221,7 +250,8 @@ fn main() {
         let direct = measure(direct_batch).await;
         let single =
             measure(|b| handle_turn_batch(b, 1, ExecutionMode::SafeParallel)).await;
-        let core = measure(run_round_batch).await;
+        let core = measure(|b| run_round_batch(b, false)).await;
+        let writes = measure(|b| run_round_batch(b, true)).await;
         let round64 =
             measure(|b| handle_turn_batch(b, ROUND_CALLS, ExecutionMode::SafeParallel)).await;
         // The direct figure is measured again at the end: if the machine's speed changed during
@@ -246,6 +276,7 @@ fn main() {
         );
         line("one call per round, handle_turn (OpenAI chat)", &single, d);
         line("one call per round, run_round", &core, d);
+        line("one write per round, run_round (journal)", &writes, d);
         line(
             &format!("{ROUND_CALLS} reads per round, SafeParallel, handle_turn"),
             &round64,

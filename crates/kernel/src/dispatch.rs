@@ -1,10 +1,12 @@
 //! Commit, dispatch and settle: running the planned epochs of one round.
 //!
 //! For each call, in its epoch: commit the intent to the journal (a duplicate, replay or conflict
-//! never reaches the executor), snapshot state for a probe when the tool is settled by one, mark
-//! it DISPATCHED, run it under its timeout, and settle the outcome: ACKED on success, FAILED only
-//! for "definitely not applied" errors, otherwise UNKNOWN followed by reconciliation
-//! (idempotency-key re-dispatch, probe, or DEAD_LETTER for a person).
+//! never reaches the executor), then hand the recorded intent to the journal's settlement
+//! protocol ([`ring0_journal::drive_bounded`]) with the tool as its executor
+//! (the `settle` module): snapshot for a probe, DISPATCHED, run under the timeout, ACKED on
+//! success, FAILED only for "definitely not applied" errors, otherwise UNKNOWN followed by
+//! reconciliation (idempotency-key re-dispatch, probe, or DEAD_LETTER for a person), with at
+//! most [`SETTLE_REDISPATCH_MAX`] re-dispatches while the model waits.
 //!
 //! Inside an epoch, calls run as separate tasks (a panicking tool fails alone), bounded by
 //! `max_concurrent_tools`; calls with equal conflict keys run one after another in source order.
@@ -15,15 +17,16 @@
 use crate::events::Event;
 use crate::plan::Epoch;
 use crate::prepare::Prepared;
-use crate::tool::{CallContext, FailureClass, ProbeVerdict, ToolError};
+use crate::settle::{CallExecutor, bound, ms, run_tool};
+use crate::tool::CallContext;
 use ring0_core::call::RejectionKind;
-use ring0_core::receipt::{CallOutcome, Disposition, TimelineEntry, Timing};
-use ring0_core::{IntentState, Observation, Receipt, Rejection, SemanticKey, Settlement};
-use ring0_journal::{IntentRecord, Journal, Proposal, ProposeDecision, Transition};
-use serde_json::Value;
+use ring0_core::receipt::{CallOutcome, Disposition, Timing};
+use ring0_core::{IntentState, Observation, Receipt, Rejection, SemanticKey};
+use ring0_journal::{IntentRecord, Journal, Proposal, ProposeDecision};
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::{Semaphore, broadcast};
 use tokio_util::sync::CancellationToken;
 
@@ -76,10 +79,6 @@ impl Uncertain {
 fn emit(env: &DispatchEnv, event: Event) {
     // No subscriber is not an error: events are for hosts that want them.
     let _ = env.events.send(event);
-}
-
-fn ms(d: Duration) -> u64 {
-    d.as_millis().min(u64::MAX as u128) as u64
 }
 
 /// Runs the epochs in order. Returns one receipt per job, keyed by the job's position.
@@ -186,89 +185,6 @@ fn rejected(job: &Prepared, kind: RejectionKind, message: String) -> Receipt {
     )
 }
 
-/// The raw result of one execution attempt.
-enum Attempt {
-    Ok(Observation),
-    Failed(ToolError),
-}
-
-async fn attempt(env: &DispatchEnv, job: &Prepared, record: Option<&IntentRecord>) -> Attempt {
-    let spec = &job.tool.spec;
-    let cancel = env.cancel.child_token();
-    let ctx = CallContext {
-        call_id: job.call.call_id.clone(),
-        intent_id: record.map(|r| r.id.to_string()),
-        idempotency_key: record
-            .filter(|r| r.mutating)
-            .map(|r| r.idempotency_key.clone()),
-        scope: env.scope.clone(),
-        cancel: cancel.clone(),
-        timeout_ms: spec.timeout_ms,
-        events: crate::tool::EventSink(env.events.clone()),
-    };
-    let tool = job.tool.tool.clone();
-    let args = job.call.args.clone();
-    // Its own task: a panic is this call's failure, not the round's.
-    let task = tokio::spawn(async move { tool.call(ctx, args).await });
-    let abort = task.abort_handle();
-    match tokio::time::timeout(Duration::from_millis(spec.timeout_ms), task).await {
-        Ok(Ok(Ok(obs))) => Attempt::Ok(obs),
-        Ok(Ok(Err(e))) => Attempt::Failed(e),
-        Ok(Err(join)) => Attempt::Failed(ToolError::unknown(format!("the tool crashed: {join}"))),
-        Err(_) => {
-            cancel.cancel();
-            abort.abort();
-            Attempt::Failed(ToolError::unknown(format!(
-                "timed out after {} ms",
-                spec.timeout_ms
-            )))
-        }
-    }
-}
-
-/// Cuts observation text to the tool's budget on a UTF-8 boundary, saying so; never silently.
-fn bound(mut obs: Observation, budget: usize) -> Observation {
-    if obs.text.len() > budget {
-        let total = obs.text.len();
-        let mut cut = budget.saturating_sub(96).min(total);
-        while !obs.text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        obs.text.truncate(cut);
-        obs.text.push_str(&format!(
-            "\n[ring0: output cut to {cut} of {total} bytes by the observation budget]"
-        ));
-    }
-    if let Some(structured) = &obs.structured {
-        let size = structured.to_string().len();
-        if size > budget {
-            obs.structured = None;
-            obs.text.push_str(&format!(
-                "\n[ring0: structured result of {size} bytes exceeds the observation budget of {budget} bytes and was withheld]"
-            ));
-        }
-    }
-    obs
-}
-
-/// Moves a record, returning the updated record, or a fail-closed rejection text.
-async fn step(
-    env: &DispatchEnv,
-    record: &IntentRecord,
-    to: IntentState,
-    note: Option<String>,
-    receipt: Option<Receipt>,
-    snapshot: Option<Value>,
-) -> Result<IntentRecord, String> {
-    let mut t = Transition::to(record, to).snapshot(snapshot);
-    t.note = note;
-    t.receipt = receipt;
-    env.journal
-        .transition(t)
-        .await
-        .map_err(|e| format!("journal refused {} → {to}: {e}", record.state))
-}
-
 fn receipt_from(
     job: &Prepared,
     record: &IntentRecord,
@@ -292,39 +208,23 @@ fn receipt_from(
     }
 }
 
-/// Stores the final receipt with the final transition, and returns it with the journal's timeline.
-#[allow(clippy::too_many_arguments)] // one call site per outcome; a struct would only rename them
-async fn finish(
-    env: &DispatchEnv,
-    job: &Prepared,
-    record: &IntentRecord,
-    to: IntentState,
-    note: Option<String>,
-    disposition: Disposition,
-    outcome: CallOutcome,
-    timing: Timing,
-) -> Receipt {
-    let mut provisional = receipt_from(job, record, disposition, outcome.clone(), timing);
-    provisional.state = Some(to);
-    provisional.revision = record.fence + 1;
-    provisional.timeline.push(TimelineEntry {
-        state: to,
-        at_ms: 0,
-        note: note.clone(),
-    });
-    match step(env, record, to, note, Some(provisional.clone()), None).await {
-        Ok(updated) => receipt_from(job, &updated, disposition, outcome, timing),
-        Err(why) => {
-            // The effect happened (or not) but the log could not say so: report it as unsettled.
-            provisional.outcome = CallOutcome::Failed {
-                message: why,
-                uncertain: true,
-                observation: None,
-            };
-            provisional.state = Some(record.state);
-            provisional
-        }
+/// The receipt of a call as the journal settled it: the stored receipt with the record's
+/// final state, revision and timeline, answering this call. A failure that did not end FAILED
+/// may have had an effect, whatever the attempt that produced it said.
+fn settled_receipt(job: &Prepared, record: &IntentRecord, timing: Timing) -> Receipt {
+    let Some(stored) = record.receipt.clone() else {
+        return unsettled(
+            job,
+            record,
+            format!("the intent ended {} without a receipt", record.state),
+            timing,
+        );
+    };
+    let mut receipt = receipt_from(job, record, stored.disposition, stored.outcome, timing);
+    if let CallOutcome::Failed { uncertain, .. } = &mut receipt.outcome {
+        *uncertain = record.state != IntentState::Failed;
     }
+    receipt
 }
 
 async fn run_call(
@@ -403,6 +303,7 @@ async fn run_call(
             });
             receipt.call_id = job.call.call_id.clone();
             receipt.index = job.call.index;
+            receipt.timeline = record.timeline.clone();
             receipt.disposition = Disposition::Replayed;
             receipt.timing = Timing::default();
             return receipt;
@@ -413,201 +314,44 @@ async fn run_call(
     };
     if !announce_start(env, job, epoch_no) {
         // Cancelled between commit and dispatch: nothing external was touched.
-        let _ = step(
-            env,
+        let _ = ring0_journal::cancel_before_dispatch(
+            env.journal.as_ref(),
             &record,
-            IntentState::RejectedConflict,
-            Some("cancelled before dispatch".into()),
-            None,
-            None,
+            "cancelled before dispatch",
         )
         .await;
         return cancelled(job);
     }
-    let queued_ms = ms(env.round_start.elapsed());
-    let snapshot = if spec.settlement == Settlement::Probe {
-        job.tool.tool.snapshot(&job.call.args).await
-    } else {
-        None
-    };
-    let mut record = match step(env, &record, IntentState::Dispatched, None, None, snapshot).await {
-        Ok(r) => r,
-        Err(why) => return rejected(job, RejectionKind::JournalUnavailable, why),
-    };
-    let started = Instant::now();
-    let mut redispatches = 0;
-    let mut disposition = Disposition::Dispatched;
-    let receipt = loop {
-        let result = attempt(env, job, Some(&record)).await;
-        let timing = Timing {
-            queued_ms,
-            run_ms: ms(started.elapsed()),
-        };
-        let error = match result {
-            Attempt::Ok(obs) => {
-                let obs = bound(obs, spec.observation_budget_bytes);
-                break finish(
-                    env,
-                    job,
-                    &record,
-                    IntentState::Acked,
-                    None,
-                    disposition,
-                    CallOutcome::Completed { observation: obs },
-                    timing,
-                )
-                .await;
-            }
-            Attempt::Failed(e) => e,
-        };
-        // A read has no effect, so its failure is never ambiguous. A definite failure of a
-        // same-key re-dispatch says nothing about the first, ambiguous attempt: still unknown.
-        let first_still_unknown = redispatches > 0 && spec.settlement == Settlement::IdempotencyKey;
-        if (error.class == FailureClass::NotApplied && !first_still_unknown) || !mutating {
-            break finish(
-                env,
+    // The protocol (dispatch, record the outcome, reconcile an ambiguous one) is the journal's;
+    // this call only lends it the tool.
+    let exec = CallExecutor::new(env, job, ms(env.round_start.elapsed()));
+    let dispatches_max = 1 + SETTLE_REDISPATCH_MAX;
+    // Boxed: the protocol's state machine is large, and run_call's future (which reads share)
+    // should not carry it inline.
+    let settled = Box::pin(ring0_journal::drive_bounded(
+        env.journal.as_ref(),
+        &exec,
+        record.clone(),
+        dispatches_max,
+    ))
+    .await;
+    let receipt = match settled {
+        Ok(done) => settled_receipt(job, &done, exec.timing()),
+        Err(e) if exec.dispatches.load(Ordering::Relaxed) == 0 => rejected(
+            job,
+            RejectionKind::JournalUnavailable,
+            format!("the journal refused to dispatch the intent, so nothing was run: {e}"),
+        ),
+        Err(e) => {
+            // The effect happened (or not) but the log could not say so: report it as unsettled.
+            let now = env.journal.get(record.id).await.ok().flatten();
+            unsettled(
                 job,
-                &record,
-                IntentState::Failed,
-                Some(error.message.clone()),
-                disposition,
-                CallOutcome::Failed {
-                    message: error.message,
-                    uncertain: false,
-                    observation: error
-                        .observation
-                        .map(|o| bound(o, spec.observation_budget_bytes)),
-                },
-                timing,
+                now.as_ref().unwrap_or(&record),
+                format!("the journal could not settle the call: {e}"),
+                exec.timing(),
             )
-            .await;
         }
-        // Ambiguous: settle, never retry from model memory.
-        record = match step(
-            env,
-            &record,
-            IntentState::Unknown,
-            Some(error.message.clone()),
-            None,
-            None,
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(why) => break unsettled(job, &record, why, timing),
-        };
-        let failed = |message: String| CallOutcome::Failed {
-            message,
-            uncertain: true,
-            observation: error
-                .observation
-                .clone()
-                .map(|o| bound(o, spec.observation_budget_bytes)),
-        };
-        if spec.settlement == Settlement::None {
-            break finish(
-                env,
-                job,
-                &record,
-                IntentState::DeadLetter,
-                Some("no settlement declared: a person must decide".into()),
-                disposition,
-                failed(error.message.clone()),
-                timing,
-            )
-            .await;
-        }
-        record = match step(env, &record, IntentState::Reconciling, None, None, None).await {
-            Ok(r) => r,
-            Err(why) => break unsettled(job, &record, why, timing),
-        };
-        let redispatch = match spec.settlement {
-            Settlement::IdempotencyKey => redispatches < SETTLE_REDISPATCH_MAX,
-            Settlement::Probe => {
-                match job
-                    .tool
-                    .tool
-                    .probe(&job.call.args, record.snapshot.as_ref())
-                    .await
-                {
-                    ProbeVerdict::Applied(obs) => {
-                        let obs = *obs;
-                        break finish(
-                            env,
-                            job,
-                            &record,
-                            IntentState::Acked,
-                            Some("probe: postcondition holds".into()),
-                            Disposition::Recovered,
-                            CallOutcome::Completed {
-                                observation: bound(obs, spec.observation_budget_bytes),
-                            },
-                            timing,
-                        )
-                        .await;
-                    }
-                    ProbeVerdict::Unchanged if redispatches < SETTLE_REDISPATCH_MAX => {
-                        record = match step(
-                            env,
-                            &record,
-                            IntentState::Recorded,
-                            Some("probe: unchanged since snapshot".into()),
-                            None,
-                            None,
-                        )
-                        .await
-                        {
-                            Ok(r) => r,
-                            Err(why) => break unsettled(job, &record, why, timing),
-                        };
-                        true
-                    }
-                    ProbeVerdict::Unchanged => false,
-                    ProbeVerdict::Indeterminate(why) => {
-                        break finish(
-                            env,
-                            job,
-                            &record,
-                            IntentState::DeadLetter,
-                            Some(format!("probe indeterminate: {why}")),
-                            disposition,
-                            failed(error.message.clone()),
-                            timing,
-                        )
-                        .await;
-                    }
-                }
-            }
-            Settlement::None => unreachable!("handled above"),
-        };
-        if !redispatch {
-            break finish(
-                env,
-                job,
-                &record,
-                IntentState::DeadLetter,
-                Some("re-dispatch budget spent".into()),
-                disposition,
-                failed(error.message.clone()),
-                timing,
-            )
-            .await;
-        }
-        redispatches += 1;
-        disposition = Disposition::Recovered;
-        record = match step(
-            env,
-            &record,
-            IntentState::Dispatched,
-            Some("re-dispatch with the same idempotency key".into()),
-            None,
-            None,
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(why) => break unsettled(job, &record, why, timing),
-        };
     };
     let still_uncertain = receipt.state.is_some_and(IntentState::is_uncertain)
         || matches!(
@@ -670,13 +414,28 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
     }
     let queued_ms = ms(env.round_start.elapsed());
     let started = Instant::now();
-    let result = attempt(env, job, None).await;
+    let ctx = CallContext {
+        call_id: job.call.call_id.clone(),
+        intent_id: None,
+        idempotency_key: None,
+        scope: env.scope.clone(),
+        cancel: env.cancel.child_token(),
+        timeout_ms: spec.timeout_ms,
+        events: crate::tool::EventSink(env.events.clone()),
+    };
+    let result = run_tool(
+        job.tool.tool.clone(),
+        ctx,
+        job.call.args.clone(),
+        spec.timeout_ms,
+    )
+    .await;
     let timing = Timing {
         queued_ms,
         run_ms: ms(started.elapsed()),
     };
     let (state, outcome) = match result {
-        Attempt::Ok(obs) => {
+        Ok(obs) => {
             let observation = bound(obs, spec.observation_budget_bytes);
             if memoizable && !observation.is_error {
                 // A failed store only costs a future cache miss.
@@ -687,7 +446,7 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
             }
             (IntentState::Acked, CallOutcome::Completed { observation })
         }
-        Attempt::Failed(e) => (
+        Err((_, e)) => (
             IntentState::Failed,
             CallOutcome::Failed {
                 message: e.message,

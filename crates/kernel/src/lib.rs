@@ -71,6 +71,7 @@ pub mod project;
 mod recover;
 pub mod registry;
 mod session;
+mod settle;
 pub mod stream;
 mod streaming;
 pub mod tool;

@@ -8,44 +8,26 @@
 //! before serving.
 
 use crate::registry::Registry;
-use crate::tool::{CallContext, EventSink, FailureClass, ProbeVerdict};
+use crate::settle::{ReceiptOrigin, dispatch_outcome, ms, probe, run_tool, snapshot};
+use crate::tool::{CallContext, EventSink, ToolError};
 use async_trait::async_trait;
-use ring0_core::receipt::{CallOutcome, Disposition, Timing};
-use ring0_core::{Observation, Receipt, Settlement};
+use ring0_core::Settlement;
+use ring0_core::receipt::{Disposition, Timing};
 use ring0_journal::IntentRecord;
 use ring0_journal::recovery::Executor;
-use ring0_journal::settle::{DispatchOutcome, ErrorClass, ProbeVerdict as JournalVerdict};
+use ring0_journal::settle::{DispatchOutcome, ErrorClass, ProbeVerdict};
 use serde_json::Value;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// The registered tools as the journal's executor for records found in the log.
 pub(crate) struct RegistryExecutor<'a> {
     pub registry: &'a Registry,
 }
 
 fn args_of(record: &IntentRecord) -> Value {
     serde_json::from_str(&record.canonical_args).unwrap_or(Value::Null)
-}
-
-fn receipt(record: &IntentRecord, outcome: CallOutcome, run_ms: u64) -> Receipt {
-    Receipt {
-        call_id: record.call_ids.last().cloned().unwrap_or_default(),
-        index: 0,
-        tool: record.tool.clone(),
-        intent_id: Some(record.id.to_string()),
-        semantic_key: Some(record.semantic_key),
-        idempotency_key: Some(record.idempotency_key.clone()),
-        state: Some(record.state),
-        revision: record.fence,
-        timeline: Vec::new(),
-        disposition: Disposition::Recovered,
-        outcome,
-        timing: Timing {
-            queued_ms: 0,
-            run_ms,
-        },
-    }
 }
 
 #[async_trait]
@@ -59,93 +41,73 @@ impl Executor for RegistryExecutor<'_> {
 
     async fn snapshot(&self, record: &IntentRecord) -> Option<Value> {
         let tool = self.registry.get(&record.tool)?;
-        if tool.spec.settlement != Settlement::Probe {
-            return None;
-        }
-        tool.tool.snapshot(&args_of(record)).await
+        snapshot(tool.tool.as_ref(), tool.spec.settlement, &args_of(record)).await
     }
 
     async fn dispatch(&self, record: &IntentRecord) -> DispatchOutcome {
+        let call_id = record.last_call_id();
         let Some(tool) = self.registry.get(&record.tool) else {
-            let message = format!("tool {:?} is no longer registered", record.tool);
-            return DispatchOutcome::Failed {
-                class: ErrorClass::RejectedUpstream,
-                receipt: receipt(
-                    record,
-                    CallOutcome::Failed {
-                        message,
-                        uncertain: false,
-                        observation: None,
-                    },
-                    0,
-                ),
+            let origin = ReceiptOrigin {
+                call_id,
+                index: 0,
+                tool: &record.tool,
+                disposition: Disposition::Recovered,
+                timing: Timing::default(),
+                budget_bytes: usize::MAX,
             };
+            let message = format!("tool {:?} is no longer registered", record.tool);
+            return dispatch_outcome(
+                record,
+                origin,
+                Err((
+                    ErrorClass::RejectedUpstream,
+                    ToolError::not_applied(message),
+                )),
+            );
         };
         let ctx = CallContext {
-            call_id: record.call_ids.last().cloned().unwrap_or_default(),
+            call_id: call_id.to_string(),
             intent_id: Some(record.id.to_string()),
-            idempotency_key: Some(record.idempotency_key.clone()),
+            idempotency_key: record.mutating.then(|| record.idempotency_key.clone()),
             scope: Arc::from(record.scope.as_str()),
             cancel: CancellationToken::new(),
             timeout_ms: tool.spec.timeout_ms,
             events: EventSink::detached(),
         };
         let started = Instant::now();
-        let run = tool.tool.call(ctx, args_of(record));
-        let result = tokio::time::timeout(Duration::from_millis(tool.spec.timeout_ms), run).await;
-        let run_ms = started.elapsed().as_millis() as u64;
-        match result {
-            Ok(Ok(observation)) => DispatchOutcome::Applied(receipt(
-                record,
-                CallOutcome::Completed { observation },
-                run_ms,
-            )),
-            Ok(Err(e)) => DispatchOutcome::Failed {
-                class: match e.class {
-                    FailureClass::NotApplied => ErrorClass::RejectedUpstream,
-                    FailureClass::Unknown => ErrorClass::Other,
-                },
-                receipt: receipt(
-                    record,
-                    CallOutcome::Failed {
-                        uncertain: e.class == FailureClass::Unknown,
-                        message: e.message,
-                        observation: e.observation,
-                    },
-                    run_ms,
-                ),
+        let result = run_tool(
+            tool.tool.clone(),
+            ctx,
+            args_of(record),
+            tool.spec.timeout_ms,
+        )
+        .await;
+        let origin = ReceiptOrigin {
+            call_id,
+            index: 0,
+            tool: &record.tool,
+            disposition: Disposition::Recovered,
+            timing: Timing {
+                queued_ms: 0,
+                run_ms: ms(started.elapsed()),
             },
-            Err(_) => DispatchOutcome::Failed {
-                class: ErrorClass::Timeout,
-                receipt: receipt(
-                    record,
-                    CallOutcome::Failed {
-                        message: format!("timed out after {} ms", tool.spec.timeout_ms),
-                        uncertain: true,
-                        observation: None,
-                    },
-                    run_ms,
-                ),
-            },
-        }
+            budget_bytes: tool.spec.observation_budget_bytes,
+        };
+        dispatch_outcome(record, origin, result)
     }
 
-    async fn probe(&self, record: &IntentRecord) -> JournalVerdict {
+    async fn probe(&self, record: &IntentRecord) -> ProbeVerdict {
         let Some(tool) = self.registry.get(&record.tool) else {
-            return JournalVerdict::Diverged {
+            return ProbeVerdict::Diverged {
                 detail: format!("tool {:?} is no longer registered", record.tool),
             };
         };
-        match tool
-            .tool
-            .probe(&args_of(record), record.snapshot.as_ref())
-            .await
-        {
-            ProbeVerdict::Applied(obs) => JournalVerdict::PostconditionHolds {
-                evidence: serde_json::to_value::<&Observation>(&obs).ok(),
-            },
-            ProbeVerdict::Unchanged => JournalVerdict::Unchanged,
-            ProbeVerdict::Indeterminate(detail) => JournalVerdict::Diverged { detail },
-        }
+        probe(
+            tool.tool.as_ref(),
+            &args_of(record),
+            record,
+            tool.spec.observation_budget_bytes,
+        )
+        .await
     }
 }

@@ -22,6 +22,10 @@
 //! effect = "nullipotent"
 //! authority = "A0"
 //! strategy = ["exploration"]
+//! [upstreams.tools.refund]
+//! effect = "non_idempotent"
+//! settlement = "probe"               # an ambiguous outcome is settled by …
+//! probe = "refund_status"            # … this nullipotent tool of the same server
 //! ```
 
 use crate::limits::{CALL_IDLE_TIMEOUT_DEFAULT, CALL_MAX_TIMEOUT_DEFAULT};
@@ -97,6 +101,11 @@ pub struct ToolOverride {
     pub deterministic: Option<bool>,
     /// Accept arguments the schema does not name (ring0 closes schemas by default).
     pub open_schema: Option<bool>,
+    /// A nullipotent tool of the same upstream (its unqualified name) that settles an ambiguous
+    /// outcome of this tool: called for a snapshot before each dispatch and for a verdict after
+    /// an UNKNOWN outcome (see `docs/config.md`, "Reconciliation probes"). Needs
+    /// `settlement = "probe"`.
+    pub probe: Option<String>,
 }
 
 /// How the server is reached.
@@ -153,7 +162,8 @@ impl UpstreamConfig {
                 observation_budget_bytes,
                 track_exact_repeats,
                 deterministic,
-                open_schema
+                open_schema,
+                probe
             );
         }
         out
@@ -209,6 +219,27 @@ pub fn validate(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
             ));
         }
         for (name, o) in &u.tools {
+            if let Some(probe) = &o.probe {
+                let key = format!("tools.{name}.probe");
+                if name == "*" {
+                    return Err(err(
+                        &key,
+                        "a probe belongs to one tool, not to \"*\"".into(),
+                    ));
+                }
+                if probe.trim().is_empty() || probe == name {
+                    return Err(err(
+                        &key,
+                        format!("{probe:?} must name another tool of this upstream"),
+                    ));
+                }
+                if u.override_for(name).settlement != Some(Settlement::Probe) {
+                    return Err(err(
+                        &key,
+                        "a probe is only used with settlement = \"probe\"".into(),
+                    ));
+                }
+            }
             if let Some(b) = o.observation_budget_bytes
                 && !(ring0_shape::config::BUDGET_BYTES_MIN..=ring0_shape::config::BUDGET_BYTES_MAX)
                     .contains(&b)
@@ -225,4 +256,43 @@ pub fn validate(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(tools: &str) -> UpstreamConfig {
+        let text = format!("alias = \"pay\"\ncommand = \"pay-server\"\n{tools}");
+        toml::from_str(&text).expect("upstream config")
+    }
+
+    #[test]
+    fn a_probe_with_probe_settlement_is_accepted_and_inherited_by_nothing_else() {
+        let u = upstream(
+            "[tools.refund]\nsettlement = \"probe\"\nprobe = \"refund_status\"\n[tools.\"*\"]\nauthority = \"A2\"\n",
+        );
+        assert_eq!(validate(std::slice::from_ref(&u)), Ok(()));
+        assert_eq!(
+            u.override_for("refund").probe.as_deref(),
+            Some("refund_status")
+        );
+        assert_eq!(u.override_for("charge").probe, None);
+    }
+
+    #[test]
+    fn a_probe_without_probe_settlement_is_refused_naming_the_key() {
+        let u = upstream("[tools.refund]\nsettlement = \"idempotency_key\"\nprobe = \"status\"\n");
+        let e = validate(&[u]).unwrap_err();
+        assert_eq!(e.key, "tools.refund.probe");
+        assert!(e.why.contains("settlement = \"probe\""), "{e}");
+    }
+
+    #[test]
+    fn a_probe_for_every_tool_or_for_itself_is_refused() {
+        let star = upstream("[tools.\"*\"]\nsettlement = \"probe\"\nprobe = \"status\"\n");
+        assert_eq!(validate(&[star]).unwrap_err().key, "tools.*.probe");
+        let own = upstream("[tools.refund]\nsettlement = \"probe\"\nprobe = \"refund\"\n");
+        assert_eq!(validate(&[own]).unwrap_err().key, "tools.refund.probe");
+    }
 }

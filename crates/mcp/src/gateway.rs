@@ -22,7 +22,8 @@ use ring0_core::observation::Provenance;
 use ring0_core::{Authority, Effect, Observation, Strategy, StrategySet, ToolSpec};
 use ring0_journal::Journal;
 use ring0_kernel::{
-    AuthDecision, AuthRequest, Authorizer, CallContext, Kernel, SessionInfo, Tool, ToolError,
+    AuthDecision, AuthRequest, Authorizer, CallContext, Kernel, ProbeVerdict, SessionInfo, Tool,
+    ToolError,
 };
 use ring0_shape::SpillStore;
 use serde_json::{Map, Value, json};
@@ -136,6 +137,102 @@ struct UpstreamExecutor {
     output_schema: Option<Arc<Validator>>,
     forward: ForwardConfig,
     calls: Arc<Calls>,
+    /// The reconciliation probe: a nullipotent tool of the same upstream (config `probe`).
+    probe: Option<String>,
+    /// Bound on one probe or snapshot call, the tool's own timeout.
+    timeout_ms: u64,
+    log: Log,
+}
+
+/// The phase argument a probe tool receives before dispatch.
+pub const PROBE_PHASE_SNAPSHOT: &str = "snapshot";
+/// The phase argument a probe tool receives to settle an ambiguous outcome.
+pub const PROBE_PHASE_PROBE: &str = "probe";
+
+impl UpstreamExecutor {
+    /// Calls the probe tool and returns the JSON object it answered (its `structuredContent`,
+    /// or its text parsed as JSON), or why there is none.
+    async fn ask_probe(&self, probe: &str, arguments: Value) -> Result<Value, String> {
+        // The probe is held to the same pins as any tool: one the upstream no longer lists, or
+        // whose definition changed since it was approved, is not asked.
+        let listing = self.upstream.listing();
+        match listing
+            .as_ref()
+            .and_then(|l| l.tools.iter().find(|t| t.name == probe))
+        {
+            None => return Err(format!("probe {probe:?} is not listed by the upstream")),
+            Some(t) => {
+                if let PinVerdict::Quarantined(why) = &t.verdict {
+                    return Err(format!("probe {probe:?} is quarantined: {why}"));
+                }
+            }
+        }
+        let ctx = CallContext {
+            call_id: format!("ring0-probe-{}", uuid::Uuid::new_v4().simple()),
+            intent_id: None,
+            idempotency_key: None,
+            scope: Arc::from("ring0-probe"),
+            cancel: tokio_util::sync::CancellationToken::new(),
+            timeout_ms: self.timeout_ms,
+            events: ring0_kernel::EventSink::detached(),
+        };
+        let run = self
+            .upstream
+            .call(probe, arguments, &ctx, None, None, &self.forward);
+        let obs = match tokio::time::timeout(Duration::from_millis(self.timeout_ms), run).await {
+            Err(_) => {
+                return Err(format!(
+                    "probe {probe:?} timed out after {} ms",
+                    self.timeout_ms
+                ));
+            }
+            Ok(Err(e)) => return Err(format!("probe {probe:?} failed: {}", e.message)),
+            Ok(Ok(obs)) => obs,
+        };
+        if obs.is_error {
+            return Err(format!("probe {probe:?} answered an error: {}", obs.text));
+        }
+        let answer = match obs.structured {
+            Some(v) => v,
+            None => serde_json::from_str(obs.text.trim())
+                .map_err(|_| format!("probe {probe:?} answered no JSON object"))?,
+        };
+        if !answer.is_object() {
+            return Err(format!("probe {probe:?} answered no JSON object"));
+        }
+        Ok(answer)
+    }
+}
+
+/// Reads a probe tool's verdict. Anything but the two recognized verdicts is inconclusive.
+fn probe_verdict(answer: &Value) -> ProbeVerdict {
+    match answer.get("verdict").and_then(Value::as_str) {
+        Some("applied") => {
+            let mut text = "the reconciliation probe found the effect".to_string();
+            if let Some(evidence) = answer.get("evidence") {
+                text.push_str(&format!(": {evidence}"));
+            }
+            let mut obs = Observation::text(text);
+            obs.structured = answer.get("evidence").cloned();
+            ProbeVerdict::Applied(Box::new(obs))
+        }
+        Some("unchanged") => ProbeVerdict::Unchanged,
+        _ => ProbeVerdict::Indeterminate(format!(
+            "the probe's answer is not a recognized verdict: {}",
+            bounded_text(&answer.to_string(), 512)
+        )),
+    }
+}
+
+fn bounded_text(s: &str, max_bytes: usize) -> String {
+    if s.len() <= max_bytes {
+        return s.to_string();
+    }
+    let mut cut = max_bytes;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} bytes in all)", &s[..cut], s.len())
 }
 
 #[async_trait]
@@ -152,6 +249,43 @@ impl Tool for UpstreamExecutor {
                 &self.forward,
             )
             .await
+    }
+
+    /// The probe tool's `state` for these arguments. No snapshot (no probe, an error, no
+    /// `state`) means a later "unchanged" verdict cannot be trusted: the journal dead-letters it.
+    async fn snapshot(&self, args: &Value) -> Option<Value> {
+        let probe = self.probe.as_deref()?;
+        let arguments = json!({"phase": PROBE_PHASE_SNAPSHOT, "arguments": args});
+        match self.ask_probe(probe, arguments).await {
+            Ok(answer) => answer.get("state").cloned(),
+            Err(why) => {
+                // Not fatal to the call: without a snapshot an "unchanged" verdict is refused.
+                self.log.line(&format!(
+                    "[{}] no snapshot for {}: {why}",
+                    self.upstream.alias(),
+                    self.tool
+                ));
+                None
+            }
+        }
+    }
+
+    async fn probe(&self, args: &Value, snapshot: Option<&Value>) -> ProbeVerdict {
+        let Some(probe) = self.probe.as_deref() else {
+            return ProbeVerdict::Indeterminate(format!(
+                "upstream tool {:?} declares no probe",
+                self.tool
+            ));
+        };
+        let arguments = json!({
+            "phase": PROBE_PHASE_PROBE,
+            "arguments": args,
+            "snapshot": snapshot.cloned().unwrap_or(Value::Null),
+        });
+        match self.ask_probe(probe, arguments).await {
+            Ok(answer) => probe_verdict(&answer),
+            Err(why) => ProbeVerdict::Indeterminate(why),
+        }
     }
 }
 
@@ -491,6 +625,9 @@ fn build(
                     },
                 },
                 calls: env.calls.clone(),
+                probe: up.config.override_for(&t.name).probe,
+                timeout_ms: spec.timeout_ms,
+                log: log.clone(),
             });
             let candidate = Kernel::builder().tool(spec.clone(), executor.clone());
             if let Err(e) = candidate {
@@ -526,5 +663,42 @@ fn build(
         tools,
         quarantined,
         gate,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_applied_verdict_carries_its_evidence() {
+        let v = probe_verdict(&json!({"verdict": "applied", "evidence": {"applied": 1}}));
+        let ProbeVerdict::Applied(obs) = v else {
+            panic!("expected Applied, got {v:?}")
+        };
+        assert_eq!(obs.structured, Some(json!({"applied": 1})));
+    }
+
+    #[test]
+    fn unchanged_is_recognized() {
+        assert_eq!(
+            probe_verdict(&json!({"verdict": "unchanged"})),
+            ProbeVerdict::Unchanged
+        );
+    }
+
+    #[test]
+    fn any_other_answer_is_inconclusive() {
+        for answer in [
+            json!({"verdict": "diverged"}),
+            json!({"verdict": "Applied"}),
+            json!({"verdict": true}),
+            json!({"state": 1}),
+        ] {
+            assert!(
+                matches!(probe_verdict(&answer), ProbeVerdict::Indeterminate(_)),
+                "{answer}"
+            );
+        }
     }
 }

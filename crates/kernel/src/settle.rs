@@ -1,0 +1,267 @@
+//! Settle: the kernel's tools as the journal's [`Executor`].
+//!
+//! The settlement protocol itself — RECORDED → DISPATCHED → ACKED | FAILED | UNKNOWN →
+//! RECONCILING → re-dispatch with the same idempotency key, probe, or DEAD_LETTER — has one
+//! implementation, [`ring0_journal::drive`]. This module only supplies what the protocol needs
+//! from the world: running a registered [`Tool`] under its timeout in its own task (a panic is
+//! that call's failure), classifying the result into a [`DispatchOutcome`], taking the tool's
+//! pre-dispatch snapshot and translating its probe verdict.
+//!
+//! Two executors share that code: `CallExecutor` here, for a call of a live round (receipts
+//! carry the model's call id, position and timing), and the registry executor of
+//! [`Kernel::recover`](crate::Kernel::recover), for records recovery finds in the log.
+
+use crate::dispatch::DispatchEnv;
+use crate::prepare::Prepared;
+use crate::tool::{CallContext, EventSink, FailureClass, ProbeVerdict, Tool, ToolError};
+use async_trait::async_trait;
+use ring0_core::receipt::{CallOutcome, Disposition, Timing};
+use ring0_core::{IntentState, Observation, Receipt, Settlement};
+use ring0_journal::IntentRecord;
+use ring0_journal::recovery::Executor;
+use ring0_journal::settle::{DispatchOutcome, ErrorClass, ProbeVerdict as JournalVerdict};
+use serde_json::Value;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Runs one attempt of a tool call in its own task, under `timeout_ms`. On timeout the call's
+/// cancellation token is cancelled and the task aborted.
+pub(crate) async fn run_tool(
+    tool: Arc<dyn Tool>,
+    ctx: CallContext,
+    args: Value,
+    timeout_ms: u64,
+) -> Result<Observation, (ErrorClass, ToolError)> {
+    let cancel = ctx.cancel.clone();
+    // Its own task: a panic is this call's failure, not the round's.
+    let task = tokio::spawn(async move { tool.call(ctx, args).await });
+    let abort = task.abort_handle();
+    match tokio::time::timeout(Duration::from_millis(timeout_ms), task).await {
+        Ok(Ok(Ok(obs))) => Ok(obs),
+        Ok(Ok(Err(e))) => Err((error_class(&e), e)),
+        Ok(Err(join)) => Err((
+            ErrorClass::Other,
+            ToolError::unknown(format!("the tool crashed: {join}")),
+        )),
+        Err(_) => {
+            cancel.cancel();
+            abort.abort();
+            Err((
+                ErrorClass::Timeout,
+                ToolError::unknown(format!("timed out after {timeout_ms} ms")),
+            ))
+        }
+    }
+}
+
+fn error_class(e: &ToolError) -> ErrorClass {
+    match e.class {
+        // The tool vouches that nothing was applied (refused before send, rejected upstream).
+        FailureClass::NotApplied => ErrorClass::RejectedUpstream,
+        FailureClass::Unknown => ErrorClass::Other,
+    }
+}
+
+/// Cuts observation text to the tool's budget on a UTF-8 boundary, saying so; never silently.
+pub(crate) fn bound(mut obs: Observation, budget: usize) -> Observation {
+    if obs.text.len() > budget {
+        let total = obs.text.len();
+        let mut cut = budget.saturating_sub(96).min(total);
+        while !obs.text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        obs.text.truncate(cut);
+        obs.text.push_str(&format!(
+            "\n[ring0: output cut to {cut} of {total} bytes by the observation budget]"
+        ));
+    }
+    if let Some(structured) = &obs.structured {
+        let size = structured.to_string().len();
+        if size > budget {
+            obs.structured = None;
+            obs.text.push_str(&format!(
+                "\n[ring0: structured result of {size} bytes exceeds the observation budget of {budget} bytes and was withheld]"
+            ));
+        }
+    }
+    obs
+}
+
+/// Where a receipt made for the journal comes from: the call it answers and how it ran.
+pub(crate) struct ReceiptOrigin<'a> {
+    pub call_id: &'a str,
+    pub index: usize,
+    pub tool: &'a str,
+    pub disposition: Disposition,
+    pub timing: Timing,
+    pub budget_bytes: usize,
+}
+
+/// Classifies one attempt for the journal, with the receipt to store. The journal stamps the
+/// receipt's identity and state ([`ring0_journal::record_outcome`]); the `uncertain` flag
+/// says what that state will be, mirroring its rule: only an allow-listed error on a first
+/// attempt (or any error of a read) is definite.
+pub(crate) fn dispatch_outcome(
+    record: &IntentRecord,
+    origin: ReceiptOrigin<'_>,
+    result: Result<Observation, (ErrorClass, ToolError)>,
+) -> DispatchOutcome {
+    let receipt = |outcome| Receipt {
+        call_id: origin.call_id.to_string(),
+        index: origin.index,
+        tool: origin.tool.to_string(),
+        intent_id: None,
+        semantic_key: None,
+        idempotency_key: None,
+        state: None,
+        revision: 0,
+        timeline: Vec::new(),
+        disposition: origin.disposition,
+        outcome,
+        timing: origin.timing,
+    };
+    match result {
+        Ok(obs) => DispatchOutcome::Applied(receipt(CallOutcome::Completed {
+            observation: bound(obs, origin.budget_bytes),
+        })),
+        Err((class, e)) => {
+            let after_ambiguity = record.previous_state() == Some(IntentState::Reconciling);
+            let definite = !record.mutating || (class.definitely_not_applied() && !after_ambiguity);
+            DispatchOutcome::Failed {
+                class,
+                receipt: receipt(CallOutcome::Failed {
+                    message: e.message,
+                    uncertain: !definite,
+                    observation: e.observation.map(|o| bound(o, origin.budget_bytes)),
+                }),
+            }
+        }
+    }
+}
+
+/// The tool's pre-dispatch snapshot, taken only for tools settled by probe.
+pub(crate) async fn snapshot(
+    tool: &dyn Tool,
+    settlement: Settlement,
+    args: &Value,
+) -> Option<Value> {
+    if settlement != Settlement::Probe {
+        return None;
+    }
+    tool.snapshot(args).await
+}
+
+/// The tool's probe verdict in the journal's terms. The observation of a probe that found the
+/// effect becomes the evidence of the synthetic receipt, bounded like any observation.
+pub(crate) async fn probe(
+    tool: &dyn Tool,
+    args: &Value,
+    record: &IntentRecord,
+    budget_bytes: usize,
+) -> JournalVerdict {
+    match tool.probe(args, record.snapshot.as_ref()).await {
+        ProbeVerdict::Applied(obs) => JournalVerdict::PostconditionHolds {
+            evidence: serde_json::to_value(bound(*obs, budget_bytes)).ok(),
+        },
+        ProbeVerdict::Unchanged => JournalVerdict::Unchanged,
+        ProbeVerdict::Indeterminate(detail) => JournalVerdict::Diverged { detail },
+    }
+}
+
+/// The executor of one committed call of a live round.
+pub(crate) struct CallExecutor<'a> {
+    pub env: &'a DispatchEnv,
+    pub job: &'a Prepared,
+    pub queued_ms: u64,
+    pub started: Instant,
+    /// Dispatches made so far: the first is `Dispatched`, a later one `Recovered`, and none
+    /// means the executor was never touched (a journal failure before dispatch fails closed).
+    pub dispatches: AtomicU32,
+}
+
+impl<'a> CallExecutor<'a> {
+    pub fn new(env: &'a DispatchEnv, job: &'a Prepared, queued_ms: u64) -> Self {
+        Self {
+            env,
+            job,
+            queued_ms,
+            started: Instant::now(),
+            dispatches: AtomicU32::new(0),
+        }
+    }
+
+    pub fn timing(&self) -> Timing {
+        Timing {
+            queued_ms: self.queued_ms,
+            run_ms: ms(self.started.elapsed()),
+        }
+    }
+}
+
+#[async_trait]
+impl Executor for CallExecutor<'_> {
+    fn settlement(&self, _record: &IntentRecord) -> Settlement {
+        self.job.tool.spec.settlement
+    }
+
+    async fn snapshot(&self, _record: &IntentRecord) -> Option<Value> {
+        let spec = &self.job.tool.spec;
+        snapshot(
+            self.job.tool.tool.as_ref(),
+            spec.settlement,
+            &self.job.call.args,
+        )
+        .await
+    }
+
+    async fn dispatch(&self, record: &IntentRecord) -> DispatchOutcome {
+        let (env, job) = (self.env, self.job);
+        let spec = &job.tool.spec;
+        let n = self.dispatches.fetch_add(1, Ordering::Relaxed);
+        let ctx = CallContext {
+            call_id: job.call.call_id.clone(),
+            intent_id: Some(record.id.to_string()),
+            idempotency_key: record.mutating.then(|| record.idempotency_key.clone()),
+            scope: env.scope.clone(),
+            cancel: env.cancel.child_token(),
+            timeout_ms: spec.timeout_ms,
+            events: EventSink(env.events.clone()),
+        };
+        let result = run_tool(
+            job.tool.tool.clone(),
+            ctx,
+            job.call.args.clone(),
+            spec.timeout_ms,
+        )
+        .await;
+        let origin = ReceiptOrigin {
+            call_id: &job.call.call_id,
+            index: job.call.index,
+            tool: &job.call.tool,
+            disposition: if n == 0 {
+                Disposition::Dispatched
+            } else {
+                Disposition::Recovered
+            },
+            timing: self.timing(),
+            budget_bytes: spec.observation_budget_bytes,
+        };
+        dispatch_outcome(record, origin, result)
+    }
+
+    async fn probe(&self, record: &IntentRecord) -> JournalVerdict {
+        let tool = &self.job.tool;
+        probe(
+            tool.tool.as_ref(),
+            &self.job.call.args,
+            record,
+            tool.spec.observation_budget_bytes,
+        )
+        .await
+    }
+}
+
+pub(crate) fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
