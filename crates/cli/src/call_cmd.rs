@@ -66,10 +66,22 @@ pub(crate) async fn recover(kernel: &ring0_kernel::Kernel) -> Result<(), String>
         .recover()
         .await
         .map_err(|e| format!("recovering the journal: {e}"))?;
-    if report.examined > 0 {
+    if report.examined > report.deferred.len() {
         eprintln!(
             "ring0: recovered {} open intent(s) from the journal: {} in flight reconciled, {} resumed",
-            report.examined, report.in_flight, report.resumed
+            report.examined - report.deferred.len(),
+            report.in_flight,
+            report.resumed
+        );
+    }
+    if !report.deferred.is_empty() {
+        let mut tools: Vec<&str> = report.deferred.iter().map(|r| r.tool.as_str()).collect();
+        tools.sort_unstable();
+        tools.dedup();
+        eprintln!(
+            "ring0: left {} open intent(s) of tools this command does not have ({}) for the process that has them (ring0 serve with its upstreams)",
+            report.deferred.len(),
+            tools.join(", ")
         );
     }
     Ok(())

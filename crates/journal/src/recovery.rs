@@ -26,6 +26,14 @@ pub trait Executor: Send + Sync {
     /// registry no longer knows should answer `Settlement::None`.
     fn settlement(&self, record: &IntentRecord) -> Settlement;
 
+    /// Whether this process has the record's tool at all. Recovery leaves the records of tools
+    /// it does not have exactly as they are (see [`RecoveryReport::deferred`]), for a process
+    /// that has the tool — a `ring0` command without the upstream servers `ring0 serve` connects
+    /// to must not settle their calls by default.
+    fn knows(&self, _record: &IntentRecord) -> bool {
+        true
+    }
+
     /// A nullipotent snapshot of what the intent will change, taken before dispatch, for the
     /// probe to compare against. `None` when the tool has no probe.
     async fn snapshot(&self, record: &IntentRecord) -> Option<Value>;
@@ -165,6 +173,9 @@ pub struct RecoveryReport {
     /// Records in flight in this very incarnation (a live task of this process owns them):
     /// left alone.
     pub live: usize,
+    /// Records of tools this process does not have ([`Executor::knows`]): left exactly as they
+    /// are, still open, for a process that has the tool to settle.
+    pub deferred: Vec<IntentRecord>,
 }
 
 impl RecoveryReport {
@@ -207,6 +218,10 @@ pub async fn recover(
             && matches!(r.state, IntentState::Dispatched | IntentState::Reconciling);
         if in_flight_here {
             report.live += 1;
+            continue;
+        }
+        if !exec.knows(&r) {
+            report.deferred.push(r);
             continue;
         }
         if r.state == IntentState::Dispatched {

@@ -32,6 +32,10 @@ fn args_of(record: &IntentRecord) -> Value {
 
 #[async_trait]
 impl Executor for RegistryExecutor<'_> {
+    fn knows(&self, record: &IntentRecord) -> bool {
+        self.registry.get(&record.tool).is_some()
+    }
+
     fn settlement(&self, record: &IntentRecord) -> Settlement {
         self.registry
             .get(&record.tool)

@@ -168,3 +168,41 @@ async fn a_committed_call_never_sent_is_dispatched_once_from_the_log() {
         "nothing is left open"
     );
 }
+
+#[tokio::test]
+async fn recovery_leaves_the_intents_of_a_tool_this_process_lacks_open_for_one_that_has_it() {
+    let counter = Arc::new(Counter::default());
+    let journal = Arc::new(MemoryJournal::new());
+    let r = leftover(&journal, &counter, true).await;
+    // A process without the tool (a command without the upstream that serves it).
+    let journal = reopen(&journal);
+    let other = ToolSpec::new("noop", "", json!({"type": "object"}))
+        .effect(Effect::Nullipotent)
+        .authority(Authority::A0);
+    let without = Kernel::builder()
+        .tool(other, Arc::new(CounterTool(Arc::new(Counter::default()))))
+        .unwrap()
+        .journal(journal.clone())
+        .build();
+    let report = without.recover().await.unwrap();
+    assert_eq!(report.deferred.len(), 1);
+    assert_eq!(report.in_flight, 0);
+    let left = journal.get(r.id).await.unwrap().unwrap();
+    assert_eq!(
+        left.state,
+        IntentState::Dispatched,
+        "untouched, not dead-lettered"
+    );
+    assert_eq!(left.fence, r.fence);
+    // The process that has the tool settles it by probe, without sending it again.
+    counter.effects.fetch_add(1, Ordering::SeqCst);
+    let journal = reopen(&journal);
+    let with = kernel(&counter, journal.clone(), Settlement::Probe);
+    let report = with.recover().await.unwrap();
+    assert_eq!(report.in_flight, 1);
+    assert_eq!(
+        journal.get(r.id).await.unwrap().unwrap().state,
+        IntentState::Acked
+    );
+    assert_eq!(counter.calls.load(Ordering::SeqCst), 0, "never re-sent");
+}
