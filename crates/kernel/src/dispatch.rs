@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tokio::sync::{Semaphore, broadcast};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// Re-dispatches allowed while settling one ambiguous call (with the same idempotency key, or
@@ -40,7 +40,7 @@ pub(crate) struct DispatchEnv {
     pub journal: Arc<dyn Journal>,
     pub scope: Arc<str>,
     pub attempt_epoch: u64,
-    pub events: broadcast::Sender<Event>,
+    pub events: crate::events::EventHub,
     pub cancel: CancellationToken,
     pub max_concurrent_tools: usize,
     pub round_start: Instant,
@@ -78,7 +78,7 @@ impl Uncertain {
 
 fn emit(env: &DispatchEnv, event: Event) {
     // No subscriber is not an error: events are for hosts that want them.
-    let _ = env.events.send(event);
+    env.events.send(event);
 }
 
 /// Runs the epochs in order. Returns one receipt per job, keyed by the job's position.

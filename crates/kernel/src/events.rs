@@ -13,6 +13,36 @@ use serde::Serialize;
 /// Events buffered per session for slow subscribers.
 pub const EVENTS_BUFFER_MAX: usize = 4096;
 
+/// A session's event channel, allocated when the first subscriber arrives.
+///
+/// A broadcast channel of [`EVENTS_BUFFER_MAX`] slots is hundreds of KiB, allocated and
+/// initialised up front; a host that opens a session per request (the MCP gateway does, for
+/// overlapping calls) and never subscribes would pay that on every call. Until someone
+/// subscribes, sending is a no-op — exactly what a channel without receivers does.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EventHub(
+    std::sync::Arc<std::sync::OnceLock<tokio::sync::broadcast::Sender<Event>>>,
+);
+
+impl EventHub {
+    pub(crate) fn send(&self, event: Event) {
+        if let Some(tx) = self.0.get() {
+            // No receiver left is not an error: events are for hosts that want them.
+            let _ = tx.send(event);
+        }
+    }
+
+    pub(crate) fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
+        self.0
+            .get_or_init(|| tokio::sync::broadcast::channel(EVENTS_BUFFER_MAX).0)
+            .subscribe()
+    }
+
+    pub(crate) fn receiver_count(&self) -> usize {
+        self.0.get().map_or(0, |tx| tx.receiver_count())
+    }
+}
+
 /// What the repeat guard did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

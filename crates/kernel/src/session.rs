@@ -6,7 +6,7 @@ use crate::admit::{
     oversee,
 };
 use crate::dispatch::{DispatchEnv, run_epochs};
-use crate::events::{EVENTS_BUFFER_MAX, Event, RepeatAction};
+use crate::events::{Event, RepeatAction};
 use crate::plan::{ExecutionMode, plan};
 use crate::policy::{Authorizer, GrantTable, PolicyRewrite, SessionInfo};
 use crate::prepare::{PrepareContext, Prepared, prepare};
@@ -268,7 +268,7 @@ pub struct Session {
     pub(crate) config: SessionConfig,
     pub(crate) authorizer: Arc<dyn Authorizer>,
     pub(crate) state: Mutex<SessionState>,
-    pub(crate) events: broadcast::Sender<Event>,
+    pub(crate) events: crate::events::EventHub,
     pub(crate) cancel: std::sync::Mutex<CancellationToken>,
     pub(crate) start_gate: Arc<std::sync::Mutex<()>>,
 }
@@ -311,7 +311,7 @@ impl Kernel {
 
     pub fn open_session(&self, config: SessionConfig) -> Session {
         let n = self.inner.sessions.fetch_add(1, Ordering::Relaxed);
-        let (events, _) = broadcast::channel(EVENTS_BUFFER_MAX);
+        let events = crate::events::EventHub::default();
         let authorizer = config
             .authorizer
             .clone()
@@ -418,7 +418,7 @@ impl Session {
     }
 
     pub(crate) fn emit(&self, event: Event) {
-        let _ = self.events.send(event);
+        self.events.send(event);
     }
 
     /// Runs one round of proposed calls through prepare, admit, plan, commit, dispatch, settle

@@ -35,12 +35,12 @@ pub struct CallContext {
 
 /// A handle on a session's event stream that a tool may keep after its call returned.
 #[derive(Debug, Clone)]
-pub struct EventSink(pub(crate) tokio::sync::broadcast::Sender<crate::events::Event>);
+pub struct EventSink(pub(crate) crate::events::EventHub);
 
 impl EventSink {
     /// A sink nobody listens to (for running a tool outside a session).
     pub fn detached() -> Self {
-        Self(tokio::sync::broadcast::channel(1).0)
+        Self(crate::events::EventHub::default())
     }
 
     /// Announces that a call is held for a person's approval.
@@ -53,7 +53,7 @@ impl EventSink {
         summary: &str,
         deadline_ms: u64,
     ) {
-        let _ = self.0.send(crate::events::Event::ApprovalRequired {
+        self.0.send(crate::events::Event::ApprovalRequired {
             approval_id: approval_id.to_string(),
             call_id: call_id.to_string(),
             tool: tool.to_string(),
@@ -65,7 +65,7 @@ impl EventSink {
 
     /// Reports a background job's new state to the session.
     pub fn job_update(&self, job: &str, state: &str, detail: Value) {
-        let _ = self.0.send(crate::events::Event::JobUpdate {
+        self.0.send(crate::events::Event::JobUpdate {
             job: job.to_string(),
             state: state.to_string(),
             detail,
