@@ -274,6 +274,28 @@ fn a_tool_list_change_upstream_is_announced_to_the_client() {
 }
 
 #[test]
+fn a_tool_list_change_upstream_reaches_a_2026_07_28_client_on_its_listen_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let mut c = Client::start(dir.path(), Some(&config));
+    // No initialize: every request of the stateless era carries its own context.
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {},
+                      "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"}});
+    c.send(
+        json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen",
+                  "params": {"_meta": meta, "notifications": {"toolsListChanged": true}}}),
+    );
+    let r = c.request(
+        "tools/call",
+        json!({"name": "fx__add_tool", "arguments": {}, "_meta": meta}),
+    );
+    assert_ne!(r["result"]["isError"], true, "{r}");
+    let note = c.wait_for(|m| m["method"] == "notifications/tools/list_changed");
+    assert!(note.get("id").is_none(), "a notification: {note}");
+}
+
+#[test]
 fn an_irreversible_call_runs_when_the_person_approves_and_not_when_they_decline() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "[upstreams.tools.echo]\nauthority = \"A3\"\n");
