@@ -129,11 +129,19 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
             "--scope applies to the stdio session; HTTP sessions each get their own scope".into(),
         );
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("starting the runtime: {e}"))?;
+    // One client over stdio: a single-threaded runtime keeps a call's hops between tasks (the
+    // transport, the kernel round, the upstream connection) on one thread, without waking a
+    // second worker for each; over HTTP, clients are served by two workers.
+    let runtime = match args.http {
+        None => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(_) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build(),
+    }
+    .map_err(|e| format!("starting the runtime: {e}"))?;
     runtime.block_on(async move {
         let log = Log::stderr();
         let calls = Arc::new(Calls::default());
