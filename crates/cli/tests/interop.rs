@@ -393,6 +393,10 @@ fn conformance(peers: &Path, url: &str, cwd: &Path) -> BTreeSet<String> {
         out.status.success(),
         "a scenario outside the baseline failed against {url}:\n{summary}"
     );
+    // The totals, for whoever runs the suite with --nocapture.
+    for line in summary.lines().filter(|l| l.contains("Total:")) {
+        eprintln!("conformance against {url}: {}", line.trim());
+    }
     summary
         .lines()
         .filter_map(|l| l.trim().strip_prefix("✗ "))
