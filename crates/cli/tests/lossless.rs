@@ -7,11 +7,13 @@
 //! checks come from the peers `scripts/install-mcp-peers.sh` installs; without them those tests
 //! print why they are skipped, unless `CI` is set.
 
+mod common;
+
+use common::*;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc::channel;
 use std::time::Duration;
 
@@ -66,96 +68,8 @@ fn check_widget(result: &Value) {
 
 // ---- ring0 serve over HTTP, spoken to with raw HTTP/1.1 ----
 
-struct Served {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve_http(dir: &Path) -> Served {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ring0"))
-        .args(["serve", "--http", "127.0.0.1:0"])
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(rest.trim_end_matches("/mcp").to_string());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(WAIT).expect("the bound address is printed");
-    Served { child, addr }
-}
-
-/// Decodes a `Transfer-Encoding: chunked` body.
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    loop {
-        let Some((size, rest)) = body.split_once("\r\n") else {
-            return out;
-        };
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            return out;
-        };
-        if n == 0 || rest.len() < n {
-            return out;
-        }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
-    }
-}
-
-/// POSTs one JSON-RPC message; returns the response headers and the JSON-RPC response with
-/// `id` (from a JSON body or from the SSE stream).
-fn post(addr: &str, headers: &[(&str, &str)], body: &Value) -> (String, Value) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
-    let text = body.to_string();
-    let mut req = format!(
-        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
-        text.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(&text);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    let body_text = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(rest)
-    } else {
-        rest.to_string()
-    };
-    let Some(id) = body.get("id") else {
-        return (head.to_string(), Value::Null);
-    };
-    let message = body_text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .chain(std::iter::once(body_text.as_str()))
-        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-        .find(|m| m.get("id") == Some(id) && m.get("method").is_none())
-        .unwrap_or_else(|| panic!("no response in:\n{head}\n{body_text}"));
-    (head.to_string(), message)
+fn serve_http(dir: &Path) -> HttpServer {
+    start_http(serve_http_command(dir))
 }
 
 fn session_id(head: &str) -> String {

@@ -1,9 +1,11 @@
 //! `ring0 serve` as an MCP client sees it: over stdio (JSON lines) and over HTTP, with the
 //! standard-library Python fixture as the upstream.
 
+mod common;
+
+use common::*;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
@@ -455,72 +457,24 @@ fn a_fixed_scope_is_refused_for_http_sessions() {
 
 // ---- Streamable HTTP ----
 
-struct HttpServer {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve_http(dir: &Path, token: Option<&str>) -> HttpServer {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ring0"));
-    cmd.args(["serve", "--http", "127.0.0.1:0"])
-        .current_dir(dir);
+    let mut cmd = serve_http_command(dir);
     if let Some(t) = token {
         cmd.env("RING0_TEST_TOKEN", t)
             .args(["--token-env", "RING0_TEST_TOKEN"]);
     }
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(rest.trim_end_matches("/mcp").to_string());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(WAIT).expect("the bound address is printed");
-    HttpServer { child, addr }
+    start_http(cmd)
 }
 
 /// One HTTP/1.1 request; returns the status code, headers and body.
 fn post(addr: &str, headers: &[(&str, &str)], body: &Value) -> (u16, String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
-    let body = body.to_string();
-    let mut req = format!(
-        "POST /mcp HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-        req.push_str(&format!("Host: {addr}\r\n"));
-    }
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(&body);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let (head, body) = post_raw(addr, headers, body);
     let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    (status, head.to_string(), rest.to_string())
+    (status, head, body)
 }
 
 fn init_body() -> Value {

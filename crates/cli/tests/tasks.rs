@@ -3,9 +3,11 @@
 //! defaults, where `shell` is approved through elicitation) and over Streamable HTTP (both eras,
 //! with the standard-library Python fixture as a slow upstream).
 
+mod common;
+
+use common::*;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
@@ -279,96 +281,15 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../mcp/tests/fixtures/stdio_server.py")
 }
 
-struct Served {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve_http(dir: &Path) -> Served {
+fn serve_http(dir: &Path) -> HttpServer {
     let config = format!(
         "[[grants]]\nname = \"fixture\"\ntools = [\"fx__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"fx\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\", \"FIXTURE_LOG\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n[upstreams.tools.silent]\neffect = \"non_idempotent\"\nauthority = \"A0\"\n",
         fixture().display().to_string()
     );
     std::fs::write(dir.join("ring0.toml"), config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ring0"))
-        .args(["serve", "--http", "127.0.0.1:0"])
-        .current_dir(dir)
-        .env("FIXTURE_LOG", dir.join("fixture.log"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(rest.trim_end_matches("/mcp").to_string());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(WAIT).expect("the bound address is printed");
-    Served { child, addr }
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
-/// POSTs one message; returns the response headers and the JSON-RPC response (or null).
-fn post(addr: &str, headers: &[(&str, &str)], body: &Value) -> (String, Value) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
-    let text = body.to_string();
-    let mut req = format!(
-        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
-        text.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(&text);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    let body_text = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(rest)
-    } else {
-        rest.to_string()
-    };
-    let Some(id) = body.get("id") else {
-        return (head.to_string(), Value::Null);
-    };
-    let message = body_text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .chain(std::iter::once(body_text.as_str()))
-        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-        .find(|m| m.get("id") == Some(id) && m.get("method").is_none())
-        .unwrap_or_else(|| panic!("no response in:\n{head}\n{body_text}"));
-    (head.to_string(), message)
+    let mut cmd = serve_http_command(dir);
+    cmd.env("FIXTURE_LOG", dir.join("fixture.log"));
+    start_http(cmd)
 }
 
 /// One sessionful HTTP client (2025-11-25) that declares the tasks extension.

@@ -1,0 +1,125 @@
+//! Helpers shared by the `ring0 serve` tests that speak Streamable HTTP: starting the server on
+//! an ephemeral port, and raw HTTP/1.1 requests, so a test sees exactly the bytes ring0 sent.
+// Each test file uses the part it needs.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::channel;
+use std::time::Duration;
+
+/// Longest a helper waits for the server (start-up, a response).
+pub const HTTP_WAIT: Duration = Duration::from_secs(60);
+
+/// A running `ring0 serve --http`, killed when dropped.
+pub struct HttpServer {
+    pub child: Child,
+    /// `host:port` it listens on.
+    pub addr: String,
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `cmd` (a `ring0 serve --http 127.0.0.1:0 …` command, configured by the caller) and
+/// waits for the address it prints on stderr.
+pub fn start_http(mut cmd: Command) -> HttpServer {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let _ = tx.send(rest.trim_end_matches("/mcp").to_string());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(HTTP_WAIT)
+        .expect("the bound address is printed");
+    HttpServer { child, addr }
+}
+
+/// The `ring0 serve --http 127.0.0.1:0` command in `dir`.
+pub fn serve_http_command(dir: &std::path::Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ring0"));
+    cmd.args(["serve", "--http", "127.0.0.1:0"])
+        .current_dir(dir);
+    cmd
+}
+
+/// Decodes a `Transfer-Encoding: chunked` body.
+pub fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// One POST to `/mcp` (`Connection: close`; `Host` is the address unless `headers` name one);
+/// returns the response head and the decoded body.
+pub fn post_raw(addr: &str, headers: &[(&str, &str)], body: &Value) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(HTTP_WAIT)).unwrap();
+    let text = body.to_string();
+    let mut req = format!(
+        "POST /mcp HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        text.len()
+    );
+    // A test of the Host check names its own.
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(&text);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let body_text = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    (head.to_string(), body_text)
+}
+
+/// POSTs one JSON-RPC message; returns the response head and the JSON-RPC response with the
+/// message's `id` (from a JSON body or from the SSE stream), or null for a notification.
+pub fn post(addr: &str, headers: &[(&str, &str)], body: &Value) -> (String, Value) {
+    let (head, body_text) = post_raw(addr, headers, body);
+    let Some(id) = body.get("id") else {
+        return (head, Value::Null);
+    };
+    let message = body_text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .chain(std::iter::once(body_text.as_str()))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|m| m.get("id") == Some(id) && m.get("method").is_none())
+        .unwrap_or_else(|| panic!("no response in:\n{head}\n{body_text}"));
+    (head, message)
+}
