@@ -7,16 +7,26 @@
 //! target/release/ring0-mcp-bench [--calls N] [--concurrency C]
 //! ```
 //!
-//! For each upstream — ring0-mcp-fixture's `echo` (rmcp) and server-everything's `echo` — it
-//! measures N sequential calls (after a warm-up) on four paths: the upstream directly over stdio
-//! (the baseline), ring0 over stdio, ring0 over Streamable HTTP, and mcp-proxy over Streamable
-//! HTTP, each proxy in front of the same stdio upstream; then C calls in flight at once for
-//! throughput. It prints p50/p99 latency, the added p50/p99 over the baseline, calls per second,
-//! and ring0's added p50 as a fraction of mcp-proxy's (target: at most 1/10).
+//! For each upstream — ring0-mcp-fixture's `echo` (rmcp) and server-everything's `echo`, each
+//! run both as a stdio server and as a Streamable HTTP server — it measures N sequential calls
+//! (after a warm-up) on every path, then C calls in flight at once for throughput:
+//!
+//! - direct over stdio and direct over HTTP: the baselines;
+//! - ring0 with a stdio or an HTTP client, in front of the upstream over stdio or over HTTP;
+//! - mcp-proxy in its two modes: an HTTP server in front of the stdio upstream, and a stdio
+//!   server in front of the HTTP upstream.
+//!
+//! A path's added latency is its latency minus the direct path over the transport it uses to
+//! reach the upstream: what putting the gateway in front of that server costs. Every client
+//! speaks the protocol version ring0 speaks to its upstreams, so a server that behaves
+//! differently per version is measured the same way on every path. It prints p50/p99 latency,
+//! the added p50/p99, calls per second, and ring0's added p50 as a fraction of mcp-proxy's for
+//! the two topologies both can serve (target: at most 1/10). `--only TEXT` and `--upstream
+//! TEXT` narrow the run to some paths, for profiling.
 
 use ring0_mcp::Log;
 use ring0_mcp::rpc::{InboundHandler, RpcPeer};
-use ring0_mcp::upstream::{http, stdio};
+use ring0_mcp::upstream::{UPSTREAM_PROTOCOL_VERSION, http, stdio};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -75,13 +85,19 @@ async fn initialize(peer: &Arc<RpcPeer>, conn: &Conn) {
     let init = peer
         .request(
             "initialize",
-            Some(json!({"protocolVersion": "2025-06-18", "capabilities": {},
-                        "clientInfo": {"name": "ring0-mcp-bench", "version": "1"}})),
+            Some(
+                json!({"protocolVersion": UPSTREAM_PROTOCOL_VERSION, "capabilities": {},
+                        "clientInfo": {"name": "ring0-mcp-bench", "version": "1"}}),
+            ),
         )
         .await
         .expect("initialize");
     if let Conn::Http(c) = conn {
-        c.set_protocol_version(init["protocolVersion"].as_str().unwrap_or("2025-06-18"));
+        c.set_protocol_version(
+            init["protocolVersion"]
+                .as_str()
+                .unwrap_or(UPSTREAM_PROTOCOL_VERSION),
+        );
     }
     peer.notify("notifications/initialized", None)
         .expect("initialized");
@@ -184,6 +200,21 @@ fn main() {
             .unwrap_or(default)
     };
     let calls = opt("--calls", 2000);
+    // `--only TEXT` measures, besides the direct baselines, only the paths whose label ("ring0
+    // HTTP→stdio", "mcp-proxy stdio→HTTP", …) contains TEXT; `--upstream TEXT` only the upstreams
+    // whose name contains it. For profiling one path.
+    let text_opt = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let only = text_opt("--only");
+    let only_upstream = text_opt("--upstream");
+    let wanted = move |path: &str, client: &str, upstream: &str| {
+        only.as_deref()
+            .is_none_or(|o| format!("{path} {client}→{upstream}").contains(o))
+    };
     let concurrency = opt("--concurrency", 16);
     let exe = std::env::current_exe().expect("exe");
     let bin_dir = exe.parent().expect("bin dir").to_path_buf();
@@ -204,98 +235,267 @@ fn main() {
             p.display()
         );
     }
-    let upstreams: Vec<(&str, String, Vec<String>, &str, &str)> = vec![
-        (
-            "rmcp echo (ring0-mcp-fixture)",
-            fixture.display().to_string(),
-            vec![],
-            "echo",
-            "text",
-        ),
-        (
-            "server-everything echo",
-            node.display().to_string(),
-            vec![everything.display().to_string(), "stdio".into()],
-            "echo",
-            "message",
-        ),
+    struct Upstream {
+        label: &'static str,
+        command: String,
+        stdio_args: Vec<String>,
+        /// Arguments and environment that make the same program serve Streamable HTTP on a
+        /// port, for the direct HTTP baseline and the paths with an HTTP upstream.
+        http: fn(u16) -> (Vec<String>, Vec<(&'static str, String)>),
+        tool: &'static str,
+        arg: &'static str,
+    }
+    let everything_path = everything.display().to_string();
+    let upstreams = vec![
+        Upstream {
+            label: "rmcp echo (ring0-mcp-fixture)",
+            command: fixture.display().to_string(),
+            stdio_args: vec![],
+            http: |port| (vec!["--http".into(), format!("127.0.0.1:{port}")], vec![]),
+            tool: "echo",
+            arg: "text",
+        },
+        Upstream {
+            label: "server-everything echo",
+            command: node.display().to_string(),
+            stdio_args: vec![everything_path.clone(), "stdio".into()],
+            http: |_| (vec!["streamableHttp".into()], vec![]),
+            tool: "echo",
+            arg: "message",
+        },
     ];
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     runtime.block_on(async move {
-        println!("tools/call, {calls} sequential calls (p50/p99 latency) then {calls} with {concurrency} in flight (calls/s)\n");
-        for (label, command, cargs, tool, arg) in upstreams {
-            println!("== {label}");
-            // One workspace per ring0 process: each holds its journal's writer lock.
-            let work = tempfile::tempdir().expect("tempdir");
-            let work_http = tempfile::tempdir().expect("tempdir");
-            let args_toml: Vec<String> = cargs.iter().map(|a| format!("{a:?}")).collect();
-            for w in [work.path(), work_http.path()] {
-            std::fs::write(
-                w.join("ring0.toml"),
-                format!(
-                    "[[grants]]\nname = \"bench\"\ntools = [\"b__*\"]\nceiling = \"A0\"\n\n[[upstreams]]\nalias = \"b\"\ncommand = {command:?}\nargs = [{}]\nenv = [\"PATH\", \"HOME\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
-                    args_toml.join(", ")
-                ),
-            )
-            .expect("config");
+        println!(
+            "tools/call, {calls} sequential calls (p50/p99 latency) then {calls} with \
+             {concurrency} in flight (calls/s)\n"
+        );
+        for up in upstreams {
+            if only_upstream.as_deref().is_some_and(|o| !up.label.contains(o)) {
+                continue;
             }
-            let mut rows: Vec<(String, Stats)> = Vec::new();
+            println!("== {}", up.label);
+            // Serves the upstream over Streamable HTTP on a fresh port.
+            let serve_http = |port: u16| {
+                let (mut args, env) = (up.http)(port);
+                if up.label.starts_with("server-everything") {
+                    args.insert(0, everything_path.clone());
+                }
+                let mut cmd = Command::new(&up.command);
+                cmd.args(&args).env("PORT", port.to_string());
+                for (k, v) in env {
+                    cmd.env(k, v);
+                }
+                Served(
+                    cmd.stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .expect("upstream over HTTP"),
+                )
+            };
+            // ring0's configuration in front of the upstream over stdio or at `url`.
+            let ring0_workspace = |url: Option<&str>| {
+                let work = tempfile::tempdir().expect("tempdir");
+                let transport = match url {
+                    Some(url) => format!("url = {url:?}\n"),
+                    None => {
+                        let args: Vec<String> =
+                            up.stdio_args.iter().map(|a| format!("{a:?}")).collect();
+                        format!(
+                            "command = {:?}\nargs = [{}]\nenv = [\"PATH\", \"HOME\"]\n",
+                            up.command,
+                            args.join(", ")
+                        )
+                    }
+                };
+                std::fs::write(
+                    work.path().join("ring0.toml"),
+                    format!(
+                        "[[grants]]\nname = \"bench\"\ntools = [\"b__*\"]\nceiling = \"A0\"\n\n\
+                         [[upstreams]]\nalias = \"b\"\n{transport}\
+                         [upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\n\
+                         strategy = [\"exploration\"]\n"
+                    ),
+                )
+                .expect("config");
+                work
+            };
+            let qualified = format!("b__{}", up.tool);
+            let mut rows: Vec<Row> = Vec::new();
 
-            let (peer, conn) = connect_stdio(&command, &cargs, None).await;
+            // Direct, over each transport: the baselines.
+            let (peer, conn) = connect_stdio(&up.command, &up.stdio_args, None).await;
             initialize(&peer, &conn).await;
-            rows.push(("direct (stdio)".into(), measure(&peer, tool, arg, calls, concurrency).await));
+            let direct_stdio = measure(&peer, up.tool, up.arg, calls, concurrency).await;
             drop(conn);
-
-            let (peer, conn) = connect_stdio(&ring0.display().to_string(), &["serve".into()], Some(work.path())).await;
+            let upstream_port = free_port();
+            let _upstream_http = serve_http(upstream_port);
+            wait_for_port(upstream_port).await;
+            let upstream_url = format!("http://127.0.0.1:{upstream_port}/mcp");
+            let (peer, conn) = connect_http(&upstream_url).await;
             initialize(&peer, &conn).await;
-            let qualified = format!("b__{tool}");
-            rows.push(("ring0 (stdio)".into(), measure(&peer, &qualified, arg, calls, concurrency).await));
+            let direct_http = measure(&peer, up.tool, up.arg, calls, concurrency).await;
             drop(conn);
+            rows.push(Row::new("direct", "stdio", "-", direct_stdio, None));
+            rows.push(Row::new("direct", "HTTP", "-", direct_http, None));
+            let bases = [
+                (rows[0].stats.p50, rows[0].stats.p99),
+                (rows[1].stats.p50, rows[1].stats.p99),
+            ];
+            // What a gateway adds: its path minus the direct path over the transport it uses to
+            // reach the upstream (the upstream's own transport cost is paid either way).
+            let base = |upstream: &str| bases[usize::from(upstream != "stdio")];
 
-            let port = free_port();
-            let _server = Served(
-                Command::new(&ring0)
-                    .args(["serve", "--http", &format!("127.0.0.1:{port}")])
-                    .current_dir(work_http.path())
-                    .stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null())
-                    .spawn().expect("ring0 serve --http"),
-            );
-            wait_for_port(port).await;
-            let (peer, conn) = connect_http(&format!("http://127.0.0.1:{port}/mcp")).await;
-            initialize(&peer, &conn).await;
-            rows.push(("ring0 (HTTP)".into(), measure(&peer, &qualified, arg, calls, concurrency).await));
-            drop(conn);
-            drop(_server);
+            // ring0, stdio client, upstream over stdio and over HTTP.
+            for upstream in ["stdio", "HTTP"] {
+                if !wanted("ring0", "stdio", upstream) {
+                    continue;
+                }
+                let url = (upstream == "HTTP").then_some(upstream_url.as_str());
+                let work = ring0_workspace(url);
+                let (peer, conn) =
+                    connect_stdio(&ring0.display().to_string(), &["serve".into()], Some(work.path()))
+                        .await;
+                initialize(&peer, &conn).await;
+                let stats = measure(&peer, &qualified, up.arg, calls, concurrency).await;
+                drop(conn);
+                let b = base(upstream);
+                rows.push(Row::new("ring0", "stdio", upstream, stats, Some(b)));
+            }
+            // ring0, HTTP client, upstream over stdio and over HTTP.
+            for upstream in ["stdio", "HTTP"] {
+                if !wanted("ring0", "HTTP", upstream) {
+                    continue;
+                }
+                let url = (upstream == "HTTP").then_some(upstream_url.as_str());
+                let work = ring0_workspace(url);
+                let port = free_port();
+                let _server = Served(
+                    Command::new(&ring0)
+                        .args(["serve", "--http", &format!("127.0.0.1:{port}")])
+                        .current_dir(work.path())
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .expect("ring0 serve --http"),
+                );
+                wait_for_port(port).await;
+                let (peer, conn) = connect_http(&format!("http://127.0.0.1:{port}/mcp")).await;
+                initialize(&peer, &conn).await;
+                let stats = measure(&peer, &qualified, up.arg, calls, concurrency).await;
+                drop(conn);
+                let b = base(upstream);
+                rows.push(Row::new("ring0", "HTTP", upstream, stats, Some(b)));
+            }
 
+            // mcp-proxy in its two modes: an HTTP server in front of the stdio upstream, and a
+            // stdio server in front of the HTTP upstream.
+            if wanted("mcp-proxy", "HTTP", "stdio") {
             let port = free_port();
             let mut cmd = Command::new(&proxy);
-            cmd.args(["--port", &port.to_string(), "--host", "127.0.0.1", "--", &command]).args(&cargs);
-            let _proxy = Served(cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("mcp-proxy"));
+            cmd.args(["--port", &port.to_string(), "--host", "127.0.0.1", "--", &up.command])
+                .args(&up.stdio_args);
+            let served = Served(
+                cmd.stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("mcp-proxy"),
+            );
             wait_for_port(port).await;
             let (peer, conn) = connect_http(&format!("http://127.0.0.1:{port}/mcp")).await;
             initialize(&peer, &conn).await;
-            rows.push(("mcp-proxy (HTTP)".into(), measure(&peer, tool, arg, calls, concurrency).await));
+            let stats = measure(&peer, up.tool, up.arg, calls, concurrency).await;
             drop(conn);
-            drop(_proxy);
+            drop(served);
+            let b = base("stdio");
+            rows.push(Row::new("mcp-proxy", "HTTP", "stdio", stats, Some(b)));
+            }
+            if wanted("mcp-proxy", "stdio", "HTTP") {
+            let proxy_args = vec![
+                "--transport".to_string(),
+                "streamablehttp".into(),
+                upstream_url.clone(),
+            ];
+            let (peer, conn) = connect_stdio(&proxy.display().to_string(), &proxy_args, None).await;
+            initialize(&peer, &conn).await;
+            let stats = measure(&peer, up.tool, up.arg, calls, concurrency).await;
+            drop(conn);
+            let b = base("HTTP");
+            rows.push(Row::new("mcp-proxy", "stdio", "HTTP", stats, Some(b)));
+            }
 
-            let base = (rows[0].1.p50, rows[0].1.p99);
-            println!("{:<18} {:>10} {:>10} {:>12} {:>12} {:>10}", "path", "p50 µs", "p99 µs", "+p50 µs", "+p99 µs", "calls/s");
-            for (name, s) in &rows {
+            println!(
+                "{:<10} {:>7} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9}",
+                "path", "client", "upstream", "p50 µs", "p99 µs", "+p50 µs", "+p99 µs", "calls/s"
+            );
+            for r in &rows {
                 println!(
-                    "{:<18} {:>10.0} {:>10.0} {:>12.0} {:>12.0} {:>10.0}",
-                    name, us(s.p50), us(s.p99),
-                    us(s.p50) - us(base.0), us(s.p99) - us(base.1), s.per_sec
+                    "{:<10} {:>7} {:>9} {:>8.0} {:>8.0} {:>8} {:>8} {:>9.0}",
+                    r.path,
+                    r.client,
+                    r.upstream,
+                    us(r.stats.p50),
+                    us(r.stats.p99),
+                    r.added.map_or("-".into(), |(p50, _)| format!("{p50:.0}")),
+                    r.added.map_or("-".into(), |(_, p99)| format!("{p99:.0}")),
+                    r.stats.per_sec
                 );
             }
-            let added = |i: usize| (us(rows[i].1.p50) - us(base.0)).max(1.0);
-            println!(
-                "ring0 added p50 / mcp-proxy added p50: stdio {:.3}, HTTP {:.3} (target ≤ 0.100)\n",
-                added(1) / added(3),
-                added(2) / added(3)
-            );
+            let added = |path: &str, client: &str, upstream: &str| {
+                rows.iter()
+                    .find(|r| r.path == path && r.client == client && r.upstream == upstream)
+                    .and_then(|r| r.added)
+                    .map(|(p50, _)| p50)
+            };
+            println!("ring0 added p50 / mcp-proxy added p50, same client and upstream transports (target ≤ 0.100):");
+            for (client, upstream) in [("HTTP", "stdio"), ("stdio", "HTTP")] {
+                let (Some(ours), Some(theirs)) =
+                    (added("ring0", client, upstream), added("mcp-proxy", client, upstream))
+                else {
+                    continue;
+                };
+                println!(
+                    "  {client} client, {upstream} upstream: {ours:.0} µs / {theirs:.0} µs = {:.3}",
+                    ours.max(0.0) / theirs.max(1.0)
+                );
+            }
+            println!();
         }
     });
+}
+
+/// One measured path: who serves the client, over which transports, and its latency over the
+/// direct path to the upstream over the same upstream transport.
+struct Row {
+    path: &'static str,
+    client: &'static str,
+    upstream: &'static str,
+    stats: Stats,
+    /// Added p50 and p99 in µs over the direct path over the same upstream transport.
+    added: Option<(f64, f64)>,
+}
+
+impl Row {
+    fn new(
+        path: &'static str,
+        client: &'static str,
+        upstream: &'static str,
+        stats: Stats,
+        base: Option<(Duration, Duration)>,
+    ) -> Self {
+        let added = base.map(|(p50, p99)| (us(stats.p50) - us(p50), us(stats.p99) - us(p99)));
+        Self {
+            path,
+            client,
+            upstream,
+            stats,
+            added,
+        }
+    }
 }

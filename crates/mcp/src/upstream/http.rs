@@ -229,11 +229,13 @@ pub fn connect(
     HttpConnection { peer, state }
 }
 
-fn request(state: &State, method: reqwest::Method) -> reqwest::RequestBuilder {
+/// A request to the server with the session's headers. `accept` is what the answer may be: a
+/// POST takes JSON or an event stream, a GET only a stream (one `accept` header, never two).
+fn request(state: &State, method: reqwest::Method, accept: &str) -> reqwest::RequestBuilder {
     let mut req = state
         .client
         .request(method, &state.spec.url)
-        .header("accept", "application/json, text/event-stream");
+        .header("accept", accept);
     for (k, v) in &state.spec.headers {
         req = req.header(k, v);
     }
@@ -365,9 +367,13 @@ async fn post(state: Arc<State>, message: Value, related: Option<u64>) {
         None => message,
     };
     let body = serde_json::to_vec(&message).unwrap_or_default();
-    let mut builder = request(&state, reqwest::Method::POST)
-        .header("content-type", "application/json")
-        .body(body);
+    let mut builder = request(
+        &state,
+        reqwest::Method::POST,
+        "application/json, text/event-stream",
+    )
+    .header("content-type", "application/json")
+    .body(body);
     for (k, v) in extra {
         builder = builder.header(k, v);
     }
@@ -510,8 +516,7 @@ async fn resume(
             "[{}] the response stream of request {id} broke; resuming after event {last:?} (attempt {attempts} of {STREAM_RESUMES_MAX})",
             state.alias
         ));
-        let sent = request(state, reqwest::Method::GET)
-            .header("accept", "text/event-stream")
+        let sent = request(state, reqwest::Method::GET, "text/event-stream")
             .header("last-event-id", &last)
             .send()
             .await;
@@ -666,8 +671,7 @@ async fn listen(state: Arc<State>) {
         if peer.is_closed() {
             return;
         }
-        let sent = request(&state, reqwest::Method::GET)
-            .header("accept", "text/event-stream")
+        let sent = request(&state, reqwest::Method::GET, "text/event-stream")
             .send()
             .await;
         match sent {
@@ -689,6 +693,46 @@ async fn listen(state: Arc<State>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn state() -> State {
+        State {
+            client: client().expect("client"),
+            spec: HttpSpec {
+                url: "http://127.0.0.1:9/mcp".into(),
+                headers: BTreeMap::new(),
+            },
+            session: Mutex::new(Some("s-1".into())),
+            protocol: Mutex::new(Some("2025-11-25".into())),
+            stateless: Mutex::new(None),
+            schemas: Mutex::new(HashMap::new()),
+            posts: Mutex::new(HashMap::new()),
+            peer: OnceLock::new(),
+            stop: CancellationToken::new(),
+            log: Log::discard(),
+            alias: "u".into(),
+        }
+    }
+
+    #[test]
+    fn a_stream_request_accepts_only_an_event_stream_and_says_so_once() {
+        let state = state();
+        let get = request(&state, reqwest::Method::GET, "text/event-stream")
+            .build()
+            .expect("request");
+        let accept: Vec<_> = get.headers().get_all("accept").iter().collect();
+        assert_eq!(accept, ["text/event-stream"]);
+        let post = request(
+            &state,
+            reqwest::Method::POST,
+            "application/json, text/event-stream",
+        )
+        .build()
+        .expect("request");
+        let accept: Vec<_> = post.headers().get_all("accept").iter().collect();
+        assert_eq!(accept, ["application/json, text/event-stream"]);
+        assert_eq!(post.headers()["mcp-session-id"], "s-1");
+        assert_eq!(post.headers()["mcp-protocol-version"], "2025-11-25");
+    }
 
     #[test]
     fn header_values_that_cannot_travel_plain_are_base64_wrapped() {
