@@ -239,9 +239,10 @@ fn main() {
         label: &'static str,
         command: String,
         stdio_args: Vec<String>,
-        /// Arguments and environment that make the same program serve Streamable HTTP on a
-        /// port, for the direct HTTP baseline and the paths with an HTTP upstream.
-        http: fn(u16) -> (Vec<String>, Vec<(&'static str, String)>),
+        /// Arguments that make the same program serve Streamable HTTP, for the direct HTTP
+        /// baseline and the paths with an HTTP upstream ("{port}" stands for the port, which
+        /// is also in the environment as `PORT`).
+        http_args: Vec<String>,
         tool: &'static str,
         arg: &'static str,
     }
@@ -251,7 +252,7 @@ fn main() {
             label: "rmcp echo (ring0-mcp-fixture)",
             command: fixture.display().to_string(),
             stdio_args: vec![],
-            http: |port| (vec!["--http".into(), format!("127.0.0.1:{port}")], vec![]),
+            http_args: vec!["--http".into(), "127.0.0.1:{port}".into()],
             tool: "echo",
             arg: "text",
         },
@@ -259,7 +260,7 @@ fn main() {
             label: "server-everything echo",
             command: node.display().to_string(),
             stdio_args: vec![everything_path.clone(), "stdio".into()],
-            http: |_| (vec!["streamableHttp".into()], vec![]),
+            http_args: vec![everything_path.clone(), "streamableHttp".into()],
             tool: "echo",
             arg: "message",
         },
@@ -280,15 +281,11 @@ fn main() {
             println!("== {}", up.label);
             // Serves the upstream over Streamable HTTP on a fresh port.
             let serve_http = |port: u16| {
-                let (mut args, env) = (up.http)(port);
-                if up.label.starts_with("server-everything") {
-                    args.insert(0, everything_path.clone());
-                }
                 let mut cmd = Command::new(&up.command);
-                cmd.args(&args).env("PORT", port.to_string());
-                for (k, v) in env {
-                    cmd.env(k, v);
+                for a in &up.http_args {
+                    cmd.arg(a.replace("{port}", &port.to_string()));
                 }
+                cmd.env("PORT", port.to_string());
                 Served(
                     cmd.stdin(Stdio::null())
                         .stdout(Stdio::null())
