@@ -629,3 +629,95 @@ fn a_changed_upstream_tool_is_quarantined_until_ring0_approve_tool() {
         "approved"
     );
 }
+
+/// A config with the built-in tools granted, and the rmcp fixture (which offers prompts and
+/// resources) as upstream `up`, granted only when `grant_upstream`.
+fn prompts_and_resources_config(dir: &Path, fixture: &Path, grant_upstream: bool) -> PathBuf {
+    let tools = if grant_upstream {
+        r#"["list_dir", "up__*"]"#
+    } else {
+        r#"["list_dir"]"#
+    };
+    let path = dir.join("ring0.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[grants]]\nname = \"some\"\ntools = {tools}\nceiling = \"A0\"\n\n[[upstreams]]\nalias = \"up\"\ncommand = {:?}\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
+            fixture.display().to_string()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn prompt_names(list: &Value) -> Vec<String> {
+    list["result"]["prompts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn an_upstreams_prompts_and_resources_reach_only_sessions_granted_its_tools() {
+    let fixture = PathBuf::from(env!("CARGO_BIN_EXE_ring0")).with_file_name("ring0-mcp-fixture");
+    if !fixture.exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{} is not built",
+            fixture.display()
+        );
+        eprintln!("skipped: {} is not built", fixture.display());
+        return;
+    }
+    let uri = json!({"uri": "test://static-text"});
+
+    let granted = tempfile::tempdir().unwrap();
+    let config = prompts_and_resources_config(granted.path(), &fixture, true);
+    let mut c = Client::start(granted.path(), Some(&config));
+    let init = c.initialize(json!({}));
+    assert!(
+        init["result"]["capabilities"]["resources"].is_object(),
+        "{init}"
+    );
+    let prompts = c.request("prompts/list", json!({}));
+    assert!(
+        prompt_names(&prompts).iter().any(|n| n.starts_with("up__")),
+        "{prompts}"
+    );
+    let read = c.request("resources/read", uri.clone());
+    assert_eq!(
+        read["result"]["contents"][0]["uri"], "test://static-text",
+        "{read}"
+    );
+    drop(c);
+
+    let closed = tempfile::tempdir().unwrap();
+    let config = prompts_and_resources_config(closed.path(), &fixture, false);
+    let mut c = Client::start(closed.path(), Some(&config));
+    let init = c.initialize(json!({}));
+    assert!(
+        init["result"]["capabilities"].get("resources").is_none(),
+        "{init}"
+    );
+    assert!(
+        init["result"]["capabilities"].get("prompts").is_none(),
+        "{init}"
+    );
+    let prompts = c.request("prompts/list", json!({}));
+    assert!(
+        !prompt_names(&prompts).iter().any(|n| n.starts_with("up__")),
+        "{prompts}"
+    );
+    let resources = c.request("resources/list", json!({}));
+    assert_eq!(resources["result"]["resources"], json!([]), "{resources}");
+    let read = c.request("resources/read", uri);
+    assert!(read.get("result").is_none(), "{read}");
+    assert!(
+        read["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("test://static-text")),
+        "{read}"
+    );
+}

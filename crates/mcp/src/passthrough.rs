@@ -5,8 +5,11 @@
 //! as the servers give them, and each request is routed to the upstream that listed the name or
 //! URI (templates match by their literal prefix and suffix). Results travel as the server sent
 //! them, decoded into rmcp's model at the boundary.
+//!
+//! A session reaches only the upstreams its grants open: those with at least one tool in its
+//! catalog (see `GatewayServer::reachable`). The prompts and resources of any other upstream
+//! are neither listed nor served to it — relaying is not a way around the grants.
 
-use crate::gateway::Gateway;
 use crate::names::expose;
 use crate::rpc::RpcError;
 use crate::upstream::Upstream;
@@ -31,10 +34,10 @@ fn to_error(e: RpcError) -> ErrorData {
     }
 }
 
-/// Which capabilities the downstream server declares: those some upstream offers.
-pub fn capabilities(gw: &Gateway) -> Value {
+/// Which capabilities the downstream server declares: those some reachable upstream offers.
+pub fn capabilities(reach: &[Arc<Upstream>]) -> Value {
     let mut caps = json!({"tools": {"listChanged": true}});
-    for up in gw.upstreams() {
+    for up in reach {
         let c = up.capabilities();
         if c.get("prompts").is_some_and(|v| !v.is_null()) {
             caps["prompts"] = json!({"listChanged": false});
@@ -57,16 +60,17 @@ pub fn capabilities(gw: &Gateway) -> Value {
     caps
 }
 
-/// Every item of every page of a list method, from every upstream with the capability.
+/// Every item of every page of a list method, from every reachable upstream with the
+/// capability.
 async fn list_all(
-    gw: &Gateway,
+    reach: &[Arc<Upstream>],
     capability: &str,
     method: &str,
     key: &str,
 ) -> Result<Vec<(Arc<Upstream>, Value)>, ErrorData> {
     let mut out = Vec::new();
-    for up in gw.upstreams() {
-        if !has(&up, capability) {
+    for up in reach {
+        if !has(up, capability) {
             continue;
         }
         let mut cursor: Option<Value> = None;
@@ -79,7 +83,7 @@ async fn list_all(
                 .cloned()
                 .unwrap_or_default()
             {
-                out.push((up.clone(), item));
+                out.push((Arc::clone(up), item));
             }
             match page.get("nextCursor") {
                 Some(c) if !c.is_null() => cursor = Some(c.clone()),
@@ -90,9 +94,9 @@ async fn list_all(
     Ok(out)
 }
 
-pub async fn list_prompts(gw: &Gateway) -> Result<Value, ErrorData> {
+pub async fn list_prompts(reach: &[Arc<Upstream>]) -> Result<Value, ErrorData> {
     let mut prompts = Vec::new();
-    for (up, mut p) in list_all(gw, "prompts", "prompts/list", "prompts").await? {
+    for (up, mut p) in list_all(reach, "prompts", "prompts/list", "prompts").await? {
         let Some(name) = p.get("name").and_then(Value::as_str) else {
             continue;
         };
@@ -104,8 +108,11 @@ pub async fn list_prompts(gw: &Gateway) -> Result<Value, ErrorData> {
     Ok(json!({"prompts": prompts}))
 }
 
-async fn prompt_owner(gw: &Gateway, exposed: &str) -> Result<(Arc<Upstream>, String), ErrorData> {
-    for (up, p) in list_all(gw, "prompts", "prompts/list", "prompts").await? {
+async fn prompt_owner(
+    reach: &[Arc<Upstream>],
+    exposed: &str,
+) -> Result<(Arc<Upstream>, String), ErrorData> {
+    for (up, p) in list_all(reach, "prompts", "prompts/list", "prompts").await? {
         let Some(name) = p.get("name").and_then(Value::as_str) else {
             continue;
         };
@@ -124,11 +131,11 @@ async fn prompt_owner(gw: &Gateway, exposed: &str) -> Result<(Arc<Upstream>, Str
 }
 
 pub async fn get_prompt(
-    gw: &Gateway,
+    reach: &[Arc<Upstream>],
     name: &str,
     arguments: Option<Value>,
 ) -> Result<Value, ErrorData> {
-    let (up, own) = prompt_owner(gw, name).await?;
+    let (up, own) = prompt_owner(reach, name).await?;
     let mut params = json!({"name": own});
     if let Some(a) = arguments {
         params["arguments"] = a;
@@ -138,8 +145,12 @@ pub async fn get_prompt(
         .map_err(to_error)
 }
 
-pub async fn list_resources(gw: &Gateway, method: &str, key: &str) -> Result<Value, ErrorData> {
-    let items: Vec<Value> = list_all(gw, "resources", method, key)
+pub async fn list_resources(
+    reach: &[Arc<Upstream>],
+    method: &str,
+    key: &str,
+) -> Result<Value, ErrorData> {
+    let items: Vec<Value> = list_all(reach, "resources", method, key)
         .await?
         .into_iter()
         .map(|(_, v)| v)
@@ -156,15 +167,15 @@ fn template_matches(template: &str, uri: &str) -> bool {
     uri.len() >= prefix.len() + suffix.len() && uri.starts_with(prefix) && uri.ends_with(suffix)
 }
 
-/// The upstream that owns a resource URI.
-async fn resource_owner(gw: &Gateway, uri: &str) -> Result<Arc<Upstream>, ErrorData> {
-    for (up, r) in list_all(gw, "resources", "resources/list", "resources").await? {
+/// The reachable upstream that owns a resource URI.
+async fn resource_owner(reach: &[Arc<Upstream>], uri: &str) -> Result<Arc<Upstream>, ErrorData> {
+    for (up, r) in list_all(reach, "resources", "resources/list", "resources").await? {
         if r.get("uri").and_then(Value::as_str) == Some(uri) {
             return Ok(up);
         }
     }
     for (up, t) in list_all(
-        gw,
+        reach,
         "resources",
         "resources/templates/list",
         "resourceTemplates",
@@ -178,13 +189,9 @@ async fn resource_owner(gw: &Gateway, uri: &str) -> Result<Arc<Upstream>, ErrorD
             return Ok(up);
         }
     }
-    let with: Vec<Arc<Upstream>> = gw
-        .upstreams()
-        .into_iter()
-        .filter(|u| has(u, "resources"))
-        .collect();
+    let with: Vec<&Arc<Upstream>> = reach.iter().filter(|u| has(u, "resources")).collect();
     match with.as_slice() {
-        [only] => Ok(only.clone()),
+        [only] => Ok(Arc::clone(only)),
         _ => Err(ErrorData::resource_not_found(
             format!("no upstream lists the resource {uri}"),
             None,
@@ -192,14 +199,18 @@ async fn resource_owner(gw: &Gateway, uri: &str) -> Result<Arc<Upstream>, ErrorD
     }
 }
 
-pub async fn resource_request(gw: &Gateway, method: &str, uri: &str) -> Result<Value, ErrorData> {
-    let up = resource_owner(gw, uri).await?;
+pub async fn resource_request(
+    reach: &[Arc<Upstream>],
+    method: &str,
+    uri: &str,
+) -> Result<Value, ErrorData> {
+    let up = resource_owner(reach, uri).await?;
     up.passthrough(method, Some(json!({"uri": uri})))
         .await
         .map_err(to_error)
 }
 
-pub async fn complete(gw: &Gateway, mut params: Value) -> Result<Value, ErrorData> {
+pub async fn complete(reach: &[Arc<Upstream>], mut params: Value) -> Result<Value, ErrorData> {
     let kind = params
         .pointer("/ref/type")
         .and_then(Value::as_str)
@@ -211,7 +222,7 @@ pub async fn complete(gw: &Gateway, mut params: Value) -> Result<Value, ErrorDat
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
-        let (up, own) = prompt_owner(gw, &name).await?;
+        let (up, own) = prompt_owner(reach, &name).await?;
         params["ref"]["name"] = Value::String(own);
         up
     } else {
@@ -220,16 +231,16 @@ pub async fn complete(gw: &Gateway, mut params: Value) -> Result<Value, ErrorDat
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
-        resource_owner(gw, &uri).await?
+        resource_owner(reach, &uri).await?
     };
     up.passthrough("completion/complete", Some(params))
         .await
         .map_err(to_error)
 }
 
-pub async fn set_level(gw: &Gateway, level: Value) -> Result<(), ErrorData> {
-    for up in gw.upstreams() {
-        if has(&up, "logging") {
+pub async fn set_level(reach: &[Arc<Upstream>], level: Value) -> Result<(), ErrorData> {
+    for up in reach {
+        if has(up, "logging") {
             up.passthrough("logging/setLevel", Some(json!({"level": level})))
                 .await
                 .map_err(to_error)?;

@@ -310,6 +310,23 @@ impl GatewayServer {
         }
     }
 
+    /// The upstreams this session's grants open: those with a tool in its catalog. Only these
+    /// are asked for prompts, resources, completions and log levels on its behalf.
+    fn reachable(&self) -> Vec<Arc<crate::upstream::Upstream>> {
+        let generation = self.gw.generation();
+        let session = self.open(&generation);
+        let aliases: std::collections::BTreeSet<&str> = session
+            .catalog()
+            .iter()
+            .filter_map(|spec| generation.tools.get(&spec.name)?.upstream.as_deref())
+            .collect();
+        self.gw
+            .upstreams()
+            .into_iter()
+            .filter(|up| aliases.contains(up.alias()))
+            .collect()
+    }
+
     fn list(&self, cursor: Option<&str>) -> Result<Value, ErrorData> {
         let generation = self.gw.generation();
         let session = self.open(&generation);
@@ -589,7 +606,7 @@ impl ServerHandler for GatewayServer {
     fn get_info(&self) -> ServerConfig {
         let mut info = json!({
             "protocolVersion": "2025-11-25",
-            "capabilities": crate::passthrough::capabilities(&self.gw),
+            "capabilities": crate::passthrough::capabilities(&self.reachable()),
             "serverInfo": {"name": "ring0", "version": env!("CARGO_PKG_VERSION")},
         });
         if let Some(i) = &self.instructions {
@@ -627,7 +644,7 @@ impl ServerHandler for GatewayServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        typed(crate::passthrough::list_prompts(&self.gw).await?)
+        typed(crate::passthrough::list_prompts(&self.reachable()).await?)
     }
 
     async fn get_prompt(
@@ -636,7 +653,7 @@ impl ServerHandler for GatewayServer {
         _context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
         let args = request.arguments.map(Value::Object);
-        let v = crate::passthrough::get_prompt(&self.gw, &request.name, args).await?;
+        let v = crate::passthrough::get_prompt(&self.reachable(), &request.name, args).await?;
         Ok(GetPromptResponse::Complete(typed(v)?))
     }
 
@@ -645,7 +662,10 @@ impl ServerHandler for GatewayServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        typed(crate::passthrough::list_resources(&self.gw, "resources/list", "resources").await?)
+        typed(
+            crate::passthrough::list_resources(&self.reachable(), "resources/list", "resources")
+                .await?,
+        )
     }
 
     async fn list_resource_templates(
@@ -655,7 +675,7 @@ impl ServerHandler for GatewayServer {
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
         typed(
             crate::passthrough::list_resources(
-                &self.gw,
+                &self.reachable(),
                 "resources/templates/list",
                 "resourceTemplates",
             )
@@ -669,7 +689,8 @@ impl ServerHandler for GatewayServer {
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let v =
-            crate::passthrough::resource_request(&self.gw, "resources/read", &request.uri).await?;
+            crate::passthrough::resource_request(&self.reachable(), "resources/read", &request.uri)
+                .await?;
         Ok(ReadResourceResponse::Complete(typed(v)?))
     }
 
@@ -678,7 +699,7 @@ impl ServerHandler for GatewayServer {
         request: SubscribeRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        crate::passthrough::resource_request(&self.gw, "resources/subscribe", &request.uri)
+        crate::passthrough::resource_request(&self.reachable(), "resources/subscribe", &request.uri)
             .await
             .map(|_| ())
     }
@@ -688,9 +709,13 @@ impl ServerHandler for GatewayServer {
         request: UnsubscribeRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        crate::passthrough::resource_request(&self.gw, "resources/unsubscribe", &request.uri)
-            .await
-            .map(|_| ())
+        crate::passthrough::resource_request(
+            &self.reachable(),
+            "resources/unsubscribe",
+            &request.uri,
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn complete(
@@ -700,7 +725,7 @@ impl ServerHandler for GatewayServer {
     ) -> Result<CompleteResult, ErrorData> {
         let params = serde_json::to_value(&request)
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        typed(crate::passthrough::complete(&self.gw, params).await?)
+        typed(crate::passthrough::complete(&self.reachable(), params).await?)
     }
 
     #[allow(deprecated)]
@@ -711,7 +736,7 @@ impl ServerHandler for GatewayServer {
     ) -> Result<(), ErrorData> {
         let level = serde_json::to_value(request.level)
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        crate::passthrough::set_level(&self.gw, level).await
+        crate::passthrough::set_level(&self.reachable(), level).await
     }
 
     async fn get_task(
