@@ -54,3 +54,27 @@ pub const MEMO_ENTRIES_MAX: usize = 4096;
 
 /// Largest memoized observation (256 KiB of JSON text); a larger one is simply not memoized.
 pub const MEMO_OBSERVATION_BYTES_MAX: usize = 256 * 1024;
+
+/// The SQLite writer folds the key index (see the `key_index` module) into its tables once it
+/// has had no request for this long (10 ms). Long enough that the gaps between the batches of a
+/// busy host (well under a millisecond of waiting for the next caller) never trigger it, so a
+/// fold's scattered page writes and fsync do not land between two batches of a burst; short
+/// enough that a host that pauses folds within a blink and the in-memory map stays small.
+pub const KEY_INDEX_FOLD_IDLE_MS: u64 = 10;
+
+/// Most key-index entries the SQLite writer folds in one idle transaction (64). A fold gives
+/// way to a caller that arrives (see [`KEY_INDEX_FOLD_STEP`]) except during its COMMIT, which
+/// writes the chunk's pages to the WAL: about two scattered index pages per entry, so this
+/// bounds how long a caller can wait behind a fold.
+pub const KEY_INDEX_FOLD_CHUNK: usize = 64;
+
+/// The SQLite writer looks at its queue every this many entries (8) of an idle fold, and
+/// abandons the fold for a waiting caller.
+pub const KEY_INDEX_FOLD_STEP: usize = 8;
+
+/// Most intents whose key-index entries the SQLite writer holds in memory (65,536, about
+/// 200 bytes each: some 13 MiB at the cap). Beyond it the writer folds the oldest entries
+/// inside the batch it is committing, so a host under load without a pause keeps a bounded map
+/// (and a bounded scan at the next open, which rebuilds the map from the rows above the
+/// watermark), at the price of that batch writing its share of index pages as before.
+pub const KEY_INDEX_PENDING_MAX: usize = 65_536;
