@@ -62,15 +62,19 @@ pub const MEMO_OBSERVATION_BYTES_MAX: usize = 256 * 1024;
 /// enough that a host that pauses folds within a blink and the in-memory map stays small.
 pub const KEY_INDEX_FOLD_IDLE_MS: u64 = 10;
 
-/// Most key-index entries the SQLite writer folds in one idle transaction (64). A fold gives
+/// Most key-index entries the SQLite writer folds in one idle transaction (16). A fold gives
 /// way to a caller that arrives (see [`KEY_INDEX_FOLD_STEP`]) except during its COMMIT, which
-/// writes the chunk's pages to the WAL: about two scattered index pages per entry, so this
-/// bounds how long a caller can wait behind a fold.
-pub const KEY_INDEX_FOLD_CHUNK: usize = 64;
+/// writes the chunk's pages to the WAL: about two scattered index pages per entry, so 16
+/// entries write about as many pages as a group commit of 64 new intents, and a caller that
+/// arrives during that COMMIT waits about as long as behind one batch. Measured with
+/// `cargo bench -p ring0-journal --bench commit`: with 256 (and 64) entries per fold the p99
+/// under 64 proposers had spikes of several milliseconds whenever a burst began during a
+/// fold.
+pub const KEY_INDEX_FOLD_CHUNK: usize = 16;
 
-/// The SQLite writer looks at its queue every this many entries (8) of an idle fold, and
-/// abandons the fold for a waiting caller.
-pub const KEY_INDEX_FOLD_STEP: usize = 8;
+/// The SQLite writer looks at its queue every this many entries (4) of an idle fold, and
+/// abandons the fold for a waiting caller: a few upserts are all a caller waits for.
+pub const KEY_INDEX_FOLD_STEP: usize = 4;
 
 /// Most intents whose key-index entries the SQLite writer holds in memory (65,536, about
 /// 200 bytes each: some 13 MiB at the cap). Beyond it the writer folds the oldest entries

@@ -4,8 +4,8 @@
 //!   its transaction is fsynced. A caller that gets an error must not dispatch (fail closed).
 //! - **Group commit.** One writer thread owns the only write connection. It decides every request
 //!   waiting — and every one that arrives while it is deciding — in one transaction (up to
-//!   [`GROUP_COMMIT_BATCH_MAX`]), one fsync for the batch, each inside its own savepoint, so one
-//!   refused request does not undo the others. Replies go out after the commit. The transaction
+//!   [`GROUP_COMMIT_BATCH_MAX`]), one fsync for the batch, each request atomic on its own (one
+//!   statement, or a savepoint), so one refused request does not undo the others. Replies go out after the commit. The transaction
 //!   stays open a moment (a bounded share of the last commit's time) for the callers the last
 //!   batch answered, so callers that come back together share one fsync instead of the first
 //!   starting a batch the others then wait behind (see `Gather`).
@@ -180,12 +180,10 @@ const SELECT_BY_KEY: &str = concat!(
     cols!(),
     " FROM intents WHERE seq = (SELECT intent_seq FROM intent_keys WHERE semantic_key = ?1)"
 );
-const SELECT_BY_CONTENT: &str = concat!(
-    "SELECT ",
-    cols!(),
-    " FROM intents WHERE seq = \
-     (SELECT intent_seq FROM intent_contents WHERE content_digest = ?1)"
-);
+/// The `seq` each index table names for a semantic key (?1) and a content digest (?2).
+const PROBE_INDEX: &str = "SELECT
+    (SELECT intent_seq FROM intent_keys WHERE semantic_key = ?1),
+    (SELECT intent_seq FROM intent_contents WHERE content_digest = ?2)";
 const SELECT_OPEN: &str = concat!(
     "SELECT ",
     cols!(),
@@ -1015,9 +1013,12 @@ fn writer_loop(
         answered_last = batch.len();
         commit_last = commit_time;
         note_commit(&activity, opened);
+        // The proposals are freed once every caller is answered, not between two answers.
+        let mut answered = Vec::with_capacity(batch.len());
         for (job, result) in batch.into_iter().zip(results) {
             match job {
-                WriteJob::Propose(_, reply) => {
+                WriteJob::Propose(prepared, reply) => {
+                    answered.push(prepared);
                     let _ = reply.send(result.map(|d| match d {
                         Done::Decision(d) => d,
                         _ => unreachable!("a proposal decides"),
@@ -1037,6 +1038,7 @@ fn writer_loop(
                 }
             }
         }
+        drop(answered);
     }
     // A clean close folds every entry, so the next open has nothing to rebuild. Stopping at a
     // failure loses nothing: the next open rebuilds what is left from the rows.
@@ -1094,8 +1096,8 @@ impl Gather {
     }
 }
 
-/// Decides `batch` and every request [`Gather`] adds to it in one transaction, each job in its
-/// own savepoint, and commits: one fsync for all. Returns the results, in `batch` order, and
+/// Decides `batch` and every request [`Gather`] adds to it in one transaction, each job atomic
+/// on its own, and commits: one fsync for all. Returns the results, in `batch` order, and
 /// how long the COMMIT took.
 ///
 /// The key-index entries of the batch's new intents are staged as each job's savepoint is
@@ -1134,7 +1136,12 @@ fn commit_batch(
     let mut max_seq = index.max_seq;
     loop {
         while let Some(job) = batch.get(results.len()) {
-            if let Err(e) = exec_cached(conn, "SAVEPOINT job") {
+            // A proposal or a transition writes with one statement at most, which SQLite makes
+            // atomic by itself: a statement that fails undoes its own changes and leaves the
+            // transaction open (and one that takes the transaction down is caught below). Only
+            // a memo write, two statements, needs a savepoint of its own.
+            let savepoint = matches!(job, WriteJob::MemoPut(..));
+            if savepoint && let Err(e) = exec_cached(conn, "SAVEPOINT job") {
                 results.push(Err(files.sql(e)));
                 continue;
             }
@@ -1146,7 +1153,9 @@ fn commit_batch(
                 // every decision of this batch is gone, so every request fails closed.
                 return fail_all(batch.len(), e.clone(), staged);
             }
-            let end = if result.is_ok() {
+            let end = if !savepoint {
+                Ok(())
+            } else if result.is_ok() {
                 exec_cached(conn, "RELEASE job")
             } else {
                 exec_cached(conn, "ROLLBACK TO job").and_then(|()| exec_cached(conn, "RELEASE job"))
@@ -1244,24 +1253,41 @@ fn apply(
             };
             let (by_key, by_content) = if p.mutating {
                 // Newest first: this batch, then the pending entries, then the tables.
-                let key_seq = staged
-                    .seq_of_key(&p.semantic_key)
-                    .or_else(|| read_index(&index.shared).seq_of_key(&p.semantic_key));
+                let (key_seq, content_seq) = {
+                    let pending = read_index(&index.shared);
+                    let key = &p.semantic_key;
+                    let content = &prepared.content;
+                    (
+                        staged.seq_of_key(key).or_else(|| pending.seq_of_key(key)),
+                        staged
+                            .seq_of_content(content)
+                            .or_else(|| pending.seq_of_content(content)),
+                    )
+                };
+                let (key_seq, content_seq) = if key_seq.is_none() || content_seq.is_none() {
+                    // One statement probes both tables; memory wins where it has an entry.
+                    let (in_keys, in_contents) = conn
+                        .prepare_cached(PROBE_INDEX)
+                        .and_then(|mut stmt| {
+                            stmt.query_row(
+                                params![prepared.key_text, decide::hex(&prepared.content)],
+                                |r| Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?)),
+                            )
+                        })
+                        .map_err(|e| files.sql(e))?;
+                    (key_seq.or(in_keys), content_seq.or(in_contents))
+                } else {
+                    (key_seq, content_seq)
+                };
                 let by_key = match key_seq {
                     Some(seq) => Some(load_indexed(conn, files, seq)?),
-                    None => load_one(conn, files, SELECT_BY_KEY, [&prepared.key_text])?,
+                    None => None,
                 };
-                let content_seq = staged
-                    .seq_of_content(&prepared.content)
-                    .or_else(|| read_index(&index.shared).seq_of_content(&prepared.content));
                 let by_content = match content_seq {
+                    // Usually the same record: read it once.
+                    Some(seq) if key_seq == Some(seq) => by_key.clone(),
                     Some(seq) => Some(load_indexed(conn, files, seq)?),
-                    None => load_one(
-                        conn,
-                        files,
-                        SELECT_BY_CONTENT,
-                        [decide::hex(&prepared.content)],
-                    )?,
+                    None => None,
                 };
                 (by_key, by_content)
             } else {
@@ -1884,6 +1910,34 @@ mod tests {
         assert!(decided.iter().all(Result::is_err), "{decided:?}");
         assert_eq!(w.index.pending(), 0);
         assert_eq!(w.batch(vec![refund(1, "c1")]), vec![Ok("recorded")]);
+    }
+
+    fn synchronous(conn: &Connection) -> i64 {
+        conn.query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn an_idle_fold_gives_way_to_a_waiting_caller_and_keeps_commits_fully_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let mut w = Writer::open(&path);
+        w.batch(vec![refund(1, "c"), refund(2, "c"), refund(3, "c")]);
+        let (tx, rx) = mpsc::sync_channel(1);
+        tx.send(request()).unwrap();
+        let waiting = w.index.fold_chunk(&w.conn, &w.files, Some(&rx)).unwrap();
+        assert!(matches!(waiting, Some(WriteJob::MemoPut(..))));
+        assert_eq!((w.index.pending(), indexed_keys(&path)), (3, 0));
+        // 2 is FULL: what every batch commits with.
+        assert_eq!(synchronous(&w.conn), 2);
+        assert!(
+            w.index
+                .fold_chunk(&w.conn, &w.files, Some(&rx))
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!((w.index.pending(), indexed_keys(&path)), (0, 3));
+        assert_eq!(synchronous(&w.conn), 2);
     }
 
     #[test]
