@@ -41,8 +41,9 @@ use crate::decide::{self, Found, Write};
 use crate::key_index::{ContentDigest, IndexEntry, PendingIndex, Staged};
 use crate::limits::{
     ARGS_INLINE_BYTES_MAX, GROUP_COMMIT_BATCH_MAX, GROUP_COMMIT_GATHER_PERCENT,
-    GROUP_COMMIT_GATHER_US_MAX, KEY_INDEX_FOLD_CHUNK, KEY_INDEX_FOLD_IDLE_MS, KEY_INDEX_FOLD_STEP,
-    KEY_INDEX_PENDING_MAX, MEMO_ENTRIES_MAX, READERS_DEFAULT, RECENT_LIMIT_MAX, WRITER_QUEUE_MAX,
+    GROUP_COMMIT_GATHER_US_MAX, KEY_INDEX_CLOSE_FOLD_CHUNK, KEY_INDEX_FOLD_CHUNK,
+    KEY_INDEX_FOLD_IDLE_MS, KEY_INDEX_FOLD_STEP, KEY_INDEX_PENDING_MAX, MEMO_ENTRIES_MAX,
+    READERS_DEFAULT, RECENT_LIMIT_MAX, WRITER_QUEUE_MAX,
 };
 use crate::memo::MemoEntry;
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
@@ -782,8 +783,6 @@ struct KeyIndex {
     watermark: i64,
     /// The highest `seq` committed (mutating or not).
     max_seq: i64,
-    /// An idle fold lowered `synchronous` and could not raise it back to FULL.
-    sync_weakened: bool,
 }
 
 impl KeyIndex {
@@ -836,7 +835,6 @@ impl KeyIndex {
             tuning,
             watermark,
             max_seq,
-            sync_weakened: false,
         })
     }
 
@@ -850,43 +848,34 @@ impl KeyIndex {
         self.watermark < self.max_seq || !read_index(&self.shared).is_empty()
     }
 
-    /// Folds the oldest [`IndexTuning::chunk`] entries in a transaction of its own, then drops
+    /// Folds the oldest `chunk` entries in a transaction of its own, then drops
     /// them from the map. On failure nothing changed (a later idle period tries again).
     ///
     /// With `interrupt`, the fold gives way to callers: every [`KEY_INDEX_FOLD_STEP`] entries
     /// it looks at the queue, and if a request is waiting it rolls its transaction back (the
     /// entries stay in memory; nothing was lost but a little work) and returns the request, so
     /// a caller arriving during a fold waits for a few upserts, not for the chunk. What it
-    /// cannot give way to is its COMMIT, which writes the chunk's pages to the WAL; that commit
-    /// skips the fsync (`synchronous = NORMAL` for this transaction only), because nothing
-    /// depends on a fold being durable: a fold lost to a power cut takes its watermark with it
-    /// (same transaction), and the next open rebuilds those entries from the intents, which
-    /// were fsynced when they were answered. The WAL is one file, so the next batch's fsync
-    /// makes the fold durable too, and a frame chain cut short is discarded whole on recovery,
-    /// so a lost fold cannot leave a later commit without it.
+    /// cannot give way to is its COMMIT, which writes the chunk's pages to the WAL and fsyncs
+    /// them like any other commit. (Nothing depends on a fold being durable — a lost fold takes
+    /// its watermark with it and the next open rebuilds the entries — but a fold committed
+    /// without its fsync would leave its pages for the next batch's fsync to write, on a
+    /// caller's time: after a long idle fold, megabytes.)
     fn fold_chunk(
         &mut self,
         conn: &Connection,
         files: &Files,
+        chunk: usize,
         interrupt: Option<&Receiver<WriteJob>>,
     ) -> Result<Option<WriteJob>, JournalError> {
         let (entries, next) = {
             let pending = read_index(&self.shared);
-            let n = self.tuning.chunk.min(pending.len());
+            let n = chunk.min(pending.len());
             (pending.oldest(n), pending.seq_after(n))
         };
         // Every intent below the oldest entry left is folded or not indexed at all.
         let watermark = next.map_or(self.max_seq, |seq| seq - 1).max(self.watermark);
-        // The safety level can only change outside a transaction: NORMAL for this one, FULL
-        // again before anything else commits, on every path.
-        exec_cached(conn, "PRAGMA synchronous = NORMAL").map_err(|e| files.sql(e))?;
-        let outcome = fold_transaction(conn, &entries, watermark, interrupt);
-        let restored = exec_cached(conn, "PRAGMA synchronous = FULL");
-        // Nothing may commit at the weaker level: if FULL could not be restored, the next batch
-        // tries again before it begins, and fails rather than commit without an fsync.
-        self.sync_weakened = restored.is_err();
-        let interrupted = outcome.map_err(|e| files.sql(e))?;
-        restored.map_err(|e| files.sql(e))?;
+        let interrupted =
+            fold_transaction(conn, &entries, watermark, interrupt).map_err(|e| files.sql(e))?;
         if interrupted.is_some() {
             return Ok(interrupted);
         }
@@ -983,7 +972,7 @@ fn writer_loop(
                         // caller waits for one chunk at most. A failed fold is retried after
                         // the next idle period; the entries stay in memory meanwhile.
                         while index.needs_fold() {
-                            match index.fold_chunk(&conn, &files, Some(&rx)) {
+                            match index.fold_chunk(&conn, &files, index.tuning.chunk, Some(&rx)) {
                                 Ok(None) => note_commit(&activity, opened),
                                 Ok(Some(job)) => {
                                     next = Some(job);
@@ -1040,10 +1029,15 @@ fn writer_loop(
         }
         drop(answered);
     }
-    // A clean close folds every entry, so the next open has nothing to rebuild. Stopping at a
-    // failure loses nothing: the next open rebuilds what is left from the rows.
+    // A clean close folds every entry, so the next open has nothing to rebuild, in large chunks
+    // since no caller is left to give way to. Stopping at a failure loses nothing: the next open
+    // rebuilds what is left from the rows.
     if index.tuning.fold_on_close {
-        while index.needs_fold() && index.fold_chunk(&conn, &files, None).is_ok() {}
+        while index.needs_fold()
+            && index
+                .fold_chunk(&conn, &files, KEY_INDEX_CLOSE_FOLD_CHUNK, None)
+                .is_ok()
+        {}
     }
     // Fold the WAL back into the database so a clean close leaves one file.
     let _ = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
@@ -1122,12 +1116,6 @@ fn commit_batch(
         let results = (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>();
         (results, Duration::ZERO)
     };
-    if index.sync_weakened {
-        if let Err(e) = exec_cached(conn, "PRAGMA synchronous = FULL") {
-            return fail_all(batch.len(), files.sql(e), staged);
-        }
-        index.sync_weakened = false;
-    }
     if let Err(e) = exec_cached(conn, "BEGIN IMMEDIATE") {
         return fail_all(batch.len(), files.sql(e), staged);
     }
@@ -1925,14 +1913,17 @@ mod tests {
         w.batch(vec![refund(1, "c"), refund(2, "c"), refund(3, "c")]);
         let (tx, rx) = mpsc::sync_channel(1);
         tx.send(request()).unwrap();
-        let waiting = w.index.fold_chunk(&w.conn, &w.files, Some(&rx)).unwrap();
+        let waiting = w
+            .index
+            .fold_chunk(&w.conn, &w.files, KEY_INDEX_FOLD_CHUNK, Some(&rx))
+            .unwrap();
         assert!(matches!(waiting, Some(WriteJob::MemoPut(..))));
         assert_eq!((w.index.pending(), indexed_keys(&path)), (3, 0));
         // 2 is FULL: what every batch commits with.
         assert_eq!(synchronous(&w.conn), 2);
         assert!(
             w.index
-                .fold_chunk(&w.conn, &w.files, Some(&rx))
+                .fold_chunk(&w.conn, &w.files, KEY_INDEX_FOLD_CHUNK, Some(&rx))
                 .unwrap()
                 .is_none()
         );
