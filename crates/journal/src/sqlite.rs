@@ -85,18 +85,22 @@ struct WalActivity {
     batches_since_checkpoint: std::sync::atomic::AtomicU64,
 }
 
-/// Page size of a new journal (1 KiB). Each new intent inserts into two indexes keyed by
-/// hashes, at random places, so a group commit of n intents dirties about 2n scattered pages;
-/// with small pages that is a quarter of the WAL bytes (and fsync time) of 4 KiB pages. Measured
-/// with `cargo bench -p ring0-journal --bench commit`: p99 under 64 proposers fell from
-/// 5.8–9.5x to 4.2–5.0x the single-commit latency.
+/// Page size of a new journal (1 KiB). Each new intent goes into two indexes keyed by hashes,
+/// at random places, so folding n intents dirties about 2n scattered pages; with small pages
+/// that is a quarter of the WAL bytes (and fsync time) of 4 KiB pages. Chosen when those index
+/// writes were part of every commit, measured with `cargo bench -p ring0-journal --bench
+/// commit`: p99 under 64 proposers fell from 5.8–9.5x to 4.2–5.0x the single-commit latency.
+/// Now that commits append rows only (see the `key_index` module), 4 KiB pages measured about
+/// 10% less writer time per 64-intent batch (fewer WAL frames), within the run-to-run noise of
+/// the bench's ratios; the folds' cost kept this size.
 pub const PAGE_SIZE_BYTES: u32 = 1024;
 
 /// Page cache of the writer connection (16 MiB; SQLite's default is 2 MiB). Deciding a new
 /// intent looks its key and content digest up in two hash-keyed indexes, a leaf page at a random
 /// place in each; once those indexes outgrow the cache every look-up reads its pages back from
-/// the OS. Measured with `cargo bench -p ring0-journal --bench commit` (about 50,000 intents by
-/// its end): re-reading pages was a tenth of the writer thread's time with the default.
+/// the OS. Measured with `perf` on the writer thread during `cargo bench -p ring0-journal --bench
+/// commit` (about 47,000 intents by its end): re-reading pages took about a tenth of its time
+/// with the default cache, and almost none with this one.
 pub const WRITER_CACHE_KIB: u32 = 16 * 1024;
 
 /// `PRAGMA application_id` of a ring0 journal ("r0jl").
