@@ -5,10 +5,11 @@
 //! - **Group commit.** One writer thread owns the only write connection. It decides every request
 //!   waiting — and every one that arrives while it is deciding — in one transaction (up to
 //!   [`GROUP_COMMIT_BATCH_MAX`]), one fsync for the batch, each request atomic on its own (one
-//!   statement, or a savepoint), so one refused request does not undo the others. Replies go out after the commit. The transaction
-//!   stays open a moment (a bounded share of the last commit's time) for the callers the last
-//!   batch answered, so callers that come back together share one fsync instead of the first
-//!   starting a batch the others then wait behind (see `Gather`).
+//!   statement, or a savepoint), so one refused request does not undo the others. Replies go
+//!   out after the commit. The transaction stays open a moment (a bounded share of the last
+//!   commit's time) for the callers the last batch answered, so callers that come back together
+//!   share one fsync instead of the first starting a batch the others then wait behind (see
+//!   `Gather`).
 //! - **Checkpoints off the commit path.** SQLite's automatic checkpoint would run inside some
 //!   commit and make it wait for the database file's fsync; a checkpointer thread with its own
 //!   connection folds the WAL back instead (`PASSIVE`: it never blocks the writer or the
