@@ -21,7 +21,7 @@ use ring0_core::receipt::TimelineEntry;
 use sha2::{Digest, Sha256};
 
 /// Lowercase hex of bytes (a table lookup per nibble: this runs for every proposal).
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for &b in bytes {
@@ -41,6 +41,16 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
 /// canonicalizer versions are the same intent seen through two canonicalizers: a conflict, never
 /// a second record.
 pub(crate) fn content_digest(tool: &str, scope: &str, epoch: u64, canonical_args: &str) -> String {
+    hex(&content_digest_bytes(tool, scope, epoch, canonical_args))
+}
+
+/// [`content_digest`] as raw bytes, the form the durable backend keeps in memory.
+pub(crate) fn content_digest_bytes(
+    tool: &str,
+    scope: &str,
+    epoch: u64,
+    canonical_args: &str,
+) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(b"ring0-content\0");
     h.update(tool.as_bytes());
@@ -49,7 +59,7 @@ pub(crate) fn content_digest(tool: &str, scope: &str, epoch: u64, canonical_args
     h.update([0]);
     h.update(epoch.to_be_bytes());
     h.update(canonical_args.as_bytes());
-    hex(&h.finalize())
+    h.finalize().into()
 }
 
 pub(crate) fn record_content_digest(r: &IntentRecord) -> String {

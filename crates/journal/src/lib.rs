@@ -37,6 +37,7 @@
 pub mod clock;
 mod decide;
 pub mod inspect;
+mod key_index;
 pub mod limits;
 pub mod machine;
 pub mod memo;

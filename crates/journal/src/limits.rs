@@ -54,3 +54,40 @@ pub const MEMO_ENTRIES_MAX: usize = 4096;
 
 /// Largest memoized observation (256 KiB of JSON text); a larger one is simply not memoized.
 pub const MEMO_OBSERVATION_BYTES_MAX: usize = 256 * 1024;
+
+/// The SQLite writer folds the key index (see the `key_index` module) into its tables once it
+/// has had no request for this long (10 ms). Long enough that the gaps between the batches of a
+/// busy host (well under a millisecond of waiting for the next caller) never trigger it, so a
+/// fold's scattered page writes and fsync do not land between two batches of a burst; short
+/// enough that a host that pauses folds within a blink and the in-memory map stays small.
+/// (`cargo bench -p ring0-journal --bench commit` never pauses this long between its phases:
+/// it ends with its 47,000 or so intents all pending, folded by the close.)
+pub const KEY_INDEX_FOLD_IDLE_MS: u64 = 10;
+
+/// Most key-index entries the SQLite writer folds in one idle transaction (16). A fold gives
+/// way to a caller that arrives (see [`KEY_INDEX_FOLD_STEP`]) except during its COMMIT, which
+/// writes the chunk's pages to the WAL and fsyncs them: about two scattered index pages per
+/// entry, so 16 entries write about as many pages as a group commit of 64 new intents, and a
+/// caller that arrives during that COMMIT waits about as long as behind one batch. The size
+/// comes from that bound, not from a benchmark figure: folding 16 entries per fsync is slow
+/// (tens of thousands of entries a second), which only an idle writer pays.
+pub const KEY_INDEX_FOLD_CHUNK: usize = 16;
+
+/// Most key-index entries folded per transaction when the SQLite journal closes (4,096): no
+/// caller waits then, so the chunk is sized for throughput. Measured at the end of
+/// `cargo bench -p ring0-journal --bench commit` (about 47,000 entries pending), the close with
+/// its final checkpoint took 2.7 s at the idle chunk size (one fsync per 16 entries) and 0.8 s
+/// with this one.
+pub const KEY_INDEX_CLOSE_FOLD_CHUNK: usize = 4096;
+
+/// The SQLite writer looks at its queue every this many entries (4) of an idle fold, and
+/// abandons the fold for a waiting caller: a few upserts are all a caller waits for.
+pub const KEY_INDEX_FOLD_STEP: usize = 4;
+
+/// Most intents whose key-index entries the SQLite writer holds in memory (65,536; each is an
+/// 80-byte entry and a slot in two hash maps, 200–300 bytes in all: 12–19 MiB at the cap).
+/// Beyond it the writer folds the oldest entries inside the batch it is committing, so a host
+/// under load without a pause keeps a bounded map (and a bounded scan at the next open, which
+/// rebuilds the map from the rows above the watermark), at the price of that batch writing its
+/// share of index pages as before.
+pub const KEY_INDEX_PENDING_MAX: usize = 65_536;

@@ -4,11 +4,12 @@
 //!   its transaction is fsynced. A caller that gets an error must not dispatch (fail closed).
 //! - **Group commit.** One writer thread owns the only write connection. It decides every request
 //!   waiting — and every one that arrives while it is deciding — in one transaction (up to
-//!   [`GROUP_COMMIT_BATCH_MAX`]), one fsync for the batch, each inside its own savepoint, so one
-//!   refused request does not undo the others. Replies go out after the commit. The transaction
-//!   stays open a moment (a bounded share of the last commit's time) for the callers the last
-//!   batch answered, so callers that come back together share one fsync instead of the first
-//!   starting a batch the others then wait behind (see `Gather`).
+//!   [`GROUP_COMMIT_BATCH_MAX`]), one fsync for the batch, each request atomic on its own (one
+//!   statement, or a savepoint), so one refused request does not undo the others. Replies go
+//!   out after the commit. The transaction stays open a moment (a bounded share of the last
+//!   commit's time) for the callers the last batch answered, so callers that come back together
+//!   share one fsync instead of the first starting a batch the others then wait behind (see
+//!   `Gather`).
 //! - **Checkpoints off the commit path.** SQLite's automatic checkpoint would run inside some
 //!   commit and make it wait for the database file's fsync; a checkpointer thread with its own
 //!   connection folds the WAL back instead (`PASSIVE`: it never blocks the writer or the
@@ -28,16 +29,22 @@
 //! - **Large arguments** (over [`ARGS_INLINE_BYTES_MAX`]) are written, fsynced, to
 //!   `<db>.spill/<sha256>` before the record that names them commits; reading a record checks the
 //!   digest.
+//! - **The key index is maintained lazily.** The semantic-key and content indexes are derived
+//!   from the `intents` rows and folded into their tables off the commit path; the entries not
+//!   yet folded live in memory and are rebuilt from the rows at open (see the `key_index`
+//!   module). A commit writes its intents' rows only.
 //! - **Migrations** are numbered; `PRAGMA user_version` says which ran.
 //!
 //! Every decision is made by the private `decide` module, the code [`crate::MemoryJournal`] runs.
 
 use crate::clock::{Clock, SystemClock};
 use crate::decide::{self, Found, Write};
+use crate::key_index::{ContentDigest, IndexEntry, PendingIndex, Staged};
 use crate::limits::{
     ARGS_INLINE_BYTES_MAX, GROUP_COMMIT_BATCH_MAX, GROUP_COMMIT_GATHER_PERCENT,
-    GROUP_COMMIT_GATHER_US_MAX, MEMO_ENTRIES_MAX, READERS_DEFAULT, RECENT_LIMIT_MAX,
-    WRITER_QUEUE_MAX,
+    GROUP_COMMIT_GATHER_US_MAX, KEY_INDEX_CLOSE_FOLD_CHUNK, KEY_INDEX_FOLD_CHUNK,
+    KEY_INDEX_FOLD_IDLE_MS, KEY_INDEX_FOLD_STEP, KEY_INDEX_PENDING_MAX, MEMO_ENTRIES_MAX,
+    READERS_DEFAULT, RECENT_LIMIT_MAX, WRITER_QUEUE_MAX,
 };
 use crate::memo::MemoEntry;
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
@@ -50,7 +57,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -79,12 +86,23 @@ struct WalActivity {
     batches_since_checkpoint: std::sync::atomic::AtomicU64,
 }
 
-/// Page size of a new journal (1 KiB). Each new intent inserts into two indexes keyed by
-/// hashes, at random places, so a group commit of n intents dirties about 2n scattered pages;
-/// with small pages that is a quarter of the WAL bytes (and fsync time) of 4 KiB pages. Measured
-/// with `cargo bench -p ring0-journal --bench commit`: p99 under 64 proposers fell from
-/// 5.8–9.5x to 4.2–5.0x the single-commit latency.
+/// Page size of a new journal (1 KiB). Each new intent goes into two indexes keyed by hashes,
+/// at random places, so folding n intents dirties about 2n scattered pages; with small pages
+/// that is a quarter of the WAL bytes (and fsync time) of 4 KiB pages. Chosen when those index
+/// writes were part of every commit, measured with `cargo bench -p ring0-journal --bench
+/// commit`: p99 under 64 proposers fell from 5.8–9.5x to 4.2–5.0x the single-commit latency.
+/// Now that commits append rows only (see the `key_index` module), 4 KiB pages measured about
+/// 10% less writer time per 64-intent batch (fewer WAL frames), within the run-to-run noise of
+/// the bench's ratios; the folds' cost kept this size.
 pub const PAGE_SIZE_BYTES: u32 = 1024;
+
+/// Page cache of the writer connection (16 MiB; SQLite's default is 2 MiB). Deciding a new
+/// intent looks its key and content digest up in two hash-keyed indexes, a leaf page at a random
+/// place in each; once those indexes outgrow the cache every look-up reads its pages back from
+/// the OS. Measured with `perf` on the writer thread during `cargo bench -p ring0-journal --bench
+/// commit` (about 47,000 intents by its end): re-reading pages took about a tenth of its time
+/// with the default cache, and almost none with this one.
+pub const WRITER_CACHE_KIB: u32 = 16 * 1024;
 
 /// `PRAGMA application_id` of a ring0 journal ("r0jl").
 const APPLICATION_ID: i64 = 0x7230_6a6c;
@@ -130,14 +148,73 @@ const MIGRATIONS: &[&str] = &[
         stored_ms   INTEGER NOT NULL
     ) WITHOUT ROWID;
     CREATE INDEX memo_by_age ON memo(stored_ms);",
+    // 2: the key index is folded lazily. `content_digest` lets the in-memory part be rebuilt
+    // from the rows without reading spilled arguments; `indexed_through` is the highest `seq`
+    // whose keys are all in `intent_keys`/`intent_contents`. A version-1 journal indexed every
+    // intent as it was inserted, so its watermark is its last `seq` (its older rows never need
+    // the digest column).
+    "ALTER TABLE intents ADD COLUMN content_digest TEXT;
+    CREATE TABLE key_index_watermark (
+        only_row        INTEGER PRIMARY KEY CHECK (only_row = 1),
+        indexed_through INTEGER NOT NULL
+    );
+    INSERT INTO key_index_watermark (only_row, indexed_through)
+        SELECT 1, coalesce(max(seq), 0) FROM intents;",
 ];
 
-const COLS: &str = "id, semantic_key, scope, attempt_epoch, tool, args_sha256, args_bytes, \
-                    args_inline, call_ids, idempotency_key, mutating, fence, attempts, state, \
-                    timeline, receipt, snapshot, owner";
+/// The columns `from_row` reads, as a macro so statements are built with `concat!` at compile
+/// time (no string formatting per request).
+macro_rules! cols {
+    () => {
+        "id, semantic_key, scope, attempt_epoch, tool, args_sha256, args_bytes, args_inline, \
+         call_ids, idempotency_key, mutating, fence, attempts, state, timeline, receipt, \
+         snapshot, owner"
+    };
+}
 
 /// States a record can leave: what `open_records` returns.
-const OPEN_STATES: &str = "('PROPOSED','RECORDED','DISPATCHED','UNKNOWN','RECONCILING')";
+macro_rules! open_states {
+    () => {
+        "('PROPOSED','RECORDED','DISPATCHED','UNKNOWN','RECONCILING')"
+    };
+}
+
+const SELECT_BY_ID: &str = concat!("SELECT ", cols!(), " FROM intents WHERE id = ?1");
+const SELECT_BY_SEQ: &str = concat!("SELECT ", cols!(), " FROM intents WHERE seq = ?1");
+const SELECT_BY_KEY: &str = concat!(
+    "SELECT ",
+    cols!(),
+    " FROM intents WHERE seq = (SELECT intent_seq FROM intent_keys WHERE semantic_key = ?1)"
+);
+/// The `seq` each index table names for a semantic key (?1) and a content digest (?2).
+const PROBE_INDEX: &str = "SELECT
+    (SELECT intent_seq FROM intent_keys WHERE semantic_key = ?1),
+    (SELECT intent_seq FROM intent_contents WHERE content_digest = ?2)";
+const SELECT_OPEN: &str = concat!(
+    "SELECT ",
+    cols!(),
+    " FROM intents WHERE state IN ",
+    open_states!(),
+    " ORDER BY seq"
+);
+const SELECT_RECENT: &str = concat!(
+    "SELECT ",
+    cols!(),
+    " FROM intents ORDER BY seq DESC LIMIT ?1"
+);
+const INSERT_INTENT: &str = concat!(
+    "INSERT INTO intents (",
+    cols!(),
+    ", content_digest, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+     ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?20)"
+);
+const UPSERT_KEY: &str = "INSERT INTO intent_keys (semantic_key, intent_seq) VALUES (?1, ?2)
+     ON CONFLICT(semantic_key) DO UPDATE SET intent_seq = excluded.intent_seq";
+const UPSERT_CONTENT: &str =
+    "INSERT INTO intent_contents (content_digest, intent_seq) VALUES (?1, ?2)
+     ON CONFLICT(content_digest) DO UPDATE SET intent_seq = excluded.intent_seq";
+const SET_WATERMARK: &str =
+    "UPDATE key_index_watermark SET indexed_through = ?1 WHERE only_row = 1";
 
 /// How to open a SQLite journal.
 #[derive(Clone)]
@@ -228,8 +305,37 @@ impl Files {
 
 type Reply<T> = oneshot::Sender<Result<T, JournalError>>;
 
+/// A proposal with the digests the writer needs, computed on the caller's thread: the one writer
+/// thread is the journal's bottleneck under load, so it only runs SQL and decisions.
+struct PreparedProposal {
+    proposal: Proposal,
+    /// `semantic_key.encode()`, the stored form.
+    key_text: String,
+    /// The content digest (see `decide::content_digest`).
+    content: ContentDigest,
+    /// SHA-256 of the canonical arguments: the name of their spill file.
+    args_sha256: String,
+}
+
+impl PreparedProposal {
+    fn new(proposal: Proposal) -> Self {
+        let p = &proposal;
+        Self {
+            key_text: p.semantic_key.encode(),
+            content: decide::content_digest_bytes(
+                &p.tool,
+                &p.scope,
+                p.attempt_epoch,
+                &p.canonical_args,
+            ),
+            args_sha256: decide::sha256_hex(p.canonical_args.as_bytes()),
+            proposal,
+        }
+    }
+}
+
 enum WriteJob {
-    Propose(Proposal, Reply<ProposeDecision>),
+    Propose(Box<PreparedProposal>, Reply<ProposeDecision>),
     Transition(Box<Transition>, Reply<IntentRecord>),
     MemoPut(Fingerprint, MemoEntry, Reply<bool>),
 }
@@ -252,8 +358,39 @@ pub struct SqliteJournal {
     threads: Vec<JoinHandle<()>>,
     checkpointer: Option<(Sender<()>, JoinHandle<()>)>,
     incarnation: u64,
+    /// Key-index entries not yet folded into their tables (shared with the writer, which alone
+    /// changes them, and the readers).
+    index: Arc<RwLock<PendingIndex>>,
     lock: Option<File>,
 }
+
+/// How the writer maintains the key index. Always the named limits outside this module's
+/// tests, which shrink them to observe folding deterministically.
+#[derive(Debug, Clone, Copy)]
+struct IndexTuning {
+    /// Idle time after which the writer folds; `None`: never while open.
+    fold_idle: Option<Duration>,
+    /// Most entries folded per idle transaction.
+    chunk: usize,
+    /// Most entries held in memory.
+    pending_max: usize,
+    /// Whether a clean close folds every entry.
+    fold_on_close: bool,
+}
+
+impl Default for IndexTuning {
+    fn default() -> Self {
+        Self {
+            fold_idle: Some(Duration::from_millis(KEY_INDEX_FOLD_IDLE_MS)),
+            chunk: KEY_INDEX_FOLD_CHUNK,
+            pending_max: KEY_INDEX_PENDING_MAX,
+            fold_on_close: true,
+        }
+    }
+}
+
+// A batch's own entries must fit under the cap, or folding older ones could not bound the map.
+const _: () = assert!(GROUP_COMMIT_BATCH_MAX <= KEY_INDEX_PENDING_MAX);
 
 impl SqliteJournal {
     /// Opens (creating if absent) the journal at `path` with default options.
@@ -263,7 +400,15 @@ impl SqliteJournal {
 
     /// Opens (creating if absent) the journal at `path` for writing.
     pub fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, JournalError> {
-        let files = Files::new(path.as_ref());
+        Self::open_tuned(path.as_ref(), options, IndexTuning::default())
+    }
+
+    fn open_tuned(
+        path: &Path,
+        options: SqliteOptions,
+        tuning: IndexTuning,
+    ) -> Result<Self, JournalError> {
+        let files = Files::new(path);
         let lock = acquire_lock(&files)?;
         let conn = open_connection(&files, true)?;
         configure_writer(&conn, &files, &options)?;
@@ -274,6 +419,8 @@ impl SqliteJournal {
             })
             .map_err(|e| files.sql(e))?;
         let incarnation = u64::try_from(incarnation).unwrap_or(1);
+        let key_index = KeyIndex::load(&conn, &files, tuning)?;
+        let index = key_index.shared.clone();
         fs::create_dir_all(&files.spill)
             .map_err(|e| files.io("creating spill directory", &files.spill, e))?;
 
@@ -295,6 +442,7 @@ impl SqliteJournal {
                         writer_rx,
                         wactivity,
                         opened,
+                        key_index,
                     )
                 })
                 .map_err(|e| JournalError::Storage(format!("starting the writer thread: {e}")))?,
@@ -328,12 +476,19 @@ impl SqliteJournal {
             threads,
             checkpointer: Some((stop_tx, checkpointer)),
             incarnation,
+            index,
             lock: Some(lock),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.files.db
+    }
+
+    /// Intents whose semantic-key and content index entries are held in memory, not yet folded
+    /// into the database: a diagnostic, at most [`KEY_INDEX_PENDING_MAX`].
+    pub fn pending_index_entries(&self) -> usize {
+        read_index(&self.index).len()
     }
 
     async fn write<T>(&self, make: impl FnOnce(Reply<T>) -> WriteJob) -> Result<T, JournalError> {
@@ -380,7 +535,8 @@ impl Journal for SqliteJournal {
     async fn propose(&self, proposal: Proposal) -> Result<ProposeDecision, JournalError> {
         // Limits are checked before queueing so an oversized proposal never reaches the writer.
         decide::validate_proposal(&proposal)?;
-        self.write(|reply| WriteJob::Propose(proposal, reply)).await
+        let prepared = Box::new(PreparedProposal::new(proposal));
+        self.write(|reply| WriteJob::Propose(prepared, reply)).await
     }
 
     async fn transition(&self, transition: Transition) -> Result<IntentRecord, JournalError> {
@@ -394,21 +550,27 @@ impl Journal for SqliteJournal {
     }
 
     async fn find_by_key(&self, key: &SemanticKey) -> Result<Option<IntentRecord>, JournalError> {
-        let key = key.encode();
-        self.read(move |conn, files| load_by_key(conn, files, &key))
-            .await
+        let (key, index) = (*key, self.index.clone());
+        self.read(move |conn, files| {
+            // The in-memory entries first, then the tables. Race-free against a concurrent
+            // fold, which commits the entries to the tables and only then removes them from the
+            // map: a lookup that still finds an entry in the map reads its row (committed before
+            // the entry joined the map), and a lookup that no longer finds it runs its SQL
+            // after the removal, so after the fold's COMMIT, and (each statement being its own
+            // read transaction) sees the folded rows. Tables first would not be: between the
+            // SQL miss and the map look-up a fold could move the entry from one to the other.
+            let seq = read_index(&index).seq_of_key(&key);
+            match seq {
+                Some(seq) => load_indexed(conn, files, seq).map(Some),
+                None => load_one(conn, files, SELECT_BY_KEY, [key.encode()]),
+            }
+        })
+        .await
     }
 
     async fn open_records(&self) -> Result<Vec<IntentRecord>, JournalError> {
-        self.read(|conn, files| {
-            load_many(
-                conn,
-                files,
-                &format!("SELECT {COLS} FROM intents WHERE state IN {OPEN_STATES} ORDER BY seq"),
-                [],
-            )
-        })
-        .await
+        self.read(|conn, files| load_many(conn, files, SELECT_OPEN, []))
+            .await
     }
 
     async fn recent(&self, limit: usize) -> Result<Vec<IntentRecord>, JournalError> {
@@ -536,6 +698,8 @@ fn configure_writer(
          PRAGMA wal_autocheckpoint = 0;",
     )
     .map_err(|e| files.sql(e))?;
+    conn.execute_batch(&format!("PRAGMA cache_size = -{WRITER_CACHE_KIB}"))
+        .map_err(|e| files.sql(e))?;
     if let Some(max) = options.max_size_bytes {
         let page: i64 = conn
             .query_row("PRAGMA page_size", [], |r| r.get(0))
@@ -605,6 +769,181 @@ fn migrate(conn: &Connection, files: &Files) -> Result<(), JournalError> {
 // ---------------------------------------------------------------------------------------------
 // The writer
 
+/// Takes a poisoned lock anyway: the map is changed only by whole-entry operations, so a panic
+/// elsewhere cannot leave it half-updated.
+fn read_index(index: &RwLock<PendingIndex>) -> std::sync::RwLockReadGuard<'_, PendingIndex> {
+    index.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write_index(index: &RwLock<PendingIndex>) -> std::sync::RwLockWriteGuard<'_, PendingIndex> {
+    index.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The writer's side of the key index (see the `key_index` module): the shared map of pending
+/// entries and what the database says about them.
+struct KeyIndex {
+    shared: Arc<RwLock<PendingIndex>>,
+    tuning: IndexTuning,
+    /// `indexed_through` as committed: every mutating intent at or below it is in the tables.
+    watermark: i64,
+    /// The highest `seq` committed (mutating or not).
+    max_seq: i64,
+}
+
+impl KeyIndex {
+    /// Reads the watermark and rebuilds the pending entries from the rows above it, in `seq`
+    /// order, so the last insert of a key wins as it did when they were written.
+    fn load(conn: &Connection, files: &Files, tuning: IndexTuning) -> Result<Self, JournalError> {
+        let watermark: i64 = conn
+            .query_row(
+                "SELECT indexed_through FROM key_index_watermark WHERE only_row = 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| files.sql(e))?
+            .ok_or_else(|| files.corrupt("the key index watermark is missing"))?;
+        let max_seq: i64 = conn
+            .query_row("SELECT coalesce(max(seq), 0) FROM intents", [], |r| {
+                r.get(0)
+            })
+            .map_err(|e| files.sql(e))?;
+        let mut pending = PendingIndex::default();
+        let mut stmt = conn
+            .prepare(
+                "SELECT seq, semantic_key, content_digest FROM intents
+                 WHERE seq > ?1 AND mutating ORDER BY seq",
+            )
+            .map_err(|e| files.sql(e))?;
+        let mut rows = stmt.query([watermark]).map_err(|e| files.sql(e))?;
+        while let Some(row) = rows.next().map_err(|e| files.sql(e))? {
+            let seq: i64 = row.get(0).map_err(|e| files.sql(e))?;
+            let bad = |what: &str| files.corrupt(format!("intent seq {seq}: malformed {what}"));
+            let key = row
+                .get::<_, String>(1)
+                .ok()
+                .and_then(|t| SemanticKey::decode(&t))
+                .ok_or_else(|| bad("semantic key"))?;
+            let content = row
+                .get::<_, String>(2)
+                .ok()
+                .and_then(|t| ring0_core::identity::Digest32::from_hex(&t))
+                .ok_or_else(|| bad("content digest"))?;
+            pending.push(IndexEntry {
+                seq,
+                key,
+                content: content.0,
+            });
+        }
+        Ok(Self {
+            shared: Arc::new(RwLock::new(pending)),
+            tuning,
+            watermark,
+            max_seq,
+        })
+    }
+
+    fn pending(&self) -> usize {
+        read_index(&self.shared).len()
+    }
+
+    /// Whether the tables lag behind the rows: entries to fold, or a watermark to advance past
+    /// intents that are not indexed (reads), so the next open scans nothing twice.
+    fn needs_fold(&self) -> bool {
+        self.watermark < self.max_seq || !read_index(&self.shared).is_empty()
+    }
+
+    /// Folds the oldest `chunk` entries in a transaction of its own, then drops
+    /// them from the map. On failure nothing changed (a later idle period tries again).
+    ///
+    /// With `interrupt`, the fold gives way to callers: every [`KEY_INDEX_FOLD_STEP`] entries
+    /// it looks at the queue, and if a request is waiting it rolls its transaction back (the
+    /// entries stay in memory; nothing was lost but a little work) and returns the request, so
+    /// a caller arriving during a fold waits for a few upserts, not for the chunk. What it
+    /// cannot give way to is its COMMIT, which writes the chunk's pages to the WAL and fsyncs
+    /// them like any other commit. (Nothing depends on a fold being durable — a lost fold takes
+    /// its watermark with it and the next open rebuilds the entries — but a fold committed
+    /// without its fsync would leave its pages for the next batch's fsync to write, on a
+    /// caller's time: after a long idle fold, megabytes.)
+    fn fold_chunk(
+        &mut self,
+        conn: &Connection,
+        files: &Files,
+        chunk: usize,
+        interrupt: Option<&Receiver<WriteJob>>,
+    ) -> Result<Option<WriteJob>, JournalError> {
+        let (entries, next) = {
+            let pending = read_index(&self.shared);
+            let n = chunk.min(pending.len());
+            (pending.oldest(n), pending.seq_after(n))
+        };
+        // Every intent below the oldest entry left is folded or not indexed at all.
+        let watermark = next.map_or(self.max_seq, |seq| seq - 1).max(self.watermark);
+        let interrupted =
+            fold_transaction(conn, &entries, watermark, interrupt).map_err(|e| files.sql(e))?;
+        if interrupted.is_some() {
+            return Ok(interrupted);
+        }
+        // Committed first, removed second: see `find_by_key`.
+        write_index(&self.shared).remove_oldest(entries.len());
+        self.watermark = watermark;
+        Ok(None)
+    }
+}
+
+/// The transaction of an idle fold: rolled back, returning the request, if one arrives between
+/// two steps; rolled back on any error.
+fn fold_transaction(
+    conn: &Connection,
+    entries: &[IndexEntry],
+    watermark: i64,
+    interrupt: Option<&Receiver<WriteJob>>,
+) -> rusqlite::Result<Option<WriteJob>> {
+    exec_cached(conn, "BEGIN IMMEDIATE")?;
+    let mut written = Ok(());
+    for step in entries.chunks(KEY_INDEX_FOLD_STEP) {
+        if let Some(rx) = interrupt
+            && let Ok(job) = rx.try_recv()
+        {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Ok(Some(job));
+        }
+        written = write_index_entries(conn, step);
+        if written.is_err() {
+            break;
+        }
+    }
+    let written = written
+        .and_then(|()| conn.prepare_cached(SET_WATERMARK)?.execute([watermark]))
+        .and_then(|_| exec_cached(conn, "COMMIT"));
+    if let Err(e) = written {
+        let _ = conn.execute_batch("ROLLBACK");
+        return Err(e);
+    }
+    Ok(None)
+}
+
+/// Upserts index entries, oldest first (a later intent with the same key overwrites an
+/// earlier one, as the map says). Runs inside the caller's transaction.
+fn write_index_entries(conn: &Connection, entries: &[IndexEntry]) -> rusqlite::Result<()> {
+    let mut keys = conn.prepare_cached(UPSERT_KEY)?;
+    let mut contents = conn.prepare_cached(UPSERT_CONTENT)?;
+    for e in entries {
+        keys.execute(params![e.key.encode(), e.seq])?;
+        contents.execute(params![decide::hex(&e.content), e.seq])?;
+    }
+    Ok(())
+}
+
+/// Tells the checkpointer that a transaction committed.
+fn note_commit(activity: &WalActivity, opened: Instant) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let since_open = u64::try_from(opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+    activity.last_commit_ms.store(since_open, Relaxed);
+    activity.batches_since_checkpoint.fetch_add(1, Relaxed);
+}
+
+#[allow(clippy::too_many_arguments)]
 fn writer_loop(
     mut conn: Connection,
     files: Files,
@@ -612,13 +951,46 @@ fn writer_loop(
     incarnation: u64,
     rx: Receiver<WriteJob>,
     activity: Arc<WalActivity>,
-    opened: std::time::Instant,
+    opened: Instant,
+    mut index: KeyIndex,
 ) {
     // Callers answered by the last batch, and how long its COMMIT (its fsync) took: how many
     // requests the next batch waits for, and for how long at most (see `Gather`).
     let mut answered_last = 0;
     let mut commit_last = Duration::ZERO;
-    while let Ok(first) = rx.recv() {
+    let mut staged = Staged::default();
+    // A request taken off the queue between two idle folds, to start the next batch with.
+    let mut next: Option<WriteJob> = None;
+    loop {
+        let first = match next.take() {
+            Some(job) => job,
+            None => match index.tuning.fold_idle.filter(|_| index.needs_fold()) {
+                None => match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+                Some(idle) => match rx.recv_timeout(idle) {
+                    Ok(job) => job,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        // Idle: fold chunk by chunk, looking at the queue between chunks, so a
+                        // caller waits for one chunk at most. A failed fold is retried after
+                        // the next idle period; the entries stay in memory meanwhile.
+                        while index.needs_fold() {
+                            match index.fold_chunk(&conn, &files, index.tuning.chunk, Some(&rx)) {
+                                Ok(None) => note_commit(&activity, opened),
+                                Ok(Some(job)) => {
+                                    next = Some(job);
+                                    break;
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                        continue;
+                    }
+                },
+            },
+        };
         let gather = Gather::after(answered_last, commit_last);
         let mut batch = vec![first];
         let (results, commit_time) = commit_batch(
@@ -629,19 +1001,18 @@ fn writer_loop(
             &mut batch,
             &rx,
             gather,
+            &mut index,
+            &mut staged,
         );
         answered_last = batch.len();
         commit_last = commit_time;
-        let since_open = u64::try_from(opened.elapsed().as_millis()).unwrap_or(u64::MAX);
-        activity
-            .last_commit_ms
-            .store(since_open, std::sync::atomic::Ordering::Relaxed);
-        activity
-            .batches_since_checkpoint
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        note_commit(&activity, opened);
+        // The proposals are freed once every caller is answered, not between two answers.
+        let mut answered = Vec::with_capacity(batch.len());
         for (job, result) in batch.into_iter().zip(results) {
             match job {
-                WriteJob::Propose(_, reply) => {
+                WriteJob::Propose(prepared, reply) => {
+                    answered.push(prepared);
                     let _ = reply.send(result.map(|d| match d {
                         Done::Decision(d) => d,
                         _ => unreachable!("a proposal decides"),
@@ -661,6 +1032,17 @@ fn writer_loop(
                 }
             }
         }
+        drop(answered);
+    }
+    // A clean close folds every entry, so the next open has nothing to rebuild, in large chunks
+    // since no caller is left to give way to. Stopping at a failure loses nothing: the next open
+    // rebuilds what is left from the rows.
+    if index.tuning.fold_on_close {
+        while index.needs_fold()
+            && index
+                .fold_chunk(&conn, &files, KEY_INDEX_CLOSE_FOLD_CHUNK, None)
+                .is_ok()
+        {}
     }
     // Fold the WAL back into the database so a clean close leaves one file.
     let _ = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
@@ -713,9 +1095,15 @@ impl Gather {
     }
 }
 
-/// Decides `batch` and every request [`Gather`] adds to it in one transaction, each job in its
-/// own savepoint, and commits: one fsync for all. Returns the results, in `batch` order, and
+/// Decides `batch` and every request [`Gather`] adds to it in one transaction, each job atomic
+/// on its own, and commits: one fsync for all. Returns the results, in `batch` order, and
 /// how long the COMMIT took.
+///
+/// The key-index entries of the batch's new intents are staged as each job's savepoint is
+/// released and join the shared map once the COMMIT succeeded, before any caller is answered;
+/// a batch that fails leaves the map as it was. If the map would grow past its cap, the oldest
+/// entries are folded inside this transaction.
+#[allow(clippy::too_many_arguments)]
 fn commit_batch(
     conn: &mut Connection,
     files: &Files,
@@ -724,40 +1112,60 @@ fn commit_batch(
     batch: &mut Vec<WriteJob>,
     rx: &Receiver<WriteJob>,
     gather: Gather,
+    index: &mut KeyIndex,
+    staged: &mut Staged,
 ) -> (Vec<Result<Done, JournalError>>, Duration) {
-    let fail_all = |n: usize, e: JournalError| {
+    staged.clear();
+    let fail_all = |n: usize, e: JournalError, staged: &mut Staged| {
+        staged.clear();
         let results = (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>();
         (results, Duration::ZERO)
     };
     if let Err(e) = exec_cached(conn, "BEGIN IMMEDIATE") {
-        return fail_all(batch.len(), files.sql(e));
+        return fail_all(batch.len(), files.sql(e), staged);
     }
     let now = clock.now_ms();
     let mut results = Vec::with_capacity(batch.len());
+    let mut max_seq = index.max_seq;
     loop {
         while let Some(job) = batch.get(results.len()) {
-            if let Err(e) = exec_cached(conn, "SAVEPOINT job") {
+            // A proposal or a transition writes with one statement at most, which SQLite makes
+            // atomic by itself: a statement that fails undoes its own changes and leaves the
+            // transaction open (and one that takes the transaction down is caught below). Only
+            // a memo write, two statements, needs a savepoint of its own.
+            let savepoint = matches!(job, WriteJob::MemoPut(..));
+            if savepoint && let Err(e) = exec_cached(conn, "SAVEPOINT job") {
                 results.push(Err(files.sql(e)));
                 continue;
             }
-            let result = apply(conn, files, clock, now, incarnation, job);
+            let result = apply(conn, files, clock, now, incarnation, job, index, staged);
             if let Err(e) = &result
                 && conn.is_autocommit()
             {
                 // SQLite rolled the whole transaction back itself (SQLITE_FULL, an I/O error):
                 // every decision of this batch is gone, so every request fails closed.
-                return fail_all(batch.len(), e.clone());
+                return fail_all(batch.len(), e.clone(), staged);
             }
-            let end = if result.is_ok() {
+            let end = if !savepoint {
+                Ok(())
+            } else if result.is_ok() {
                 exec_cached(conn, "RELEASE job")
             } else {
                 exec_cached(conn, "ROLLBACK TO job").and_then(|()| exec_cached(conn, "RELEASE job"))
             };
             match end {
-                Ok(()) => results.push(result),
+                Ok(()) => results.push(result.map(|(done, inserted)| {
+                    if let Some(inserted) = inserted {
+                        max_seq = max_seq.max(inserted.seq);
+                        if let Some(entry) = inserted.entry {
+                            staged.push(entry);
+                        }
+                    }
+                    done
+                })),
                 Err(e) => {
                     let _ = conn.execute_batch("ROLLBACK");
-                    return fail_all(batch.len(), files.sql(e));
+                    return fail_all(batch.len(), files.sql(e), staged);
                 }
             }
         }
@@ -766,16 +1174,59 @@ fn commit_batch(
             None => break,
         }
     }
+    // Under load without a pause the map reaches its cap: fold the oldest entries here, at
+    // least a chunk so this does not recur on every batch.
+    let pending = index.pending();
+    let over = (pending + staged.len()).saturating_sub(index.tuning.pending_max);
+    let mut folded = None;
+    if over > 0 {
+        let entries = read_index(&index.shared).oldest(over.max(index.tuning.chunk));
+        if let Some(last) = entries.last() {
+            // Entries above the watermark are all pending, so everything up to the last one
+            // folded is in the tables once this commits.
+            let written = write_index_entries(conn, &entries)
+                .and_then(|()| conn.prepare_cached(SET_WATERMARK)?.execute([last.seq]));
+            if let Err(e) = written {
+                let _ = conn.execute_batch("ROLLBACK");
+                return fail_all(batch.len(), files.sql(e), staged);
+            }
+            folded = Some((entries.len(), last.seq));
+        }
+    }
     let started = Instant::now();
     match exec_cached(conn, "COMMIT") {
-        Ok(()) => (results, started.elapsed()),
+        Ok(()) => {
+            let commit_time = started.elapsed();
+            let mut pending = write_index(&index.shared);
+            if let Some((n, watermark)) = folded {
+                pending.remove_oldest(n);
+                index.watermark = watermark;
+            }
+            staged.drain_into(&mut pending);
+            index.max_seq = max_seq;
+            (results, commit_time)
+        }
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
-            fail_all(batch.len(), files.sql(e))
+            fail_all(batch.len(), files.sql(e), staged)
         }
     }
 }
 
+/// A row a job inserted: its `seq`, and its key-index entry if it is mutating.
+struct Inserted {
+    seq: i64,
+    entry: Option<IndexEntry>,
+}
+
+/// The record a key-index entry names. Rows are never deleted and an entry joins the index only
+/// with its row, so a missing row means the file was changed behind the journal's back.
+fn load_indexed(conn: &Connection, files: &Files, seq: i64) -> Result<IntentRecord, JournalError> {
+    load_one(conn, files, SELECT_BY_SEQ, [seq])?
+        .ok_or_else(|| files.corrupt(format!("the key index names intent seq {seq}, not found")))
+}
+
+#[allow(clippy::too_many_arguments)]
 fn apply(
     conn: &Connection,
     files: &Files,
@@ -783,24 +1234,54 @@ fn apply(
     now: u64,
     incarnation: u64,
     job: &WriteJob,
-) -> Result<Done, JournalError> {
+    index: &KeyIndex,
+    staged: &Staged,
+) -> Result<(Done, Option<Inserted>), JournalError> {
     match job {
-        WriteJob::Propose(p, _) => {
+        WriteJob::Propose(prepared, _) => {
+            let p = &prepared.proposal;
             let by_id = match p.intent_id {
                 Some(id) => load_by_id(conn, files, &id)?,
                 None => None,
             };
             let (by_key, by_content) = if p.mutating {
-                let by_key = load_by_key(conn, files, &p.semantic_key.encode())?;
-                let by_content = load_one(
-                    conn,
-                    files,
-                    &format!(
-                        "SELECT {COLS} FROM intents WHERE seq = \
-                         (SELECT intent_seq FROM intent_contents WHERE content_digest = ?1)"
-                    ),
-                    [decide::proposal_content_digest(p)],
-                )?;
+                // Newest first: this batch, then the pending entries, then the tables.
+                let (key_seq, content_seq) = {
+                    let pending = read_index(&index.shared);
+                    let key = &p.semantic_key;
+                    let content = &prepared.content;
+                    (
+                        staged.seq_of_key(key).or_else(|| pending.seq_of_key(key)),
+                        staged
+                            .seq_of_content(content)
+                            .or_else(|| pending.seq_of_content(content)),
+                    )
+                };
+                let (key_seq, content_seq) = if key_seq.is_none() || content_seq.is_none() {
+                    // One statement probes both tables; memory wins where it has an entry.
+                    let (in_keys, in_contents) = conn
+                        .prepare_cached(PROBE_INDEX)
+                        .and_then(|mut stmt| {
+                            stmt.query_row(
+                                params![prepared.key_text, decide::hex(&prepared.content)],
+                                |r| Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?)),
+                            )
+                        })
+                        .map_err(|e| files.sql(e))?;
+                    (key_seq.or(in_keys), content_seq.or(in_contents))
+                } else {
+                    (key_seq, content_seq)
+                };
+                let by_key = match key_seq {
+                    Some(seq) => Some(load_indexed(conn, files, seq)?),
+                    None => None,
+                };
+                let by_content = match content_seq {
+                    // Usually the same record: read it once.
+                    Some(seq) if key_seq == Some(seq) => by_key.clone(),
+                    Some(seq) => Some(load_indexed(conn, files, seq)?),
+                    None => None,
+                };
                 (by_key, by_content)
             } else {
                 (None, None)
@@ -812,38 +1293,49 @@ fn apply(
                 by_content: by_content.as_ref(),
             };
             let plan = decide::plan_propose(p, found, now, incarnation, || clock.new_id())?;
-            match plan.write {
-                Some(Write::Insert(record)) => insert(conn, files, &record, now)?,
+            let inserted = match plan.write {
+                Some(Write::Insert(record)) => {
+                    let seq = insert(conn, files, &record, prepared, now)?;
+                    let entry = record.mutating.then_some(IndexEntry {
+                        seq,
+                        key: record.semantic_key,
+                        content: prepared.content,
+                    });
+                    Some(Inserted { seq, entry })
+                }
                 Some(Write::Update(record)) => {
                     let fence = expected_fence.expect("an update follows a found record");
-                    update(conn, files, &record, fence, now)?
+                    update(conn, files, &record, fence, now)?;
+                    None
                 }
-                None => {}
-            }
-            Ok(Done::Decision(plan.decision))
+                None => None,
+            };
+            Ok((Done::Decision(plan.decision), inserted))
         }
         WriteJob::Transition(t, _) => {
             let record = load_by_id(conn, files, &t.id)?.ok_or(JournalError::NotFound(t.id))?;
             let next = decide::plan_transition(&record, t, now, incarnation)?;
             update(conn, files, &next, record.fence, now)?;
-            Ok(Done::Record(next))
+            Ok((Done::Record(next), None))
         }
         WriteJob::MemoPut(fp, entry, _) => {
-            conn.execute(
+            conn.prepare_cached(
                 "INSERT INTO memo (fingerprint, observation, stored_ms) VALUES (?1, ?2, ?3)
                  ON CONFLICT(fingerprint) DO UPDATE SET
                    observation = excluded.observation, stored_ms = excluded.stored_ms",
-                params![fp.encode(), entry.text, to_i64(entry.stored_ms)],
             )
+            .and_then(|mut stmt| {
+                stmt.execute(params![fp.encode(), entry.text, to_i64(entry.stored_ms)])
+            })
             .map_err(|e| files.sql(e))?;
-            conn.execute(
+            conn.prepare_cached(
                 "DELETE FROM memo WHERE fingerprint IN (
                    SELECT fingerprint FROM memo ORDER BY stored_ms, fingerprint
                    LIMIT max(0, (SELECT count(*) FROM memo) - ?1))",
-                [MEMO_ENTRIES_MAX as i64],
             )
+            .and_then(|mut stmt| stmt.execute([MEMO_ENTRIES_MAX as i64]))
             .map_err(|e| files.sql(e))?;
-            Ok(Done::Stored(true))
+            Ok((Done::Stored(true), None))
         }
     }
 }
@@ -861,64 +1353,50 @@ fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("journal values serialize")
 }
 
+/// Inserts a new record (built from `prepared`, so its key text, content digest and argument
+/// digest are the proposal's) and returns its `seq`. Its key-index entries are the caller's
+/// to stage: nothing here touches the index tables.
 fn insert(
     conn: &Connection,
     files: &Files,
     r: &IntentRecord,
+    prepared: &PreparedProposal,
     now: u64,
-) -> Result<(), JournalError> {
-    let sha = r.args_sha256();
+) -> Result<i64, JournalError> {
+    let sha = &prepared.args_sha256;
     let inline = if r.canonical_args.len() > ARGS_INLINE_BYTES_MAX {
-        spill(files, &sha, r.canonical_args.as_bytes())?;
+        spill(files, sha, r.canonical_args.as_bytes())?;
         None
     } else {
         Some(r.canonical_args.as_str())
     };
-    conn.prepare_cached(&format!(
-        "INSERT INTO intents ({COLS}, created_ms, updated_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                     ?18, ?19, ?19)"
-    ))
-    .and_then(|mut stmt| {
-        stmt.execute(params![
-            r.id.to_string(),
-            r.semantic_key.encode(),
-            r.scope,
-            to_i64(r.attempt_epoch),
-            r.tool,
-            sha,
-            r.canonical_args.len() as i64,
-            inline,
-            json(&r.call_ids),
-            r.idempotency_key,
-            r.mutating,
-            to_i64(r.fence),
-            r.attempts,
-            r.state.as_str(),
-            json(&r.timeline),
-            r.receipt.as_ref().map(json),
-            r.snapshot.as_ref().map(json),
-            to_i64(r.owner),
-            to_i64(now),
-        ])
-    })
-    .map_err(|e| files.sql(e))?;
-    if r.mutating {
-        let seq = conn.last_insert_rowid();
-        conn.prepare_cached(
-            "INSERT INTO intent_keys (semantic_key, intent_seq) VALUES (?1, ?2)
-             ON CONFLICT(semantic_key) DO UPDATE SET intent_seq = excluded.intent_seq",
-        )
-        .and_then(|mut stmt| stmt.execute(params![r.semantic_key.encode(), seq]))
+    conn.prepare_cached(INSERT_INTENT)
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                r.id.to_string(),
+                prepared.key_text,
+                r.scope,
+                to_i64(r.attempt_epoch),
+                r.tool,
+                sha,
+                r.canonical_args.len() as i64,
+                inline,
+                json(&r.call_ids),
+                r.idempotency_key,
+                r.mutating,
+                to_i64(r.fence),
+                r.attempts,
+                r.state.as_str(),
+                json(&r.timeline),
+                r.receipt.as_ref().map(json),
+                r.snapshot.as_ref().map(json),
+                to_i64(r.owner),
+                decide::hex(&prepared.content),
+                to_i64(now),
+            ])
+        })
         .map_err(|e| files.sql(e))?;
-        conn.prepare_cached(
-            "INSERT INTO intent_contents (content_digest, intent_seq) VALUES (?1, ?2)
-             ON CONFLICT(content_digest) DO UPDATE SET intent_seq = excluded.intent_seq",
-        )
-        .and_then(|mut stmt| stmt.execute(params![decide::record_content_digest(r), seq]))
-        .map_err(|e| files.sql(e))?;
-    }
-    Ok(())
+    Ok(conn.last_insert_rowid())
 }
 
 /// Writes a changed record if its fence is still `expected_fence` (the compare-and-set, checked
@@ -1039,37 +1517,13 @@ fn load_by_id(
     files: &Files,
     id: &IntentId,
 ) -> Result<Option<IntentRecord>, JournalError> {
-    load_one(
-        conn,
-        files,
-        &format!("SELECT {COLS} FROM intents WHERE id = ?1"),
-        [id.to_string()],
-    )
-}
-
-fn load_by_key(
-    conn: &Connection,
-    files: &Files,
-    key: &str,
-) -> Result<Option<IntentRecord>, JournalError> {
-    load_one(
-        conn,
-        files,
-        &format!(
-            "SELECT {COLS} FROM intents WHERE seq = \
-             (SELECT intent_seq FROM intent_keys WHERE semantic_key = ?1)"
-        ),
-        [key],
-    )
+    let mut buf = uuid::Uuid::encode_buffer();
+    let text: &str = id.hyphenated().encode_lower(&mut buf);
+    load_one(conn, files, SELECT_BY_ID, [text])
 }
 
 fn recent(conn: &Connection, files: &Files, limit: i64) -> Result<Vec<IntentRecord>, JournalError> {
-    load_many(
-        conn,
-        files,
-        &format!("SELECT {COLS} FROM intents ORDER BY seq DESC LIMIT ?1"),
-        [limit],
-    )
+    load_many(conn, files, SELECT_RECENT, [limit])
 }
 
 fn load_one<P: rusqlite::Params>(
@@ -1221,7 +1675,11 @@ impl JournalReader {
         let mut found = load_many(
             &self.conn,
             &self.files,
-            &format!("SELECT {COLS} FROM intents WHERE id LIKE ?1 ORDER BY seq LIMIT 2"),
+            concat!(
+                "SELECT ",
+                cols!(),
+                " FROM intents WHERE id LIKE ?1 ORDER BY seq LIMIT 2"
+            ),
             [pattern],
         )?;
         match found.len() {
@@ -1292,5 +1750,396 @@ mod tests {
         tx.send(request()).unwrap();
         let gather = Gather::after(2 * GROUP_COMMIT_BATCH_MAX, Duration::from_millis(2));
         assert!(gather.next(&rx, GROUP_COMMIT_BATCH_MAX).is_none());
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The lazily folded key index
+
+    use futures::executor::block_on;
+    use ring0_core::canonical::canonical_string;
+
+    /// A mutating proposal of `refund(order n)`, under the current canonicalizer.
+    fn refund(n: u64, call_id: &str) -> Proposal {
+        let args = serde_json::json!({"order": n, "amount": 5});
+        Proposal {
+            intent_id: None,
+            semantic_key: SemanticKey::compute("refund", &args, "user:1", 0).unwrap(),
+            scope: "user:1".into(),
+            attempt_epoch: 0,
+            tool: "refund".into(),
+            canonical_args: canonical_string(&args).unwrap(),
+            call_id: call_id.into(),
+            mutating: true,
+        }
+    }
+
+    fn kind(d: &ProposeDecision) -> &'static str {
+        d.kind()
+    }
+
+    /// Never folds while open; folds on a clean close unless `fold_on_close` is false.
+    fn no_idle_fold(fold_on_close: bool) -> IndexTuning {
+        IndexTuning {
+            fold_idle: None,
+            fold_on_close,
+            ..IndexTuning::default()
+        }
+    }
+
+    fn open(path: &Path, tuning: IndexTuning) -> SqliteJournal {
+        SqliteJournal::open_tuned(path, SqliteOptions::default(), tuning).unwrap()
+    }
+
+    /// Rows of the key-index table, read through a connection of its own.
+    fn indexed_keys(path: &Path) -> i64 {
+        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        conn.query_row("SELECT count(*) FROM intent_keys", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    fn watermark(path: &Path) -> i64 {
+        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        conn.query_row("SELECT indexed_through FROM key_index_watermark", [], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    }
+
+    /// The writer's connection and key index, to run batches directly.
+    struct Writer {
+        conn: Connection,
+        files: Files,
+        index: KeyIndex,
+        staged: Staged,
+    }
+
+    impl Writer {
+        fn open(path: &Path) -> Self {
+            let files = Files::new(path);
+            let conn = open_connection(&files, true).unwrap();
+            configure_writer(&conn, &files, &SqliteOptions::default()).unwrap();
+            migrate(&conn, &files).unwrap();
+            let index = KeyIndex::load(&conn, &files, no_idle_fold(true)).unwrap();
+            Self {
+                conn,
+                files,
+                index,
+                staged: Staged::default(),
+            }
+        }
+
+        /// Decides the proposals as one batch and commits it.
+        fn batch(&mut self, proposals: Vec<Proposal>) -> Vec<Result<&'static str, JournalError>> {
+            let (_tx, rx) = mpsc::sync_channel(1);
+            let mut batch: Vec<WriteJob> = proposals
+                .into_iter()
+                .map(|p| {
+                    WriteJob::Propose(Box::new(PreparedProposal::new(p)), oneshot::channel().0)
+                })
+                .collect();
+            let (results, _) = commit_batch(
+                &mut self.conn,
+                &self.files,
+                &SystemClock,
+                1,
+                &mut batch,
+                &rx,
+                Gather::after(0, Duration::ZERO),
+                &mut self.index,
+                &mut self.staged,
+            );
+            results
+                .into_iter()
+                .map(|r| {
+                    r.map(|done| match done {
+                        Done::Decision(d) => kind(&d),
+                        _ => unreachable!("a proposal decides"),
+                    })
+                })
+                .collect()
+        }
+
+        /// Makes the insert of any intent proposed with this call id fail: a job whose
+        /// savepoint is rolled back (`ABORT`), or a whole batch that is (`ROLLBACK`).
+        fn fail_inserts(&self, call_id: &str, how: &str) {
+            self.conn
+                .execute_batch(&format!(
+                    "CREATE TEMP TRIGGER fail_{call_id} BEFORE INSERT ON intents
+                     WHEN NEW.call_ids LIKE '%\"{call_id}\"%'
+                     BEGIN SELECT RAISE({how}, 'injected failure'); END;"
+                ))
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_duplicate_in_the_same_batch_is_found_among_the_staged_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(&dir.path().join("j.db"));
+        let decided = w.batch(vec![refund(1, "c1"), refund(1, "c2")]);
+        assert_eq!(decided, vec![Ok("recorded"), Ok("duplicate")]);
+        assert_eq!(w.index.pending(), 1);
+    }
+
+    #[test]
+    fn a_rolled_back_job_leaves_no_staged_entry_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(&dir.path().join("j.db"));
+        w.fail_inserts("boom", "ABORT");
+        // The second job takes the `seq` the first one rolled back: a stale staged entry for
+        // order 1 would name order 2's record and make the third proposal a duplicate of it.
+        let decided = w.batch(vec![refund(1, "boom"), refund(2, "c2"), refund(1, "c3")]);
+        assert!(decided[0].is_err(), "{:?}", decided[0]);
+        assert_eq!(decided[1..], [Ok("recorded"), Ok("recorded")]);
+        assert_eq!(w.index.pending(), 2);
+    }
+
+    #[test]
+    fn a_failed_batch_leaves_the_pending_entries_as_they_were() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(&dir.path().join("j.db"));
+        w.fail_inserts("doom", "ROLLBACK");
+        let decided = w.batch(vec![refund(1, "c1"), refund(2, "doom")]);
+        assert!(decided.iter().all(Result::is_err), "{decided:?}");
+        assert_eq!(w.index.pending(), 0);
+        assert_eq!(w.batch(vec![refund(1, "c1")]), vec![Ok("recorded")]);
+    }
+
+    fn synchronous(conn: &Connection) -> i64 {
+        conn.query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn an_idle_fold_gives_way_to_a_waiting_caller_and_keeps_commits_fully_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let mut w = Writer::open(&path);
+        w.batch(vec![refund(1, "c"), refund(2, "c"), refund(3, "c")]);
+        let (tx, rx) = mpsc::sync_channel(1);
+        tx.send(request()).unwrap();
+        let waiting = w
+            .index
+            .fold_chunk(&w.conn, &w.files, KEY_INDEX_FOLD_CHUNK, Some(&rx))
+            .unwrap();
+        assert!(matches!(waiting, Some(WriteJob::MemoPut(..))));
+        assert_eq!((w.index.pending(), indexed_keys(&path)), (3, 0));
+        // 2 is FULL: what every batch commits with.
+        assert_eq!(synchronous(&w.conn), 2);
+        assert!(
+            w.index
+                .fold_chunk(&w.conn, &w.files, KEY_INDEX_FOLD_CHUNK, Some(&rx))
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!((w.index.pending(), indexed_keys(&path)), (0, 3));
+        assert_eq!(synchronous(&w.conn), 2);
+    }
+
+    #[test]
+    fn a_duplicate_is_found_in_memory_before_any_fold() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let j = open(&path, no_idle_fold(true));
+        let first = block_on(j.propose(refund(1, "c1"))).unwrap();
+        assert_eq!(kind(&first), "recorded");
+        assert_eq!((j.pending_index_entries(), indexed_keys(&path)), (1, 0));
+        let again = block_on(j.propose(refund(1, "c2"))).unwrap();
+        assert_eq!(kind(&again), "duplicate");
+        let found = block_on(j.find_by_key(&refund(1, "c").semantic_key)).unwrap();
+        assert_eq!(found.map(|r| r.id), first.record().map(|r| r.id));
+    }
+
+    #[test]
+    fn a_duplicate_is_found_in_the_tables_after_a_clean_close_folded_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let first = {
+            let j = open(&path, no_idle_fold(true));
+            block_on(j.propose(refund(1, "c1"))).unwrap()
+        };
+        let j = open(&path, no_idle_fold(true));
+        assert_eq!((j.pending_index_entries(), indexed_keys(&path)), (0, 1));
+        let again = block_on(j.propose(refund(1, "c2"))).unwrap();
+        assert_eq!(kind(&again), "duplicate");
+        let found = block_on(j.find_by_key(&refund(1, "c").semantic_key)).unwrap();
+        assert_eq!(found.map(|r| r.id), first.record().map(|r| r.id));
+    }
+
+    #[test]
+    fn an_idle_writer_folds_its_pending_entries_into_the_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let j = open(
+            &path,
+            IndexTuning {
+                fold_idle: Some(Duration::from_millis(1)),
+                chunk: 2,
+                ..IndexTuning::default()
+            },
+        );
+        for n in 0..5 {
+            block_on(j.propose(refund(n, "c"))).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while j.pending_index_entries() > 0 {
+            assert!(Instant::now() < deadline, "the idle writer never folded");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(indexed_keys(&path), 5);
+        assert_eq!(watermark(&path), 5);
+        for n in 0..5 {
+            let again = block_on(j.propose(refund(n, "again"))).unwrap();
+            assert_eq!(kind(&again), "duplicate");
+            assert!(
+                block_on(j.find_by_key(&refund(n, "c").semantic_key))
+                    .unwrap()
+                    .is_some()
+            );
+        }
+    }
+
+    #[test]
+    fn reopening_a_journal_that_never_folded_rebuilds_its_pending_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        {
+            let j = open(&path, no_idle_fold(false));
+            for n in 0..3 {
+                block_on(j.propose(refund(n, "c"))).unwrap();
+            }
+        }
+        assert_eq!((indexed_keys(&path), watermark(&path)), (0, 0));
+        let j = open(&path, no_idle_fold(true));
+        assert_eq!(j.pending_index_entries(), 3);
+        for n in 0..3 {
+            let again = block_on(j.propose(refund(n, "again"))).unwrap();
+            assert_eq!(kind(&again), "duplicate");
+            assert!(
+                block_on(j.find_by_key(&refund(n, "c").semantic_key))
+                    .unwrap()
+                    .is_some()
+            );
+        }
+    }
+
+    #[test]
+    fn the_latest_intent_of_a_key_wins_across_memory_and_tables() {
+        // A rejected record is replaced by a new record under the same key: the tables hold the
+        // old one, memory the new one, and memory must win.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let old = {
+            let j = open(&path, no_idle_fold(true));
+            let r = block_on(j.propose(refund(1, "c1"))).unwrap();
+            let r = r.record().unwrap().clone();
+            block_on(j.transition(Transition::to(&r, IntentState::RejectedConflict))).unwrap();
+            r
+        };
+        let j = open(&path, no_idle_fold(true));
+        let new = block_on(j.propose(refund(1, "c2"))).unwrap();
+        assert_eq!(kind(&new), "recorded");
+        assert_ne!(new.record().unwrap().id, old.id);
+        assert_eq!((indexed_keys(&path), j.pending_index_entries()), (1, 1));
+        let found = block_on(j.find_by_key(&old.semantic_key)).unwrap().unwrap();
+        assert_eq!(found.id, new.record().unwrap().id);
+        let again = block_on(j.propose(refund(1, "c3"))).unwrap();
+        assert_eq!(again.record().unwrap().id, found.id);
+    }
+
+    #[test]
+    fn the_pending_entries_never_exceed_their_cap_under_a_burst_without_idle_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let cap = 32;
+        let j = open(
+            &path,
+            IndexTuning {
+                fold_idle: None,
+                chunk: 8,
+                pending_max: cap,
+                fold_on_close: true,
+            },
+        );
+        let mut most = 0;
+        for n in 0..200 {
+            block_on(j.propose(refund(n, "c"))).unwrap();
+            most = most.max(j.pending_index_entries());
+        }
+        assert!(most <= cap, "{most} entries pending, cap {cap}");
+        assert!(indexed_keys(&path) >= 200 - cap as i64);
+        for n in 0..200 {
+            let again = block_on(j.propose(refund(n, "again"))).unwrap();
+            assert_eq!(kind(&again), "duplicate", "order {n}");
+        }
+    }
+
+    #[test]
+    fn a_version_1_journal_migrates_and_still_deduplicates_its_intents() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let p = refund(1, "c1");
+        let id = uuid::Uuid::now_v7();
+        {
+            // A journal as the version-1 schema wrote it: every intent indexed at insertion.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(&format!(
+                "PRAGMA application_id = {APPLICATION_ID}; BEGIN; {}; PRAGMA user_version = 1; \
+                 COMMIT;",
+                MIGRATIONS[0]
+            ))
+            .unwrap();
+            let timeline = serde_json::json!([{"state": "PROPOSED", "at_ms": 1},
+                                              {"state": "RECORDED", "at_ms": 1}]);
+            conn.execute(
+                "INSERT INTO intents (id, semantic_key, scope, attempt_epoch, tool, args_sha256,
+                   args_bytes, args_inline, call_ids, idempotency_key, mutating, fence, attempts,
+                   state, timeline, owner, created_ms, updated_ms)
+                 VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6, ?7, '[\"c1\"]', ?8, 1, 1, 0, 'RECORDED', ?9,
+                   1, 1, 1)",
+                params![
+                    id.to_string(),
+                    p.semantic_key.encode(),
+                    p.scope,
+                    p.tool,
+                    decide::sha256_hex(p.canonical_args.as_bytes()),
+                    p.canonical_args.len() as i64,
+                    p.canonical_args,
+                    p.semantic_key.idempotency_key(0),
+                    timeline.to_string(),
+                ],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO intent_keys VALUES (?1, 1)",
+                [p.semantic_key.encode()],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO intent_contents VALUES (?1, 1)",
+                [decide::content_digest(
+                    &p.tool,
+                    &p.scope,
+                    0,
+                    &p.canonical_args,
+                )],
+            )
+            .unwrap();
+        }
+        let j = open(&path, no_idle_fold(true));
+        assert_eq!((j.pending_index_entries(), watermark(&path)), (0, 1));
+        let again = block_on(j.propose(refund(1, "c2"))).unwrap();
+        assert_eq!(
+            (kind(&again), again.record().unwrap().id),
+            ("duplicate", id)
+        );
+        // Found by content too: the same intent under another canonicalizer version.
+        let mut other_version = refund(1, "c3");
+        other_version.semantic_key.version += 1;
+        let conflict = block_on(j.propose(other_version)).unwrap();
+        assert_eq!(
+            (kind(&conflict), conflict.record().unwrap().id),
+            ("conflict", id)
+        );
     }
 }

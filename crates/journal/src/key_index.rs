@@ -1,0 +1,183 @@
+//! The SQLite journal's key index, maintained lazily (log-structured).
+//!
+//! Every new mutating intent must be findable by its semantic key and by its content digest.
+//! Upserting both into their SQL tables inside the intent's own commit costs two random B-tree
+//! positions (hash-keyed), so a group commit of n intents dirties about 2n scattered pages that
+//! all go to the WAL: measured, that was most of a 64-intent batch's COMMIT. Instead the
+//! `intents` table stays the only source of truth and the two index tables (`intent_keys`,
+//! `intent_contents`) become a derived index persisted later:
+//!
+//! - the database holds a watermark, `indexed_through`: every mutating intent with `seq` at or
+//!   below it has its keys in the index tables;
+//! - the writer holds every entry above the watermark here, in memory ([`PendingIndex`]), and
+//!   rebuilds it at open by scanning `intents` above the watermark (a crash loses nothing: the
+//!   rows are durable, the map is derived from them);
+//! - lookups go to the entries of the batch being decided ([`Staged`]), then to this map, then
+//!   to the SQL tables, newest first, so the latest insert of a key wins, exactly as the upserts
+//!   it replaces;
+//! - the writer folds the oldest entries into the SQL tables and advances the watermark, in
+//!   its own transactions, when it is idle, and inside a batch when the map reaches its cap
+//!   (see [`crate::limits::KEY_INDEX_PENDING_MAX`]).
+//!
+//! Only the writer thread changes a [`PendingIndex`]; reader threads look keys up in it.
+
+use ring0_core::SemanticKey;
+use std::collections::{HashMap, VecDeque};
+
+/// SHA-256 content digest of an intent (see `decide::content_digest`), as bytes.
+pub(crate) type ContentDigest = [u8; 32];
+
+/// One mutating intent's index entries: its row and the two keys it is found by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IndexEntry {
+    pub seq: i64,
+    pub key: SemanticKey,
+    pub content: ContentDigest,
+}
+
+/// The index entries above the watermark, oldest first, with a lookup map per key kind.
+#[derive(Debug, Default)]
+pub(crate) struct PendingIndex {
+    /// In `seq` order (intents are inserted with increasing `seq`): what to fold next.
+    log: VecDeque<IndexEntry>,
+    /// The latest pending `seq` per semantic key.
+    by_key: HashMap<SemanticKey, i64>,
+    /// The latest pending `seq` per content digest.
+    by_content: HashMap<ContentDigest, i64>,
+}
+
+impl PendingIndex {
+    /// Pending intents (each with one key and one content entry).
+    pub fn len(&self) -> usize {
+        self.log.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.log.is_empty()
+    }
+
+    pub fn seq_of_key(&self, key: &SemanticKey) -> Option<i64> {
+        self.by_key.get(key).copied()
+    }
+
+    pub fn seq_of_content(&self, content: &ContentDigest) -> Option<i64> {
+        self.by_content.get(content).copied()
+    }
+
+    /// Adds the entry of an intent newer than every pending one; a key or content digest that
+    /// was pending now names the newer intent (the last insert wins, as an upsert would).
+    pub fn push(&mut self, entry: IndexEntry) {
+        debug_assert!(self.log.back().is_none_or(|last| last.seq < entry.seq));
+        self.by_key.insert(entry.key, entry.seq);
+        self.by_content.insert(entry.content, entry.seq);
+        self.log.push_back(entry);
+    }
+
+    /// The `n` oldest entries, to fold.
+    pub fn oldest(&self, n: usize) -> Vec<IndexEntry> {
+        self.log.iter().take(n).copied().collect()
+    }
+
+    /// The `seq` of the oldest entry after the first `n`: what the watermark must stay below
+    /// once those `n` are folded.
+    pub fn seq_after(&self, n: usize) -> Option<i64> {
+        self.log.get(n).map(|e| e.seq)
+    }
+
+    /// Forgets the `n` oldest entries once they are committed to the SQL tables. A key or
+    /// content digest is removed from its lookup map only if the map still names the folded
+    /// intent: a newer pending intent with the same key keeps its entry.
+    pub fn remove_oldest(&mut self, n: usize) {
+        for entry in self.log.drain(..n.min(self.log.len())) {
+            if self.by_key.get(&entry.key) == Some(&entry.seq) {
+                self.by_key.remove(&entry.key);
+            }
+            if self.by_content.get(&entry.content) == Some(&entry.seq) {
+                self.by_content.remove(&entry.content);
+            }
+        }
+    }
+}
+
+/// The entries of the batch being decided: committed with it or not at all. A job's entry is
+/// staged only once its savepoint is released, so a job rolled back leaves nothing here.
+#[derive(Debug, Default)]
+pub(crate) struct Staged {
+    entries: Vec<IndexEntry>,
+    by_key: HashMap<SemanticKey, i64>,
+    by_content: HashMap<ContentDigest, i64>,
+}
+
+impl Staged {
+    pub fn push(&mut self, entry: IndexEntry) {
+        self.by_key.insert(entry.key, entry.seq);
+        self.by_content.insert(entry.content, entry.seq);
+        self.entries.push(entry);
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn seq_of_key(&self, key: &SemanticKey) -> Option<i64> {
+        self.by_key.get(key).copied()
+    }
+
+    pub fn seq_of_content(&self, content: &ContentDigest) -> Option<i64> {
+        self.by_content.get(content).copied()
+    }
+
+    /// Moves the staged entries into `pending` (after the batch's COMMIT), oldest first.
+    pub fn drain_into(&mut self, pending: &mut PendingIndex) {
+        for entry in self.entries.drain(..) {
+            pending.push(entry);
+        }
+        self.by_key.clear();
+        self.by_content.clear();
+    }
+
+    /// Drops every staged entry (the batch did not commit).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.by_key.clear();
+        self.by_content.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ring0_core::identity::Digest32;
+
+    fn entry(seq: i64, key: u8, content: u8) -> IndexEntry {
+        IndexEntry {
+            seq,
+            key: SemanticKey {
+                version: 1,
+                digest: Digest32([key; 32]),
+            },
+            content: [content; 32],
+        }
+    }
+
+    #[test]
+    fn the_latest_pending_intent_of_a_key_is_the_one_found() {
+        let mut p = PendingIndex::default();
+        p.push(entry(1, 7, 1));
+        p.push(entry(2, 7, 2));
+        assert_eq!(p.seq_of_key(&entry(0, 7, 0).key), Some(2));
+        assert_eq!(p.seq_of_content(&[1; 32]), Some(1));
+    }
+
+    #[test]
+    fn folding_an_older_intent_keeps_a_newer_one_with_the_same_key() {
+        let mut p = PendingIndex::default();
+        p.push(entry(1, 7, 1));
+        p.push(entry(2, 7, 2));
+        p.remove_oldest(1);
+        assert_eq!(p.seq_of_key(&entry(0, 7, 0).key), Some(2));
+        assert_eq!(p.seq_of_content(&[1; 32]), None);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p.seq_after(0), Some(2));
+    }
+}
