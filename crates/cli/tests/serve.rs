@@ -660,7 +660,7 @@ fn prompt_names(list: &Value) -> Vec<String> {
 }
 
 #[test]
-fn an_upstreams_prompts_and_resources_reach_only_sessions_granted_its_tools() {
+fn an_upstreams_prompts_and_resources_reach_only_sessions_granted_its_unquarantined_tools() {
     let fixture = PathBuf::from(env!("CARGO_BIN_EXE_ring0")).with_file_name("ring0-mcp-fixture");
     if !fixture.exists() {
         assert!(
@@ -712,12 +712,32 @@ fn an_upstreams_prompts_and_resources_reach_only_sessions_granted_its_tools() {
     );
     let resources = c.request("resources/list", json!({}));
     assert_eq!(resources["result"]["resources"], json!([]), "{resources}");
-    let read = c.request("resources/read", uri);
+    let read = c.request("resources/read", uri.clone());
     assert!(read.get("result").is_none(), "{read}");
     assert!(
         read["error"]["message"]
             .as_str()
             .is_some_and(|m| m.contains("test://static-text")),
         "{read}"
+    );
+    drop(c);
+
+    // Granted, but every tool of the upstream is quarantined (the lock approved the upstream
+    // with other tools): its resources are out of reach as well.
+    let quarantined = tempfile::tempdir().unwrap();
+    let config = prompts_and_resources_config(quarantined.path(), &fixture, true);
+    std::fs::write(
+        quarantined.path().join("ring0.lock"),
+        "[upstreams.up.tools]\nretired = \"sha256:00\"\n",
+    )
+    .unwrap();
+    let mut c = Client::start(quarantined.path(), Some(&config));
+    c.initialize(json!({}));
+    let read = c.request("resources/read", uri);
+    assert!(read.get("result").is_none(), "{read}");
+    let prompts = c.request("prompts/list", json!({}));
+    assert!(
+        !prompt_names(&prompts).iter().any(|n| n.starts_with("up__")),
+        "{prompts}"
     );
 }

@@ -310,14 +310,16 @@ impl GatewayServer {
         }
     }
 
-    /// The upstreams this session's grants open: those with a tool in its catalog. Only these
-    /// are asked for prompts, resources, completions and log levels on its behalf.
+    /// The upstreams this session's grants open: those with a tool in its catalog that is not
+    /// quarantined. Only these are asked for prompts, resources, completions and log levels on
+    /// its behalf.
     fn reachable(&self) -> Vec<Arc<crate::upstream::Upstream>> {
         let generation = self.gw.generation();
         let session = self.open(&generation);
         let aliases: std::collections::BTreeSet<&str> = session
             .catalog()
             .iter()
+            .filter(|spec| !generation.quarantined.contains_key(&spec.name))
             .filter_map(|spec| generation.tools.get(&spec.name)?.upstream.as_deref())
             .collect();
         self.gw
