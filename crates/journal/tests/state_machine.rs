@@ -241,32 +241,48 @@ proptest! {
 }
 
 /// Cases replayed on SQLite as well: each case opens a real database.
-const SQLITE_CASES: u32 = 48;
+const SQLITE_CASES: u32 = 128;
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: SQLITE_CASES, ..ProptestConfig::default() })]
 
+    /// The memory backend's answers are the reference. `None` among the operations closes the
+    /// SQLite journal and opens it again: a clean close folds the in-memory part of its key
+    /// index into the tables, so a sequence's lookups go to entries decided in the same batch,
+    /// to the in-memory index and to the tables, and every one must answer alike.
     #[test]
     fn the_sqlite_backend_answers_every_sequence_like_the_memory_backend(
-        ops in proptest::collection::vec(op(), 1..40)
+        ops in proptest::collection::vec(
+            prop_oneof![9 => op().prop_map(Some), 1 => Just(None)],
+            1..40,
+        )
     ) {
         let dir = tempfile::tempdir().unwrap();
         let clock_m = Arc::new(ManualClock::new(1));
         let clock_s = Arc::new(ManualClock::new(1));
         let memory = MemoryJournal::with_clock(clock_m);
-        let sqlite = ring0_journal::SqliteJournal::open_with(
-            dir.path().join("j.db"),
-            common::options(&clock_s),
-        )
-        .unwrap();
+        let open = || {
+            ring0_journal::SqliteJournal::open_with(
+                dir.path().join("j.db"),
+                common::options(&clock_s),
+            )
+            .unwrap()
+        };
+        let mut sqlite = open();
         let mut ids: Vec<IntentId> = Vec::new();
         for op in ops {
+            let Some(op) = op else {
+                drop(sqlite);
+                sqlite = open();
+                prop_assert_eq!(sqlite.pending_index_entries(), 0, "a clean close folds everything");
+                continue;
+            };
             match op {
                 Op::Propose { intent, version, host, mutating } => {
                     let p = make(intent, version, host, mutating);
                     let a = block_on(memory.propose(p.clone())).unwrap();
                     let b = block_on(sqlite.propose(p)).unwrap();
-                    prop_assert_eq!(&a, &b);
+                    prop_assert_eq!(ownerless_decision(a.clone()), ownerless_decision(b));
                     if let ProposeDecision::Recorded(r) = &a && !ids.contains(&r.id) {
                         ids.push(r.id);
                     }
@@ -282,7 +298,7 @@ proptest! {
                     }
                     let a = block_on(memory.transition(t.clone()));
                     let b = block_on(sqlite.transition(t));
-                    prop_assert_eq!(a, b);
+                    prop_assert_eq!(a.map(ownerless), b.map(ownerless));
                 }
             }
         }
@@ -290,6 +306,28 @@ proptest! {
         let mut b = block_on(sqlite.recent(10_000)).unwrap();
         a.sort_by_key(|r| r.id);
         b.sort_by_key(|r| r.id);
-        prop_assert_eq!(a, b);
+        prop_assert_eq!(
+            a.into_iter().map(ownerless).collect::<Vec<_>>(),
+            b.into_iter().map(ownerless).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// A record without the incarnation that wrote it, which a reopened SQLite journal counts up
+/// and the memory journal never does.
+fn ownerless(mut r: IntentRecord) -> IntentRecord {
+    r.owner = 0;
+    r
+}
+
+fn ownerless_decision(d: ProposeDecision) -> ProposeDecision {
+    match d {
+        ProposeDecision::Recorded(r) => ProposeDecision::Recorded(ownerless(r)),
+        ProposeDecision::Duplicate(r) => ProposeDecision::Duplicate(ownerless(r)),
+        ProposeDecision::Replay(r) => ProposeDecision::Replay(ownerless(r)),
+        ProposeDecision::Conflict { reason, existing } => ProposeDecision::Conflict {
+            reason,
+            existing: existing.map(ownerless),
+        },
     }
 }
