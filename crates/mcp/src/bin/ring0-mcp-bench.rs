@@ -21,7 +21,9 @@
 //! speaks the protocol version ring0 speaks to its upstreams, so a server that behaves
 //! differently per version is measured the same way on every path. It prints p50/p99 latency,
 //! the added p50/p99, calls per second, and ring0's added p50 as a fraction of mcp-proxy's for
-//! the two topologies both can serve (target: at most 1/10). `--only TEXT` and `--upstream
+//! the two topologies both can serve (target: at most 1/10). For the HTTP client it also prints
+//! the floor: one bare HTTP exchange (the fixture's `POST /echo`, no MCP), which any gateway
+//! serving HTTP clients adds to the direct stdio path. `--only TEXT` and `--upstream
 //! TEXT` narrow the run to some paths, for profiling.
 
 use ring0_mcp::Log;
@@ -156,6 +158,37 @@ async fn measure(
     }
 }
 
+/// p50 of `calls` sequential POSTs of a `tools/call`-sized JSON body to `url`, which answers
+/// with the body: the HTTP exchange alone, with the client the MCP paths use.
+async fn exchange_p50(url: &str, calls: usize) -> Duration {
+    let client = http::client().expect("client");
+    let body = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "message 1"}}}))
+    .expect("body");
+    let post = || async {
+        let r = client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .expect("POST /echo");
+        assert!(r.status().is_success(), "POST /echo: {}", r.status());
+        r.bytes().await.expect("echo body")
+    };
+    for _ in 0..calls.min(100) {
+        post().await;
+    }
+    let mut lat = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let t = Instant::now();
+        post().await;
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    lat[lat.len() / 2]
+}
+
 struct Served(Child);
 
 impl Drop for Served {
@@ -245,6 +278,8 @@ fn main() {
         http_args: Vec<String>,
         tool: &'static str,
         arg: &'static str,
+        /// Whether its HTTP server also answers `POST /echo` with the body (no MCP).
+        echo_route: bool,
     }
     let everything_path = everything.display().to_string();
     let upstreams = vec![
@@ -255,6 +290,7 @@ fn main() {
             http_args: vec!["--http".into(), "127.0.0.1:{port}".into()],
             tool: "echo",
             arg: "text",
+            echo_route: true,
         },
         Upstream {
             label: "server-everything echo",
@@ -263,6 +299,7 @@ fn main() {
             http_args: vec![everything_path.clone(), "streamableHttp".into()],
             tool: "echo",
             arg: "message",
+            echo_route: false,
         },
     ];
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -274,6 +311,9 @@ fn main() {
             "tools/call, {calls} sequential calls (p50/p99 latency) then {calls} with \
              {concurrency} in flight (calls/s)\n"
         );
+        // What one HTTP exchange costs on this machine, without MCP: measured on the first
+        // upstream that answers `POST /echo` (ring0-mcp-fixture), used for every upstream.
+        let mut bare_http: Option<Duration> = None;
         for up in upstreams {
             if only_upstream.as_deref().is_some_and(|o| !up.label.contains(o)) {
                 continue;
@@ -337,6 +377,11 @@ fn main() {
             initialize(&peer, &conn).await;
             let direct_http = measure(&peer, up.tool, up.arg, calls, concurrency).await;
             drop(conn);
+            if bare_http.is_none() && up.echo_route {
+                bare_http = Some(
+                    exchange_p50(&format!("http://127.0.0.1:{upstream_port}/echo"), calls).await,
+                );
+            }
             rows.push(Row::new("direct", "stdio", "-", direct_stdio, None));
             rows.push(Row::new("direct", "HTTP", "-", direct_http, None));
             let bases = [
@@ -461,6 +506,18 @@ fn main() {
                     "  {client} client, {upstream} upstream: {ours:.0} µs / {theirs:.0} µs = {:.3}",
                     ours.max(0.0) / theirs.max(1.0)
                 );
+                // An HTTP front adds at least one HTTP exchange to the direct stdio path,
+                // however little the gateway itself does.
+                if client == "HTTP"
+                    && let Some(bare) = bare_http
+                {
+                    println!(
+                        "    floor: one HTTP exchange without MCP (POST /echo) takes {:.0} µs p50 \
+                         here, so no HTTP front can be under {:.3} of mcp-proxy's {theirs:.0} µs",
+                        us(bare),
+                        us(bare) / theirs.max(1.0)
+                    );
+                }
             }
             println!();
         }

@@ -8,6 +8,7 @@
 //! ```text
 //! ring0-mcp-fixture                      # stdio
 //! ring0-mcp-fixture --http 127.0.0.1:0   # prints "listening on http://ADDR/mcp" to stderr
+//!                                        # (and answers POST /echo with its body)
 //! ```
 
 // The protocol's logging is deprecated for 2026-07-28 but still part of the sessionful era the
@@ -387,7 +388,17 @@ fn main() {
                     "listening on http://{}/mcp",
                     listener.local_addr().expect("addr")
                 );
-                let app = axum::Router::new().route_service("/mcp", service);
+                // `/echo` answers a POST with its body: no MCP at all, so the benchmark can
+                // measure what one HTTP exchange costs on this machine.
+                let app = axum::Router::new().route_service("/mcp", service).route(
+                    "/echo",
+                    axum::routing::post(|body: axum::body::Bytes| async move {
+                        (
+                            [(axum::http::header::CONTENT_TYPE, "application/json")],
+                            body,
+                        )
+                    }),
+                );
                 use axum::serve::ListenerExt;
                 let listener = listener.tap_io(|tcp| {
                     let _ = tcp.set_nodelay(true);
