@@ -14,6 +14,9 @@
 //! The peers are installed by `scripts/install-mcp-peers.sh`; without them a test says why it is
 //! skipped, unless `CI` is set, where that is a failure.
 
+mod common;
+
+use common::{peers, python, ring0, rmcp_fixture};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -23,32 +26,8 @@ use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
-
-fn peers() -> Option<PathBuf> {
-    let dir = std::env::var_os("MCP_PEERS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-peers"));
-    if dir.join(".installed-3").exists() {
-        return Some(dir);
-    }
-    let why = format!(
-        "the MCP peers are not installed in {} (run scripts/install-mcp-peers.sh)",
-        dir.display()
-    );
-    assert!(!in_ci(), "{why} (CI is set, so this is a failure)");
-    eprintln!("skipped: {why}");
-    None
-}
-
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../mcp/tests/fixtures")
-}
-
-fn python(peers: &Path) -> PathBuf {
-    peers.join("py/bin/python")
 }
 
 /// A server process whose stderr is collected; killed on drop.
@@ -140,10 +119,6 @@ fn py_server_on(peers: &Path, legacy_only: bool, port: u16) -> Served {
         cmd.arg("--legacy-only");
     }
     serve(cmd)
-}
-
-fn ring0() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ring0"))
 }
 
 /// ring0 over HTTP in `dir`, with the HTTP upstream `py` at `url`.
@@ -420,16 +395,9 @@ fn an_upstream_elicitation_during_a_2026_07_28_call_is_answered_through_input_re
 
 #[test]
 fn a_stdio_upstreams_sampling_and_elicitation_reach_clients_of_both_eras() {
-    let Some(peers) = peers() else { return };
-    let fixture = ring0().with_file_name("ring0-mcp-fixture");
-    if !fixture.exists() {
-        assert!(!in_ci(), "{} is not built", fixture.display());
-        eprintln!(
-            "skipped: {} is not built (cargo build -p ring0-mcp --bins)",
-            fixture.display()
-        );
+    let (Some(peers), Some(fixture)) = (peers(), rmcp_fixture()) else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
         r#"[[grants]]

@@ -6,62 +6,16 @@
 //! `$MCP_PEERS_DIR`). Without them a test prints why it is skipped — unless `CI` is set, where a
 //! missing peer is a failure.
 
+mod common;
+
+use common::{HttpServer, peers, python, ring0, rmcp_fixture, serve_http_command, start_http};
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::channel;
-use std::time::Duration;
-
-const WAIT: Duration = Duration::from_secs(60);
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
-
-fn skip_or_fail(why: &str) -> Option<PathBuf> {
-    assert!(!in_ci(), "{why} (CI is set, so this is a failure)");
-    eprintln!("skipped: {why}");
-    None
-}
-
-fn peers() -> Option<PathBuf> {
-    let dir = std::env::var_os("MCP_PEERS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-peers"));
-    if dir.join(".installed-3").exists() {
-        Some(dir)
-    } else {
-        skip_or_fail(&format!(
-            "the MCP peers are not installed in {} (run scripts/install-mcp-peers.sh)",
-            dir.display()
-        ))
-    }
-}
-
-fn ring0() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ring0"))
-}
-
-fn fixture() -> Option<PathBuf> {
-    let p = ring0().with_file_name("ring0-mcp-fixture");
-    if p.exists() {
-        Some(p)
-    } else {
-        skip_or_fail(&format!(
-            "{} is not built (cargo build -p ring0-mcp --bins)",
-            p.display()
-        ))
-    }
-}
+use std::process::Command;
 
 fn node(peers: &Path) -> PathBuf {
     peers.join("node/node_modules/.bin/node")
-}
-
-fn python(peers: &Path) -> PathBuf {
-    peers.join("py/bin/python")
 }
 
 fn py_fixture() -> PathBuf {
@@ -171,7 +125,7 @@ fn journal_ls(dir: &Path) -> String {
 
 #[test]
 fn python_client_over_stdio_writes_reads_and_is_asked_for_an_a3_call() {
-    let (Some(peers), Some(fixture)) = (peers(), fixture()) else {
+    let (Some(peers), Some(fixture)) = (peers(), rmcp_fixture()) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -197,58 +151,20 @@ fn python_client_over_stdio_writes_reads_and_is_asked_for_an_a3_call() {
     );
 }
 
-struct Served {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts a server that prints `listening on http://ADDR/mcp` to stderr.
-fn serve(mut cmd: Command) -> Served {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                let _ = tx.send(rest.trim().to_string());
-            }
-        }
-    });
-    let url = rx
-        .recv_timeout(WAIT)
-        .expect("the server printed its address");
-    Served { child, url }
-}
-
-fn ring0_http(dir: &Path) -> Served {
-    let mut cmd = Command::new(ring0());
-    cmd.args(["serve", "--http", "127.0.0.1:0"])
-        .current_dir(dir);
-    serve(cmd)
+fn ring0_http(dir: &Path) -> HttpServer {
+    start_http(serve_http_command(dir))
 }
 
 #[test]
 fn python_client_over_http_in_both_protocol_eras() {
-    let (Some(peers), Some(fixture)) = (peers(), fixture()) else {
+    let (Some(peers), Some(fixture)) = (peers(), rmcp_fixture()) else {
         return;
     };
     for era in ["legacy", "2026-07-28"] {
         let dir = tempfile::tempdir().unwrap();
         e2e_workspace(dir.path(), &fixture);
         let server = ring0_http(dir.path());
-        let seen = run_py(&peers, &["http", &server.url, era]);
+        let seen = run_py(&peers, &["http", &server.url(), era]);
         check_e2e(&seen, dir.path());
     }
 }
@@ -406,16 +322,16 @@ fn conformance(peers: &Path, url: &str, cwd: &Path) -> BTreeSet<String> {
 
 #[test]
 fn conformance_scenarios_that_pass_directly_pass_through_ring0() {
-    let (Some(peers), Some(fixture)) = (peers(), fixture()) else {
+    let (Some(peers), Some(fixture)) = (peers(), rmcp_fixture()) else {
         return;
     };
     let work = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(&fixture);
     cmd.args(["--http", "127.0.0.1:0"]);
-    let direct_server = serve(cmd);
+    let direct_server = start_http(cmd);
     let direct = conformance(
         &peers,
-        &direct_server.url.replace("127.0.0.1", "localhost"),
+        &direct_server.url().replace("127.0.0.1", "localhost"),
         work.path(),
     );
     drop(direct_server);
@@ -432,7 +348,7 @@ fn conformance_scenarios_that_pass_directly_pass_through_ring0() {
     let through = ring0_http(dir.path());
     let via_ring0 = conformance(
         &peers,
-        &through.url.replace("127.0.0.1", "localhost"),
+        &through.url().replace("127.0.0.1", "localhost"),
         work.path(),
     );
     let new_failures: Vec<&String> = via_ring0.difference(&direct).collect();

@@ -239,24 +239,8 @@ fn over_stdio_in_the_2026_era_unmodelled_fields_reach_the_client() {
 
 // ---- the Python SDK client ----
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
-
 fn python() -> Option<PathBuf> {
-    let dir = std::env::var_os("MCP_PEERS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-peers"));
-    if dir.join(".installed-3").exists() {
-        return Some(dir.join("py/bin/python"));
-    }
-    let why = format!(
-        "the MCP peers are not installed in {} (run scripts/install-mcp-peers.sh)",
-        dir.display()
-    );
-    assert!(!in_ci(), "{why} (CI is set, so this is a failure)");
-    eprintln!("skipped: {why}");
-    None
+    common::peers().map(|peers| common::python(&peers))
 }
 
 fn run_py(python: &Path, args: &[&str]) -> Value {

@@ -661,16 +661,9 @@ fn prompt_names(list: &Value) -> Vec<String> {
 
 #[test]
 fn an_upstreams_prompts_and_resources_reach_only_sessions_granted_its_unquarantined_tools() {
-    let fixture = PathBuf::from(env!("CARGO_BIN_EXE_ring0")).with_file_name("ring0-mcp-fixture");
-    if !fixture.exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{} is not built",
-            fixture.display()
-        );
-        eprintln!("skipped: {} is not built", fixture.display());
+    let Some(fixture) = rmcp_fixture() else {
         return;
-    }
+    };
     let uri = json!({"uri": "test://static-text"});
 
     let granted = tempfile::tempdir().unwrap();

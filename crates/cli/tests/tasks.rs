@@ -496,20 +496,7 @@ fn over_stateless_http_a_long_upstream_call_is_a_task_followed_by_later_requests
 // ---- the Python SDK client, with a tasks extension of its own ----
 
 fn python() -> Option<PathBuf> {
-    let dir = std::env::var_os("MCP_PEERS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-peers"));
-    if dir.join(".installed-3").exists() {
-        return Some(dir.join("py/bin/python"));
-    }
-    let why = format!(
-        "the MCP peers are not installed in {} (run scripts/install-mcp-peers.sh)",
-        dir.display()
-    );
-    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-    assert!(!ci, "{why} (CI is set, so this is a failure)");
-    eprintln!("skipped: {why}");
-    None
+    common::peers().map(|peers| common::python(&peers))
 }
 
 #[test]

@@ -1,14 +1,67 @@
-//! Helpers shared by the `ring0 serve` tests that speak Streamable HTTP: starting the server on
-//! an ephemeral port, and raw HTTP/1.1 requests, so a test sees exactly the bytes ring0 sent.
+//! Helpers shared by the `ring0` CLI tests: where the binaries and the installed MCP peers are
+//! (skipping a test that needs a missing peer, except in CI, where that is a failure), starting
+//! an HTTP server on an ephemeral port, and raw HTTP/1.1 requests, so a test sees exactly the
+//! bytes ring0 sent.
 // Each test file uses the part it needs.
 #![allow(dead_code)]
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::channel;
 use std::time::Duration;
+
+/// Whether this run is CI's: there a missing peer fails the test instead of skipping it.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// Skips the calling test, saying `why` — or fails it in CI.
+pub fn skip_or_fail<T>(why: &str) -> Option<T> {
+    assert!(!in_ci(), "{why} (CI is set, so this is a failure)");
+    eprintln!("skipped: {why}");
+    None
+}
+
+/// The directory of the MCP peers `scripts/install-mcp-peers.sh` installs.
+pub fn peers() -> Option<PathBuf> {
+    let dir = std::env::var_os("MCP_PEERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-peers"));
+    if dir.join(".installed-3").exists() {
+        Some(dir)
+    } else {
+        skip_or_fail(&format!(
+            "the MCP peers are not installed in {} (run scripts/install-mcp-peers.sh)",
+            dir.display()
+        ))
+    }
+}
+
+/// The Python of the installed peers (with the `mcp` SDK).
+pub fn python(peers: &Path) -> PathBuf {
+    peers.join("py/bin/python")
+}
+
+/// The `ring0` binary under test.
+pub fn ring0() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ring0"))
+}
+
+/// The rmcp reference server `ring0-mcp-fixture`, built beside `ring0`.
+pub fn rmcp_fixture() -> Option<PathBuf> {
+    let p = ring0().with_file_name("ring0-mcp-fixture");
+    if p.exists() {
+        Some(p)
+    } else {
+        skip_or_fail(&format!(
+            "{} is not built (cargo build -p ring0-mcp --bins)",
+            p.display()
+        ))
+    }
+}
 
 /// Longest a helper waits for the server (start-up, a response).
 pub const HTTP_WAIT: Duration = Duration::from_secs(60);
@@ -18,6 +71,13 @@ pub struct HttpServer {
     pub child: Child,
     /// `host:port` it listens on.
     pub addr: String,
+}
+
+impl HttpServer {
+    /// The MCP endpoint, `http://ADDR/mcp`.
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
 }
 
 impl Drop for HttpServer {
