@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{peers, python, ring0, rmcp_fixture};
+use common::{one_upstream_config, peers, python, python_report, ring0, rmcp_fixture};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -137,21 +137,13 @@ fn ring0_with(dir: &Path, config: &str) -> Served {
 
 /// The upstream `py` at `url`; `extra` goes into its table.
 fn py_config(url: &str, extra: &str) -> String {
-    format!(
-        r#"[[grants]]
-name = "upstreams"
-tools = ["py__*", "up__*"]
-ceiling = "A3"
-
-[[upstreams]]
-alias = "py"
-url = {url:?}
-{extra}
-[upstreams.tools."*"]
-effect = "nullipotent"
-authority = "A0"
-strategy = ["exploration"]
-[upstreams.tools.legacy_ask]
+    one_upstream_config(
+        "upstreams",
+        r#"["py__*", "up__*"]"#,
+        "A3",
+        "py",
+        &format!("url = {url:?}\n{extra}"),
+        r#"[upstreams.tools.legacy_ask]
 effect = "non_idempotent"
 authority = "A2"
 settlement = "idempotency_key"
@@ -159,25 +151,17 @@ settlement = "idempotency_key"
 effect = "non_idempotent"
 authority = "A2"
 settlement = "idempotency_key"
-"#
+"#,
     )
 }
 
 /// Calls tools with the Python client in `era`; returns what it saw.
 fn calls(peers: &Path, url: &str, era: &str, calls: Value) -> Value {
-    let out = Command::new(python(peers))
-        .arg(fixtures().join("py_client_calls.py"))
-        .args([url, era, &calls.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the Python client failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("one JSON line")
+    python_report(
+        Command::new(python(peers))
+            .arg(fixtures().join("py_client_calls.py"))
+            .args([url, era, &calls.to_string()]),
+    )
 }
 
 fn text_of(seen: &Value, i: usize) -> &str {
@@ -399,21 +383,13 @@ fn a_stdio_upstreams_sampling_and_elicitation_reach_clients_of_both_eras() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        r#"[[grants]]
-name = "upstreams"
-tools = ["up__*"]
-ceiling = "A3"
-
-[[upstreams]]
-alias = "up"
-command = {:?}
-[upstreams.tools."*"]
-effect = "nullipotent"
-authority = "A0"
-strategy = ["exploration"]
-"#,
-        fixture.display().to_string()
+    let config = one_upstream_config(
+        "upstreams",
+        r#"["up__*"]"#,
+        "A3",
+        "up",
+        &format!("command = {:?}", fixture.display().to_string()),
+        "",
     );
     let gw = ring0_with(dir.path(), &config);
     for era in ERAS {
@@ -522,21 +498,13 @@ fn ring0_serves_another_ring0_as_a_2026_07_28_upstream() {
         .current_dir(inner_dir.path());
     let inner = serve(cmd);
     let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        r#"[[grants]]
-name = "inner"
-tools = ["in__*"]
-ceiling = "A0"
-
-[[upstreams]]
-alias = "in"
-url = {:?}
-[upstreams.tools."*"]
-effect = "nullipotent"
-authority = "A0"
-strategy = ["exploration"]
-"#,
-        inner.url
+    let config = one_upstream_config(
+        "inner",
+        r#"["in__*"]"#,
+        "A0",
+        "in",
+        &format!("url = {:?}", inner.url),
+        "",
     );
     let gw = ring0_with(dir.path(), &config);
     gw.wait_for_line("[in] speaking protocol 2026-07-28 (stateless)");

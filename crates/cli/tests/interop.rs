@@ -8,7 +8,9 @@
 
 mod common;
 
-use common::{HttpServer, peers, python, ring0, rmcp_fixture, serve_http_command, start_http};
+use common::{
+    HttpServer, peers, python, python_report, ring0, rmcp_fixture, serve_http_command, start_http,
+};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -65,19 +67,7 @@ strategy = ["exploration"]
 
 fn run_py(peers: &Path, args: &[&str]) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/py_client_e2e.py");
-    let out = Command::new(python(peers))
-        .arg(&script)
-        .args(args)
-        .output()
-        .expect("python");
-    assert!(
-        out.status.success(),
-        "the Python client failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("one JSON line")
+    python_report(Command::new(python(peers)).arg(&script).args(args))
 }
 
 fn check_e2e(seen: &Value, dir: &Path) {

@@ -244,19 +244,11 @@ fn python() -> Option<PathBuf> {
 }
 
 fn run_py(python: &Path, args: &[&str]) -> Value {
-    let out = Command::new(python)
-        .arg(fixtures().join("py_client_lossless.py"))
-        .args(args)
-        .output()
-        .expect("python");
-    assert!(
-        out.status.success(),
-        "the Python client failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("one JSON line")
+    python_report(
+        Command::new(python)
+            .arg(fixtures().join("py_client_lossless.py"))
+            .args(args),
+    )
 }
 
 #[test]

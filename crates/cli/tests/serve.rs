@@ -19,9 +19,16 @@ fn fixture() -> PathBuf {
 
 fn write_config(dir: &Path, extra: &str) -> PathBuf {
     let path = dir.join("ring0.toml");
-    let text = format!(
-        "[[grants]]\nname = \"fixture\"\ntools = [\"fx__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"fx\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\"]\n{extra}\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
-        fixture().display().to_string()
+    let text = one_upstream_config(
+        "fixture",
+        r#"["fx__*"]"#,
+        "A3",
+        "fx",
+        &format!(
+            "command = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\"]\n{extra}",
+            fixture().display().to_string()
+        ),
+        "",
     );
     std::fs::write(&path, text).unwrap();
     path
@@ -375,28 +382,12 @@ fn a_cancelled_call_is_cancelled_upstream() {
     c.initialize(json!({}));
     c.send(json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call",
                   "params": {"name": "fx__silent", "arguments": {}}}));
-    let deadline = Instant::now() + WAIT;
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("tools/call")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the call never reached the upstream"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_file_text(&log, "tools/call", "the call never reached the upstream");
     c.send(
         json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
                   "params": {"requestId": 99, "reason": "user pressed stop"}}),
     );
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("notifications/cancelled")
-    {
-        assert!(Instant::now() < deadline, "the upstream was not told");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_file_text(&log, "notifications/cancelled", "the upstream was not told");
 }
 
 #[test]
@@ -639,12 +630,10 @@ fn prompts_and_resources_config(dir: &Path, fixture: &Path, grant_upstream: bool
         r#"["list_dir"]"#
     };
     let path = dir.join("ring0.toml");
+    let transport = format!("command = {:?}", fixture.display().to_string());
     std::fs::write(
         &path,
-        format!(
-            "[[grants]]\nname = \"some\"\ntools = {tools}\nceiling = \"A0\"\n\n[[upstreams]]\nalias = \"up\"\ncommand = {:?}\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
-            fixture.display().to_string()
-        ),
+        one_upstream_config("some", tools, "A0", "up", &transport, ""),
     )
     .unwrap();
     path

@@ -406,17 +406,11 @@ fn cancelling_an_upstream_call_task_cancels_it_upstream_and_the_journal_settles_
     let after = c.request("tasks/get", json!({"taskId": id}));
     assert_eq!(after["result"]["status"], "cancelled", "{after}");
     let log = dir.path().join("fixture.log");
-    let deadline = Instant::now() + WAIT;
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("notifications/cancelled")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the upstream was never told the call was cancelled"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_file_text(
+        &log,
+        "notifications/cancelled",
+        "the upstream was never told the call was cancelled",
+    );
     // The call may have had an effect: the journal settles it as uncertain, for a person
     // (no settlement is declared), never as done or as not applied.
     let deadline = Instant::now() + WAIT;
@@ -505,19 +499,7 @@ fn python_client_with_a_tasks_extension_follows_and_cancels_tasks() {
     let dir = tempfile::tempdir().unwrap();
     let server = serve_http(dir.path());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/py_client_tasks.py");
-    let out = Command::new(python)
-        .arg(script)
-        .arg(format!("http://{}/mcp", server.addr))
-        .output()
-        .expect("python");
-    assert!(
-        out.status.success(),
-        "the Python client failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap();
+    let seen = python_report(Command::new(python).arg(script).arg(server.url()));
     // The slow call came back as a task, was followed with tasks/get, and resolved to its result.
     assert_eq!(seen["statuses"][0], "working", "{seen}");
     assert_eq!(

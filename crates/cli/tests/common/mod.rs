@@ -45,6 +45,53 @@ pub fn python(peers: &Path) -> PathBuf {
     peers.join("py/bin/python")
 }
 
+/// Runs a Python client script (`cmd`, arguments included) to its end and returns what it
+/// reports: its last line of output, as JSON.
+pub fn python_report(cmd: &mut Command) -> Value {
+    let out = cmd.output().expect("python");
+    assert!(
+        out.status.success(),
+        "the Python client failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("one JSON line")
+}
+
+/// Waits (up to [`HTTP_WAIT`]) until the file at `path` contains `needle`; fails saying `what`
+/// did not happen otherwise.
+pub fn wait_for_file_text(path: &Path, needle: &str, what: &str) {
+    let deadline = std::time::Instant::now() + HTTP_WAIT;
+    while !std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .contains(needle)
+    {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `ring0.toml` with one grant (`name`, the TOML array `tools`, up to `ceiling`) and one
+/// upstream `alias`, reached through `transport` (its `command`/`args`/… or `url` keys, and any
+/// other key of its table), every tool of it a read unless `tool_tables` (more
+/// `[upstreams.tools.NAME]` tables) says otherwise.
+pub fn one_upstream_config(
+    grant: &str,
+    tools: &str,
+    ceiling: &str,
+    alias: &str,
+    transport: &str,
+    tool_tables: &str,
+) -> String {
+    format!(
+        "[[grants]]\nname = {grant:?}\ntools = {tools}\nceiling = {ceiling:?}\n\n\
+         [[upstreams]]\nalias = {alias:?}\n{transport}\n\
+         [upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\n\
+         strategy = [\"exploration\"]\n{tool_tables}"
+    )
+}
+
 /// The `ring0` binary under test.
 pub fn ring0() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ring0"))
