@@ -1777,6 +1777,21 @@ mod tests {
         d.kind()
     }
 
+    /// The refunds of `orders`, proposed again under new call ids, are duplicates, and each is
+    /// found by its semantic key.
+    fn assert_recognised(j: &SqliteJournal, orders: std::ops::Range<u64>) {
+        for n in orders {
+            let again = block_on(j.propose(refund(n, "again"))).unwrap();
+            assert_eq!(kind(&again), "duplicate", "order {n}");
+            assert!(
+                block_on(j.find_by_key(&refund(n, "c").semantic_key))
+                    .unwrap()
+                    .is_some(),
+                "order {n} is not found by its key"
+            );
+        }
+    }
+
     /// Never folds while open; folds on a clean close unless `fold_on_close` is false.
     fn no_idle_fold(fold_on_close: bool) -> IndexTuning {
         IndexTuning {
@@ -1988,15 +2003,7 @@ mod tests {
         }
         assert_eq!(indexed_keys(&path), 5);
         assert_eq!(watermark(&path), 5);
-        for n in 0..5 {
-            let again = block_on(j.propose(refund(n, "again"))).unwrap();
-            assert_eq!(kind(&again), "duplicate");
-            assert!(
-                block_on(j.find_by_key(&refund(n, "c").semantic_key))
-                    .unwrap()
-                    .is_some()
-            );
-        }
+        assert_recognised(&j, 0..5);
     }
 
     #[test]
@@ -2012,15 +2019,7 @@ mod tests {
         assert_eq!((indexed_keys(&path), watermark(&path)), (0, 0));
         let j = open(&path, no_idle_fold(true));
         assert_eq!(j.pending_index_entries(), 3);
-        for n in 0..3 {
-            let again = block_on(j.propose(refund(n, "again"))).unwrap();
-            assert_eq!(kind(&again), "duplicate");
-            assert!(
-                block_on(j.find_by_key(&refund(n, "c").semantic_key))
-                    .unwrap()
-                    .is_some()
-            );
-        }
+        assert_recognised(&j, 0..3);
     }
 
     #[test]
