@@ -17,8 +17,7 @@
 use crate::events::Event;
 use crate::plan::Epoch;
 use crate::prepare::Prepared;
-use crate::settle::{CallExecutor, bound, ms, run_tool};
-use crate::tool::CallContext;
+use crate::settle::{CallExecutor, bound, ms, run_job};
 use ring0_core::call::RejectionKind;
 use ring0_core::receipt::{CallOutcome, Disposition, Timing};
 use ring0_core::{IntentState, Observation, Receipt, Rejection, SemanticKey};
@@ -414,22 +413,7 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
     }
     let queued_ms = ms(env.round_start.elapsed());
     let started = Instant::now();
-    let ctx = CallContext {
-        call_id: job.call.call_id.clone(),
-        intent_id: None,
-        idempotency_key: None,
-        scope: env.scope.clone(),
-        cancel: env.cancel.child_token(),
-        timeout_ms: spec.timeout_ms,
-        events: crate::tool::EventSink(env.events.clone()),
-    };
-    let result = run_tool(
-        job.tool.tool.clone(),
-        ctx,
-        job.call.args.clone(),
-        spec.timeout_ms,
-    )
-    .await;
+    let result = run_job(env, job, None, None).await;
     let timing = Timing {
         queued_ms,
         run_ms: ms(started.elapsed()),

@@ -25,6 +25,33 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+/// Runs one attempt of a round's call (see [`run_tool`]) in the round's scope, cancellation and
+/// event stream; `intent_id` and `idempotency_key` are the journal's, for a journaled call.
+pub(crate) async fn run_job(
+    env: &DispatchEnv,
+    job: &Prepared,
+    intent_id: Option<String>,
+    idempotency_key: Option<String>,
+) -> Result<Observation, (ErrorClass, ToolError)> {
+    let spec = &job.tool.spec;
+    let ctx = CallContext {
+        call_id: job.call.call_id.clone(),
+        intent_id,
+        idempotency_key,
+        scope: env.scope.clone(),
+        cancel: env.cancel.child_token(),
+        timeout_ms: spec.timeout_ms,
+        events: EventSink(env.events.clone()),
+    };
+    run_tool(
+        job.tool.tool.clone(),
+        ctx,
+        job.call.args.clone(),
+        spec.timeout_ms,
+    )
+    .await
+}
+
 /// Runs one attempt of a tool call in its own task, under `timeout_ms`. On timeout the call's
 /// cancellation token is cancelled and the task aborted.
 pub(crate) async fn run_tool(
@@ -219,20 +246,11 @@ impl Executor for CallExecutor<'_> {
         let (env, job) = (self.env, self.job);
         let spec = &job.tool.spec;
         let n = self.dispatches.fetch_add(1, Ordering::Relaxed);
-        let ctx = CallContext {
-            call_id: job.call.call_id.clone(),
-            intent_id: Some(record.id.to_string()),
-            idempotency_key: record.mutating.then(|| record.idempotency_key.clone()),
-            scope: env.scope.clone(),
-            cancel: env.cancel.child_token(),
-            timeout_ms: spec.timeout_ms,
-            events: EventSink(env.events.clone()),
-        };
-        let result = run_tool(
-            job.tool.tool.clone(),
-            ctx,
-            job.call.args.clone(),
-            spec.timeout_ms,
+        let result = run_job(
+            env,
+            job,
+            Some(record.id.to_string()),
+            record.mutating.then(|| record.idempotency_key.clone()),
         )
         .await;
         let origin = ReceiptOrigin {
