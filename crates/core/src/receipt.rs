@@ -175,22 +175,40 @@ pub struct Receipt {
 }
 
 impl Receipt {
-    /// A receipt for a call refused before commit.
-    pub fn rejected(index: usize, rejection: Rejection) -> Self {
+    /// A receipt with no journal record behind it (yet): no intent, keys, state or timeline,
+    /// and no timing. Callers fill in what they know with struct update syntax.
+    pub fn new(
+        call_id: impl Into<String>,
+        index: usize,
+        tool: impl Into<String>,
+        disposition: Disposition,
+        outcome: CallOutcome,
+    ) -> Self {
         Self {
-            call_id: rejection.call_id.clone(),
+            call_id: call_id.into(),
             index,
-            tool: rejection.tool_name.clone(),
+            tool: tool.into(),
             intent_id: None,
             semantic_key: None,
             idempotency_key: None,
             state: None,
             revision: 0,
             timeline: Vec::new(),
-            disposition: Disposition::Rejected,
-            outcome: CallOutcome::Rejected { rejection },
+            disposition,
+            outcome,
             timing: Timing::default(),
         }
+    }
+
+    /// A receipt for a call refused before commit.
+    pub fn rejected(index: usize, rejection: Rejection) -> Self {
+        Self::new(
+            rejection.call_id.clone(),
+            index,
+            rejection.tool_name.clone(),
+            Disposition::Rejected,
+            CallOutcome::Rejected { rejection },
+        )
     }
 
     pub fn is_error(&self) -> bool {

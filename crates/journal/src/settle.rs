@@ -25,7 +25,7 @@
 use crate::limits::ATTEMPTS_MAX;
 use crate::record::{IntentRecord, Transition};
 use crate::{Journal, JournalError};
-use ring0_core::receipt::{CallOutcome, Disposition, Timing};
+use ring0_core::receipt::{CallOutcome, Disposition};
 use ring0_core::{IntentState, Observation, Receipt, Settlement};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -273,18 +273,12 @@ pub fn synthetic_receipt(record: &IntentRecord, evidence: Option<Value>) -> Rece
     if let Some(evidence) = evidence {
         structured["evidence"] = evidence;
     }
-    Receipt {
-        call_id: record.last_call_id().to_string(),
-        index: 0,
-        tool: record.tool.clone(),
-        intent_id: None,
-        semantic_key: None,
-        idempotency_key: None,
-        state: None,
-        revision: 0,
-        timeline: Vec::new(),
-        disposition: Disposition::Recovered,
-        outcome: CallOutcome::Completed {
+    Receipt::new(
+        record.last_call_id().to_string(),
+        0,
+        record.tool.clone(),
+        Disposition::Recovered,
+        CallOutcome::Completed {
             observation: Observation {
                 text: "The effect was confirmed by a reconciliation probe after an ambiguous \
                        outcome; the original response was lost."
@@ -294,8 +288,7 @@ pub fn synthetic_receipt(record: &IntentRecord, evidence: Option<Value>) -> Rece
                 ..Observation::default()
             },
         },
-        timing: Timing::default(),
-    }
+    )
 }
 
 /// Fills a receipt's identity from the record it settles.

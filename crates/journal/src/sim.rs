@@ -43,7 +43,7 @@ use crate::{Journal, JournalError, machine};
 use async_trait::async_trait;
 use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
-use ring0_core::receipt::{CallOutcome, Disposition, Timing};
+use ring0_core::receipt::{CallOutcome, Disposition};
 use ring0_core::{
     Fingerprint, IntentState, Observation, Receipt, SemanticKey, Settlement, canonical,
 };
@@ -566,22 +566,15 @@ struct SimExec {
 }
 
 fn sim_receipt(record: &IntentRecord, text: &str) -> Receipt {
-    Receipt {
-        call_id: record.last_call_id().to_string(),
-        index: 0,
-        tool: record.tool.clone(),
-        intent_id: None,
-        semantic_key: None,
-        idempotency_key: None,
-        state: None,
-        revision: 0,
-        timeline: Vec::new(),
-        disposition: Disposition::Dispatched,
-        outcome: CallOutcome::Completed {
+    Receipt::new(
+        record.last_call_id().to_string(),
+        0,
+        record.tool.clone(),
+        Disposition::Dispatched,
+        CallOutcome::Completed {
             observation: Observation::text(text),
         },
-        timing: Timing::default(),
-    }
+    )
 }
 
 #[derive(Clone, Copy)]

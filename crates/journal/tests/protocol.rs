@@ -4,7 +4,7 @@ mod common;
 
 use async_trait::async_trait;
 use common::{Backend, proposal, refund};
-use ring0_core::receipt::{CallOutcome, Disposition, Timing};
+use ring0_core::receipt::{CallOutcome, Disposition};
 use ring0_core::{Fingerprint, IntentState, Observation, Receipt, SemanticKey, Settlement};
 use ring0_journal::{
     DispatchOutcome, ErrorClass, Executor, IntentRecord, JournalError, ProbeVerdict,
@@ -15,22 +15,15 @@ use serde_json::{Value, json};
 use std::sync::Mutex;
 
 fn receipt(text: &str) -> Receipt {
-    Receipt {
-        call_id: "c".into(),
-        index: 0,
-        tool: "refund".into(),
-        intent_id: None,
-        semantic_key: None,
-        idempotency_key: None,
-        state: None,
-        revision: 0,
-        timeline: Vec::new(),
-        disposition: Disposition::Dispatched,
-        outcome: CallOutcome::Completed {
+    Receipt::new(
+        "c",
+        0,
+        "refund",
+        Disposition::Dispatched,
+        CallOutcome::Completed {
             observation: Observation::text(text),
         },
-        timing: Timing::default(),
-    }
+    )
 }
 
 fn recorded(d: ProposeDecision) -> IntentRecord {

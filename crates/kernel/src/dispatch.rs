@@ -394,18 +394,14 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
     {
         // Byte-identical to the stored observation: keeps the model's prompt prefix stable.
         return Receipt {
-            call_id: job.call.call_id.clone(),
-            index: job.call.index,
-            tool: job.call.tool.clone(),
-            intent_id: None,
-            semantic_key: None,
-            idempotency_key: None,
             state: Some(IntentState::Acked),
-            revision: 0,
-            timeline: Vec::new(),
-            disposition: Disposition::Memoized,
-            outcome: CallOutcome::Completed { observation },
-            timing: Timing::default(),
+            ..Receipt::new(
+                job.call.call_id.clone(),
+                job.call.index,
+                job.call.tool.clone(),
+                Disposition::Memoized,
+                CallOutcome::Completed { observation },
+            )
         };
     }
     if !announce_start(env, job, epoch_no) {
@@ -442,18 +438,15 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
         ),
     };
     let receipt = Receipt {
-        call_id: job.call.call_id.clone(),
-        index: job.call.index,
-        tool: job.call.tool.clone(),
-        intent_id: None,
-        semantic_key: None,
-        idempotency_key: None,
         state: Some(state),
-        revision: 0,
-        timeline: Vec::new(),
-        disposition: Disposition::Dispatched,
-        outcome,
         timing,
+        ..Receipt::new(
+            job.call.call_id.clone(),
+            job.call.index,
+            job.call.tool.clone(),
+            Disposition::Dispatched,
+            outcome,
+        )
     };
     announce_finish(env, &receipt);
     receipt

@@ -135,18 +135,14 @@ pub(crate) fn dispatch_outcome(
     result: Result<Observation, (ErrorClass, ToolError)>,
 ) -> DispatchOutcome {
     let receipt = |outcome| Receipt {
-        call_id: origin.call_id.to_string(),
-        index: origin.index,
-        tool: origin.tool.to_string(),
-        intent_id: None,
-        semantic_key: None,
-        idempotency_key: None,
-        state: None,
-        revision: 0,
-        timeline: Vec::new(),
-        disposition: origin.disposition,
-        outcome,
         timing: origin.timing,
+        ..Receipt::new(
+            origin.call_id.to_string(),
+            origin.index,
+            origin.tool.to_string(),
+            origin.disposition,
+            outcome,
+        )
     };
     match result {
         Ok(obs) => DispatchOutcome::Applied(receipt(CallOutcome::Completed {

@@ -28,7 +28,7 @@ use crate::traits::starts_early;
 use futures::FutureExt;
 use ring0_core::call::RejectionKind;
 use ring0_core::canonical::parse_strict;
-use ring0_core::receipt::{CallOutcome, Disposition, Timing};
+use ring0_core::receipt::{CallOutcome, Disposition};
 use ring0_core::{
     Fingerprint, ProposedArguments, ProposedCall, ProviderFormat, Receipt, Rejection, StrategySet,
 };
@@ -412,22 +412,15 @@ impl StreamingRound<'_> {
 
 /// The receipt of an early call whose task died: the outcome is unknown.
 fn crashed(p: &Prepared) -> Receipt {
-    Receipt {
-        call_id: p.call.call_id.clone(),
-        index: p.call.index,
-        tool: p.call.tool.clone(),
-        intent_id: None,
-        semantic_key: None,
-        idempotency_key: None,
-        state: None,
-        revision: 0,
-        timeline: Vec::new(),
-        disposition: Disposition::Dispatched,
-        outcome: CallOutcome::Failed {
+    Receipt::new(
+        p.call.call_id.clone(),
+        p.call.index,
+        p.call.tool.clone(),
+        Disposition::Dispatched,
+        CallOutcome::Failed {
             message: "the early execution task ended without a receipt".into(),
             uncertain: true,
             observation: None,
         },
-        timing: Timing::default(),
-    }
+    )
 }

@@ -14,7 +14,7 @@
 
 use async_trait::async_trait;
 use futures::executor::block_on;
-use ring0_core::receipt::{CallOutcome, Disposition, Timing};
+use ring0_core::receipt::{CallOutcome, Disposition};
 use ring0_core::{Observation, Receipt, SemanticKey, Settlement, canonical};
 use ring0_journal::{
     DispatchOutcome, ErrorClass, Executor, IntentRecord, Journal, JournalError, ProbeVerdict,
@@ -106,22 +106,15 @@ impl Http {
 }
 
 fn receipt(record: &IntentRecord, text: &str) -> Receipt {
-    Receipt {
-        call_id: record.last_call_id().to_string(),
-        index: 0,
-        tool: record.tool.clone(),
-        intent_id: None,
-        semantic_key: None,
-        idempotency_key: None,
-        state: None,
-        revision: 0,
-        timeline: Vec::new(),
-        disposition: Disposition::Dispatched,
-        outcome: CallOutcome::Completed {
+    Receipt::new(
+        record.last_call_id().to_string(),
+        0,
+        record.tool.clone(),
+        Disposition::Dispatched,
+        CallOutcome::Completed {
             observation: Observation::text(text),
         },
-        timing: Timing::default(),
-    }
+    )
 }
 
 #[async_trait]
