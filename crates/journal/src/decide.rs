@@ -232,20 +232,39 @@ pub(crate) fn bound_note(note: Option<String>) -> Option<String> {
     ))
 }
 
-/// Decides a proposal. `new_id` is called only when a new record is created.
+/// Decides a proposal: the records found decide it, or it creates the new record `fresh`
+/// returns (see [`new_record`]).
 pub(crate) fn plan_propose(
     p: &Proposal,
     found: Found<'_>,
     now_ms: u64,
     incarnation: u64,
-    new_id: impl FnOnce() -> IntentId,
+    fresh: impl FnOnce() -> IntentRecord,
 ) -> Result<ProposePlan, JournalError> {
+    if let Some(plan) = plan_existing(p, found, now_ms, incarnation)? {
+        return Ok(plan);
+    }
+    let record = fresh();
+    Ok(ProposePlan {
+        decision: ProposeDecision::Recorded(record.clone()),
+        write: Some(Write::Insert(record)),
+    })
+}
+
+/// The decision the records found make about a proposal, or `None` when they leave it to a new
+/// record. A plan from here never inserts: it answers, or updates the record found by key.
+pub(crate) fn plan_existing(
+    p: &Proposal,
+    found: Found<'_>,
+    now_ms: u64,
+    incarnation: u64,
+) -> Result<Option<ProposePlan>, JournalError> {
     validate_proposal(p)?;
     let no_write = |decision| {
-        Ok(ProposePlan {
+        Ok(Some(ProposePlan {
             decision,
             write: None,
-        })
+        }))
     };
     if let Some(bound) = found.by_id {
         if bound.semantic_key != p.semantic_key {
@@ -270,7 +289,7 @@ pub(crate) fn plan_propose(
             let pushed = push_call_id(&mut updated, &p.call_id);
             let write = pushed.then(|| Write::Update(updated.clone()));
             if let Some(decision) = decide_existing(&updated, p) {
-                return Ok(ProposePlan { decision, write });
+                return Ok(Some(ProposePlan { decision, write }));
             }
             if updated.state == IntentState::Failed {
                 machine::check(IntentState::Failed, IntentState::Recorded)?;
@@ -283,12 +302,12 @@ pub(crate) fn plan_propose(
                     at_ms: now_ms,
                     note: Some("re-proposed after a definite failure".into()),
                 });
-                return Ok(ProposePlan {
+                return Ok(Some(ProposePlan {
                     decision: ProposeDecision::Recorded(updated.clone()),
                     write: Some(Write::Update(updated)),
-                });
+                }));
             }
-            // A rejected record does not stand in the way: a new record replaces it below,
+            // A rejected record does not stand in the way: a new record replaces it,
             // unless the same intent is live under another canonicalizer version.
         }
         if let Some(other) = found.by_content
@@ -318,8 +337,18 @@ pub(crate) fn plan_propose(
             existing: Some(bound.clone()),
         });
     }
-    let id = p.intent_id.unwrap_or_else(new_id);
-    let record = IntentRecord {
+    Ok(None)
+}
+
+/// The record a proposal creates when nothing recorded decides it: RECORDED under `id` (the
+/// host's intent id, or a new one), stamped `now_ms` and owned by `incarnation`.
+pub(crate) fn new_record(
+    p: &Proposal,
+    id: IntentId,
+    now_ms: u64,
+    incarnation: u64,
+) -> IntentRecord {
+    IntentRecord {
         id,
         idempotency_key: p.semantic_key.idempotency_key(p.attempt_epoch),
         semantic_key: p.semantic_key,
@@ -347,11 +376,7 @@ pub(crate) fn plan_propose(
         receipt: None,
         snapshot: None,
         owner: incarnation,
-    };
-    Ok(ProposePlan {
-        decision: ProposeDecision::Recorded(record.clone()),
-        write: Some(Write::Insert(record)),
-    })
+    }
 }
 
 /// The incarnation a journal opened over these records takes: one past every owner in the log.

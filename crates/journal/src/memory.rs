@@ -125,8 +125,12 @@ impl Journal for MemoryJournal {
             by_key,
             by_content,
         };
-        let plan = decide::plan_propose(&p, found, self.clock.now_ms(), self.incarnation, || {
-            self.clock.new_id()
+        // An id is drawn for every proposal the host names none for, used or not, as the SQLite
+        // journal draws it before its writer decides: the same clock gives both the same ids.
+        let id = p.intent_id.unwrap_or_else(|| self.clock.new_id());
+        let now = self.clock.now_ms();
+        let plan = decide::plan_propose(&p, found, now, self.incarnation, || {
+            decide::new_record(&p, id, now, self.incarnation)
         })?;
         if let Some(write) = plan.write {
             st.store(write);

@@ -305,33 +305,65 @@ impl Files {
 
 type Reply<T> = oneshot::Sender<Result<T, JournalError>>;
 
-/// A proposal with the digests the writer needs, computed on the caller's thread: the one writer
-/// thread is the journal's bottleneck under load, so it only runs SQL and decisions.
+/// A proposal with everything the writer needs that does not depend on what is recorded,
+/// computed on the caller's thread: the one writer thread is the journal's bottleneck under
+/// load, so it only looks up, decides and runs SQL. That includes the record the proposal
+/// creates if nothing recorded decides it (most proposals), with its columns already in their
+/// stored form: for those the writer inserts a row and answers [`Proposed::Fresh`], and the
+/// caller hands its own record back, so the writer neither builds nor copies one.
 struct PreparedProposal {
     proposal: Proposal,
     /// `semantic_key.encode()`, the stored form.
     key_text: String,
-    /// The content digest (see `decide::content_digest`).
+    /// The content digest (see `decide::content_digest`), and its stored form.
     content: ContentDigest,
+    content_hex: String,
     /// SHA-256 of the canonical arguments: the name of their spill file.
     args_sha256: String,
+    /// The new record (`decide::new_record`), stamped with the caller's clock.
+    fresh: IntentRecord,
+    /// Its id, call ids and timeline as stored.
+    fresh_id: String,
+    fresh_call_ids: String,
+    fresh_timeline: String,
+    /// The time it was stamped with.
+    fresh_ms: u64,
 }
 
 impl PreparedProposal {
-    fn new(proposal: Proposal) -> Self {
+    /// `incarnation` owns the new record. An id is drawn from `clock` whenever the host names
+    /// none, whether or not the record is created (the memory journal draws alike).
+    fn new(proposal: Proposal, clock: &dyn Clock, incarnation: u64) -> Self {
         let p = &proposal;
+        let content =
+            decide::content_digest_bytes(&p.tool, &p.scope, p.attempt_epoch, &p.canonical_args);
+        let fresh_ms = clock.now_ms();
+        let id = p.intent_id.unwrap_or_else(|| clock.new_id());
+        let fresh = decide::new_record(p, id, fresh_ms, incarnation);
         Self {
             key_text: p.semantic_key.encode(),
-            content: decide::content_digest_bytes(
-                &p.tool,
-                &p.scope,
-                p.attempt_epoch,
-                &p.canonical_args,
-            ),
+            content,
+            content_hex: decide::hex(&content),
             args_sha256: decide::sha256_hex(p.canonical_args.as_bytes()),
+            fresh_id: id.to_string(),
+            fresh_call_ids: json(&fresh.call_ids),
+            fresh_timeline: json(&fresh.timeline),
+            fresh,
+            fresh_ms,
             proposal,
         }
     }
+}
+
+/// The writer's answer to a proposal.
+// Moved once, through a channel: boxing the large variant would add an allocation, made on the
+// writer's thread, to every answer that is not `Fresh`.
+#[allow(clippy::large_enum_variant)]
+enum Proposed {
+    /// The proposal's own new record ([`PreparedProposal::fresh`]) was inserted: RECORDED.
+    Fresh,
+    /// Records already in the journal decided it.
+    Decided(ProposeDecision),
 }
 
 /// A request to the writer. Proposals and transitions are shared with the caller, who holds
@@ -341,13 +373,13 @@ impl PreparedProposal {
 /// ring0-journal --bench commit`, contending for the callers' malloc arena while they built
 /// their next requests.)
 enum WriteJob {
-    Propose(Arc<PreparedProposal>, Reply<ProposeDecision>),
+    Propose(Arc<PreparedProposal>, Reply<Proposed>),
     Transition(Arc<Transition>, Reply<IntentRecord>),
     MemoPut(Fingerprint, MemoEntry, Reply<bool>),
 }
 
 enum Done {
-    Decision(ProposeDecision),
+    Decision(Proposed),
     Record(IntentRecord),
     Stored(bool),
 }
@@ -541,11 +573,23 @@ impl Journal for SqliteJournal {
     async fn propose(&self, proposal: Proposal) -> Result<ProposeDecision, JournalError> {
         // Limits are checked before queueing so an oversized proposal never reaches the writer.
         decide::validate_proposal(&proposal)?;
-        let prepared = Arc::new(PreparedProposal::new(proposal));
+        let prepared = Arc::new(PreparedProposal::new(
+            proposal,
+            self.clock.as_ref(),
+            self.incarnation,
+        ));
         let held = prepared.clone();
-        let decision = self.write(|reply| WriteJob::Propose(prepared, reply)).await;
-        drop(held);
-        decision
+        match self
+            .write(|reply| WriteJob::Propose(prepared, reply))
+            .await?
+        {
+            Proposed::Decided(decision) => Ok(decision),
+            // The writer let go of its reference before answering.
+            Proposed::Fresh => Ok(ProposeDecision::Recorded(match Arc::try_unwrap(held) {
+                Ok(prepared) => prepared.fresh,
+                Err(shared) => shared.fresh.clone(),
+            })),
+        }
     }
 
     async fn transition(&self, transition: Transition) -> Result<IntentRecord, JournalError> {
@@ -1150,7 +1194,7 @@ fn commit_batch(
                 results.push(Err(files.sql(e)));
                 continue;
             }
-            let result = apply(conn, files, clock, now, incarnation, job, index, staged);
+            let result = apply(conn, files, now, incarnation, job, index, staged);
             if let Err(e) = &result
                 && conn.is_autocommit()
             {
@@ -1242,7 +1286,6 @@ fn load_indexed(conn: &Connection, files: &Files, seq: i64) -> Result<IntentReco
 fn apply(
     conn: &Connection,
     files: &Files,
-    clock: &dyn Clock,
     now: u64,
     incarnation: u64,
     job: &WriteJob,
@@ -1274,10 +1317,9 @@ fn apply(
                     let (in_keys, in_contents) = conn
                         .prepare_cached(PROBE_INDEX)
                         .and_then(|mut stmt| {
-                            stmt.query_row(
-                                params![prepared.key_text, decide::hex(&prepared.content)],
-                                |r| Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?)),
-                            )
+                            stmt.query_row(params![prepared.key_text, prepared.content_hex], |r| {
+                                Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?))
+                            })
                         })
                         .map_err(|e| files.sql(e))?;
                     (key_seq.or(in_keys), content_seq.or(in_contents))
@@ -1304,25 +1346,29 @@ fn apply(
                 by_key: by_key.as_ref(),
                 by_content: by_content.as_ref(),
             };
-            let plan = decide::plan_propose(p, found, now, incarnation, || clock.new_id())?;
-            let inserted = match plan.write {
-                Some(Write::Insert(record)) => {
-                    let seq = insert(conn, files, &record, prepared, now)?;
-                    let entry = record.mutating.then_some(IndexEntry {
-                        seq,
-                        key: record.semantic_key,
-                        content: prepared.content,
-                    });
-                    Some(Inserted { seq, entry })
-                }
+            let Some(plan) = decide::plan_existing(p, found, now, incarnation)? else {
+                let seq = insert_fresh(conn, files, prepared)?;
+                let entry = p.mutating.then_some(IndexEntry {
+                    seq,
+                    key: p.semantic_key,
+                    content: prepared.content,
+                });
+                return Ok((
+                    Done::Decision(Proposed::Fresh),
+                    Some(Inserted { seq, entry }),
+                ));
+            };
+            match plan.write {
                 Some(Write::Update(record)) => {
                     let fence = expected_fence.expect("an update follows a found record");
                     update(conn, files, &record, fence, now)?;
-                    None
                 }
-                None => None,
-            };
-            Ok((Done::Decision(plan.decision), inserted))
+                Some(Write::Insert(_)) => {
+                    unreachable!("a plan from the records found never inserts")
+                }
+                None => {}
+            }
+            Ok((Done::Decision(Proposed::Decided(plan.decision)), None))
         }
         WriteJob::Transition(t, _) => {
             let record = load_by_id(conn, files, &t.id)?.ok_or(JournalError::NotFound(t.id))?;
@@ -1365,16 +1411,15 @@ fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("journal values serialize")
 }
 
-/// Inserts a new record (built from `prepared`, so its key text, content digest and argument
-/// digest are the proposal's) and returns its `seq`. Its key-index entries are the caller's
-/// to stage: nothing here touches the index tables.
-fn insert(
+/// Inserts a proposal's new record, its columns prepared on the caller's thread, and returns
+/// its `seq`. Its key-index entries are the caller's to stage: nothing here touches the index
+/// tables.
+fn insert_fresh(
     conn: &Connection,
     files: &Files,
-    r: &IntentRecord,
     prepared: &PreparedProposal,
-    now: u64,
 ) -> Result<i64, JournalError> {
+    let r = &prepared.fresh;
     let sha = &prepared.args_sha256;
     let inline = if r.canonical_args.len() > ARGS_INLINE_BYTES_MAX {
         spill(files, sha, r.canonical_args.as_bytes())?;
@@ -1385,7 +1430,7 @@ fn insert(
     conn.prepare_cached(INSERT_INTENT)
         .and_then(|mut stmt| {
             stmt.execute(params![
-                r.id.to_string(),
+                prepared.fresh_id,
                 prepared.key_text,
                 r.scope,
                 to_i64(r.attempt_epoch),
@@ -1393,18 +1438,18 @@ fn insert(
                 sha,
                 r.canonical_args.len() as i64,
                 inline,
-                json(&r.call_ids),
+                prepared.fresh_call_ids,
                 r.idempotency_key,
                 r.mutating,
                 to_i64(r.fence),
                 r.attempts,
                 r.state.as_str(),
-                json(&r.timeline),
-                r.receipt.as_ref().map(json),
-                r.snapshot.as_ref().map(json),
+                prepared.fresh_timeline,
+                None::<&str>,
+                None::<&str>,
                 to_i64(r.owner),
-                decide::hex(&prepared.content),
-                to_i64(now),
+                prepared.content_hex,
+                to_i64(prepared.fresh_ms),
             ])
         })
         .map_err(|e| files.sql(e))?;
@@ -1861,7 +1906,10 @@ mod tests {
             let mut batch: Vec<WriteJob> = proposals
                 .into_iter()
                 .map(|p| {
-                    WriteJob::Propose(Arc::new(PreparedProposal::new(p)), oneshot::channel().0)
+                    WriteJob::Propose(
+                        Arc::new(PreparedProposal::new(p, &SystemClock, 1)),
+                        oneshot::channel().0,
+                    )
                 })
                 .collect();
             let (results, _) = commit_batch(
@@ -1879,7 +1927,8 @@ mod tests {
                 .into_iter()
                 .map(|r| {
                     r.map(|done| match done {
-                        Done::Decision(d) => kind(&d),
+                        Done::Decision(Proposed::Fresh) => "recorded",
+                        Done::Decision(Proposed::Decided(d)) => kind(&d),
                         _ => unreachable!("a proposal decides"),
                     })
                 })
