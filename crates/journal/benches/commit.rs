@@ -18,7 +18,9 @@
 //! commit of one intent, alone. For scale the output also gives the disk's own variance
 //! (single-commit p99 / p50) and (b)'s tail against (a)'s tail: a grouped commit waits for at
 //! least one fsync, often the one in flight and then its own, so its p99 is bounded below by
-//! the disk's p99, whatever the journal does.
+//! the disk's p99, whatever the journal does. Last, the writer's own account
+//! ([`SqliteJournal::writer_stats`]) splits a batch's time between deciding its requests
+//! (BEGIN to COMMIT) and the COMMIT itself: a caller under (b) waits for both, whole.
 //!
 //! `cargo bench -p ring0-journal --bench commit`. The database lives under the target
 //! directory (a real disk, where fsync costs what it costs); `RING0_BENCH_DIR` overrides.
@@ -26,7 +28,7 @@
 use futures::executor::{LocalPool, block_on};
 use futures::task::LocalSpawnExt;
 use ring0_core::{SemanticKey, canonical::canonical_string};
-use ring0_journal::{Journal, Proposal, ProposeDecision, SqliteJournal};
+use ring0_journal::{Journal, Proposal, ProposeDecision, SqliteJournal, WriterStats};
 use serde_json::json;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -72,6 +74,21 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// Where the writer's time went during a phase: the batches' average size, the time from
+/// BEGIN to COMMIT (deciding and writing the requests) and the COMMIT itself (its fsync).
+fn writer_line(stats: WriterStats) -> String {
+    let batches = stats.batches.max(1);
+    let per_batch = |d: Duration| d.as_secs_f64() * 1e6 / batches as f64;
+    format!(
+        "writer: {} batches of {:.1} requests on average; per batch {:.0} µs deciding, \
+         {:.0} µs in COMMIT",
+        stats.batches,
+        stats.requests as f64 / batches as f64,
+        per_batch(stats.deciding),
+        per_batch(stats.committing),
+    )
+}
+
 /// Interleaved rounds of (a), (b) and (b'); the median round's ratios are the result.
 const ROUNDS: usize = 9;
 
@@ -83,6 +100,8 @@ struct Round {
     b_p99: Duration,
     t_rate: f64,
     t_p99: Duration,
+    a_writer: WriterStats,
+    b_writer: WriterStats,
 }
 
 fn round(journal: &Arc<SqliteJournal>, r: usize) -> Round {
@@ -90,6 +109,7 @@ fn round(journal: &Arc<SqliteJournal>, r: usize) -> Round {
     let proposals: Vec<Proposal> = (0..SINGLE_COMMITS)
         .map(|n| proposal(&format!("a{r}"), n))
         .collect();
+    let before = journal.writer_stats();
     let started = Instant::now();
     let mut single: Vec<Duration> = proposals.into_iter().map(|p| commit(journal, p)).collect();
     let a_secs = started.elapsed().as_secs_f64();
@@ -102,6 +122,8 @@ fn round(journal: &Arc<SqliteJournal>, r: usize) -> Round {
         ms(single_latency),
         ms(percentile(&single, 0.99)),
     );
+    let a_writer = journal.writer_stats().since(&before);
+    println!("round {r} (a) {}", writer_line(a_writer));
 
     // (b) 64 concurrent proposers through the group-commit writer: async tasks on one executor
     // thread, the way the kernel's calls reach the journal. Every proposal is built before the
@@ -127,6 +149,7 @@ fn round(journal: &Arc<SqliteJournal>, r: usize) -> Round {
             })
             .unwrap();
     }
+    let before = journal.writer_stats();
     let started = Instant::now();
     pool.run();
     let b_secs = started.elapsed().as_secs_f64();
@@ -141,6 +164,8 @@ fn round(journal: &Arc<SqliteJournal>, r: usize) -> Round {
         ms(percentile(&grouped, 0.5)),
         ms(b_p99),
     );
+    let b_writer = journal.writer_stats().since(&before);
+    println!("round {r} (b) {}", writer_line(b_writer));
 
     // The same with one OS thread per proposer: wake-ups cost context switches on few cores.
     let barrier = Arc::new(Barrier::new(PROPOSERS + 1));
@@ -183,6 +208,8 @@ fn round(journal: &Arc<SqliteJournal>, r: usize) -> Round {
         b_p99,
         t_rate: total as f64 / t_secs,
         t_p99: percentile(&threaded, 0.99),
+        a_writer,
+        b_writer,
     }
 }
 
@@ -231,6 +258,17 @@ fn main() {
          {:.2}x with tasks, {:.2}x with threads",
         ratio(&|r| ms(r.b_p99) / ms(r.a_p99)),
         ratio(&|r| ms(r.t_p99) / ms(r.a_p99)),
+    );
+    let per_batch = |w: &WriterStats, d: Duration| d.as_secs_f64() * 1e6 / w.batches.max(1) as f64;
+    println!(
+        "where a batch's time goes, median of {ROUNDS} rounds: (a) {:.0} µs deciding + {:.0} µs \
+         in COMMIT; (b) with tasks, {:.1} requests per batch: {:.0} µs deciding + {:.0} µs in \
+         COMMIT",
+        ratio(&|r| per_batch(&r.a_writer, r.a_writer.deciding)),
+        ratio(&|r| per_batch(&r.a_writer, r.a_writer.committing)),
+        ratio(&|r| r.b_writer.requests as f64 / r.b_writer.batches.max(1) as f64),
+        ratio(&|r| per_batch(&r.b_writer, r.b_writer.deciding)),
+        ratio(&|r| per_batch(&r.b_writer, r.b_writer.committing)),
     );
     // The key index is folded off the commit path, when the writer is idle; this run never
     // pauses long enough, so the work it moved is paid here, at close. Printed so that the

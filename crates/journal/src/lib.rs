@@ -59,7 +59,7 @@ pub use settle::{
     cancel_before_dispatch, compensate, record_outcome, settle,
 };
 pub use sim::{SimReport, run_simulation};
-pub use sqlite::{JournalReader, SqliteJournal, SqliteOptions};
+pub use sqlite::{JournalReader, SqliteJournal, SqliteOptions, WriterStats};
 
 use async_trait::async_trait;
 use ring0_core::{Fingerprint, Observation, SemanticKey};

@@ -76,14 +76,81 @@ pub const CHECKPOINT_WAL_FRAMES_MAX: i64 = 65_536;
 /// How often the checkpointer looks (25 ms).
 const CHECKPOINT_TICK_MS: u64 = 25;
 
-/// What the writer tells the checkpointer.
+/// What the writer tells the checkpointer, and the journal's owner through [`WriterStats`].
 #[derive(Default)]
 struct WalActivity {
+    /// The batches' counters.
+    stats: WriterCounters,
     /// Milliseconds since the journal opened, at the last commit.
     last_commit_ms: std::sync::atomic::AtomicU64,
     /// Batches committed since the checkpointer last checkpointed: whether there is anything to
     /// look at.
     batches_since_checkpoint: std::sync::atomic::AtomicU64,
+}
+
+/// What the writer's group commits have done since the journal opened: for operators (how
+/// large batches are, where a batch's time goes) and for `cargo bench -p ring0-journal --bench
+/// commit`. Idle folds of the key index are not counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Batches committed: one transaction and one fsync each.
+    pub batches: u64,
+    /// Requests (proposals, transitions, memo writes) those batches answered.
+    pub requests: u64,
+    /// Time from each batch's BEGIN to its COMMIT: deciding and writing its requests,
+    /// including any wait for requests still on their way (see `Gather`).
+    pub deciding: Duration,
+    /// Time in the batches' COMMITs, their fsync included.
+    pub committing: Duration,
+}
+
+impl WriterStats {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &WriterStats) -> WriterStats {
+        WriterStats {
+            batches: self.batches.saturating_sub(earlier.batches),
+            requests: self.requests.saturating_sub(earlier.requests),
+            deciding: self.deciding.saturating_sub(earlier.deciding),
+            committing: self.committing.saturating_sub(earlier.committing),
+        }
+    }
+}
+
+/// The writer's counters behind [`WriterStats`].
+#[derive(Default)]
+struct WriterCounters {
+    batches: std::sync::atomic::AtomicU64,
+    requests: std::sync::atomic::AtomicU64,
+    deciding_ns: std::sync::atomic::AtomicU64,
+    committing_ns: std::sync::atomic::AtomicU64,
+}
+
+impl WriterCounters {
+    fn add(&self, requests: usize, timing: BatchTiming) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.batches.fetch_add(1, Relaxed);
+        self.requests.fetch_add(requests as u64, Relaxed);
+        self.deciding_ns.fetch_add(ns(timing.deciding), Relaxed);
+        self.committing_ns.fetch_add(ns(timing.committing), Relaxed);
+    }
+
+    fn snapshot(&self) -> WriterStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        WriterStats {
+            batches: self.batches.load(Relaxed),
+            requests: self.requests.load(Relaxed),
+            deciding: Duration::from_nanos(self.deciding_ns.load(Relaxed)),
+            committing: Duration::from_nanos(self.committing_ns.load(Relaxed)),
+        }
+    }
+}
+
+/// How long a committed batch took to decide and to commit; zero for a batch that failed.
+#[derive(Clone, Copy, Default)]
+struct BatchTiming {
+    deciding: Duration,
+    committing: Duration,
 }
 
 /// Page size of a new journal (1 KiB). Each new intent goes into two indexes keyed by hashes,
@@ -399,6 +466,8 @@ pub struct SqliteJournal {
     /// Key-index entries not yet folded into their tables (shared with the writer, which alone
     /// changes them, and the readers).
     index: Arc<RwLock<PendingIndex>>,
+    /// What the writer reports.
+    activity: Arc<WalActivity>,
     lock: Option<File>,
 }
 
@@ -468,6 +537,7 @@ impl SqliteJournal {
         let activity = Arc::new(WalActivity::default());
         let opened = std::time::Instant::now();
         let wactivity = activity.clone();
+        let reported = activity.clone();
         threads.push(
             std::thread::Builder::new()
                 .name("ring0-journal-writer".into())
@@ -515,6 +585,7 @@ impl SqliteJournal {
             checkpointer: Some((stop_tx, checkpointer)),
             incarnation,
             index,
+            activity: reported,
             lock: Some(lock),
         })
     }
@@ -527,6 +598,11 @@ impl SqliteJournal {
     /// into the database: a diagnostic, at most [`KEY_INDEX_PENDING_MAX`].
     pub fn pending_index_entries(&self) -> usize {
         read_index(&self.index).len()
+    }
+
+    /// What the writer's group commits have done since the journal opened.
+    pub fn writer_stats(&self) -> WriterStats {
+        self.activity.stats.snapshot()
     }
 
     async fn write<T>(&self, make: impl FnOnce(Reply<T>) -> WriteJob) -> Result<T, JournalError> {
@@ -1051,7 +1127,7 @@ fn writer_loop(
         };
         let gather = Gather::after(answered_last, commit_last);
         let mut batch = vec![first];
-        let (results, commit_time) = commit_batch(
+        let (results, timing) = commit_batch(
             &mut conn,
             &files,
             clock.as_ref(),
@@ -1063,7 +1139,10 @@ fn writer_loop(
             &mut staged,
         );
         answered_last = batch.len();
-        commit_last = commit_time;
+        commit_last = timing.committing;
+        if !timing.committing.is_zero() {
+            activity.stats.add(batch.len(), timing);
+        }
         note_commit(&activity, opened);
         for (job, result) in batch.into_iter().zip(results) {
             match job {
@@ -1170,13 +1249,14 @@ fn commit_batch(
     gather: Gather,
     index: &mut KeyIndex,
     staged: &mut Staged,
-) -> (Vec<Result<Done, JournalError>>, Duration) {
+) -> (Vec<Result<Done, JournalError>>, BatchTiming) {
     staged.clear();
     let fail_all = |n: usize, e: JournalError, staged: &mut Staged| {
         staged.clear();
         let results = (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>();
-        (results, Duration::ZERO)
+        (results, BatchTiming::default())
     };
+    let begun = Instant::now();
     if let Err(e) = exec_cached(conn, "BEGIN IMMEDIATE") {
         return fail_all(batch.len(), files.sql(e), staged);
     }
@@ -1252,7 +1332,10 @@ fn commit_batch(
     let started = Instant::now();
     match exec_cached(conn, "COMMIT") {
         Ok(()) => {
-            let commit_time = started.elapsed();
+            let timing = BatchTiming {
+                deciding: started - begun,
+                committing: started.elapsed(),
+            };
             let mut pending = write_index(&index.shared);
             if let Some((n, watermark)) = folded {
                 pending.remove_oldest(n);
@@ -1260,7 +1343,7 @@ fn commit_batch(
             }
             staged.drain_into(&mut pending);
             index.max_seq = max_seq;
-            (results, commit_time)
+            (results, timing)
         }
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
@@ -2024,6 +2107,29 @@ mod tests {
         assert_eq!(kind(&again), "duplicate");
         let found = block_on(j.find_by_key(&refund(1, "c").semantic_key)).unwrap();
         assert_eq!(found.map(|r| r.id), first.record().map(|r| r.id));
+    }
+
+    #[test]
+    fn the_writer_counts_its_batches_and_the_requests_they_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = open(&dir.path().join("j.db"), no_idle_fold(true));
+        for n in 0..3 {
+            block_on(j.propose(refund(n, "alone"))).unwrap();
+        }
+        let alone = j.writer_stats();
+        assert_eq!(
+            (alone.batches, alone.requests),
+            (3, 3),
+            "one batch per lone caller"
+        );
+        assert!(!alone.deciding.is_zero() && !alone.committing.is_zero());
+        let together = (10..18).map(|n| j.propose(refund(n, "together")));
+        for d in block_on(futures::future::join_all(together)) {
+            assert_eq!(kind(&d.unwrap()), "recorded");
+        }
+        let grouped = j.writer_stats().since(&alone);
+        assert_eq!(grouped.requests, 8);
+        assert!((1..=8).contains(&grouped.batches), "{grouped:?}");
     }
 
     #[test]
