@@ -1126,7 +1126,8 @@ fn writer_loop(
             },
         };
         let gather = Gather::after(answered_last, commit_last);
-        let mut batch = vec![first];
+        let mut batch = Vec::with_capacity(gather.expected.max(1));
+        batch.push(first);
         let (results, timing) = commit_batch(
             &mut conn,
             &files,
@@ -1261,7 +1262,8 @@ fn commit_batch(
         return fail_all(batch.len(), files.sql(e), staged);
     }
     let now = clock.now_ms();
-    let mut results = Vec::with_capacity(batch.len());
+    // Sized for the requests the batch expects, so gathering them never moves the results.
+    let mut results = Vec::with_capacity(batch.len().max(gather.expected));
     let mut max_seq = index.max_seq;
     loop {
         while let Some(job) = batch.get(results.len()) {
