@@ -81,11 +81,12 @@ fn writer_line(stats: WriterStats) -> String {
     let per_batch = |d: Duration| d.as_secs_f64() * 1e6 / batches as f64;
     format!(
         "writer: {} batches of {:.1} requests on average; per batch {:.0} µs deciding, \
-         {:.0} µs in COMMIT",
+         {:.0} µs in COMMIT; {} key-index table probes",
         stats.batches,
         stats.requests as f64 / batches as f64,
         per_batch(stats.deciding),
         per_batch(stats.committing),
+        stats.table_probes,
     )
 }
 

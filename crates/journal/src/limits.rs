@@ -91,3 +91,13 @@ pub const KEY_INDEX_FOLD_STEP: usize = 4;
 /// rebuilds the map from the rows above the watermark), at the price of that batch writing its
 /// share of index pages as before.
 pub const KEY_INDEX_PENDING_MAX: usize = 65_536;
+
+/// Entries of each kind (semantic keys, content digests) the SQLite writer's filter of the
+/// folded key-index entries is first sized for, at least (65,536: 128 KiB per kind, 16 bits
+/// an entry); it grows by doubling as folds add entries.
+pub const FOLDED_FILTER_INITIAL_ENTRIES: usize = 65_536;
+
+/// Most memory that filter holds, both kinds together (64 MiB: several million folded
+/// intents). Past it the filter is dropped and the writer probes the tables for every new key,
+/// as it would without one.
+pub const FOLDED_FILTER_BYTES_MAX: usize = 64 * 1024 * 1024;

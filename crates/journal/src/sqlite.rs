@@ -39,6 +39,7 @@
 
 use crate::clock::{Clock, SystemClock};
 use crate::decide::{self, Found, Write};
+use crate::folded_filter::FoldedFilter;
 use crate::key_index::{ContentDigest, IndexEntry, PendingIndex, Staged};
 use crate::limits::{
     ARGS_INLINE_BYTES_MAX, GROUP_COMMIT_BATCH_MAX, GROUP_COMMIT_GATHER_PERCENT,
@@ -102,6 +103,9 @@ pub struct WriterStats {
     pub deciding: Duration,
     /// Time in the batches' COMMITs, their fsync included.
     pub committing: Duration,
+    /// Proposals whose keys the writer looked up in the key-index tables: those memory did
+    /// not answer and the filter of folded entries could not rule out.
+    pub table_probes: u64,
 }
 
 impl WriterStats {
@@ -112,6 +116,7 @@ impl WriterStats {
             requests: self.requests.saturating_sub(earlier.requests),
             deciding: self.deciding.saturating_sub(earlier.deciding),
             committing: self.committing.saturating_sub(earlier.committing),
+            table_probes: self.table_probes.saturating_sub(earlier.table_probes),
         }
     }
 }
@@ -123,11 +128,13 @@ struct WriterCounters {
     requests: std::sync::atomic::AtomicU64,
     deciding_ns: std::sync::atomic::AtomicU64,
     committing_ns: std::sync::atomic::AtomicU64,
+    table_probes: std::sync::atomic::AtomicU64,
 }
 
 impl WriterCounters {
-    fn add(&self, requests: usize, timing: BatchTiming) {
+    fn add(&self, requests: usize, timing: BatchTiming, table_probes: u64) {
         use std::sync::atomic::Ordering::Relaxed;
+        self.table_probes.fetch_add(table_probes, Relaxed);
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.batches.fetch_add(1, Relaxed);
         self.requests.fetch_add(requests as u64, Relaxed);
@@ -142,6 +149,7 @@ impl WriterCounters {
             requests: self.requests.load(Relaxed),
             deciding: Duration::from_nanos(self.deciding_ns.load(Relaxed)),
             committing: Duration::from_nanos(self.committing_ns.load(Relaxed)),
+            table_probes: self.table_probes.load(Relaxed),
         }
     }
 }
@@ -922,6 +930,11 @@ struct KeyIndex {
     watermark: i64,
     /// The highest `seq` committed (mutating or not).
     max_seq: i64,
+    /// What the tables may hold, so most new keys skip the probe (see the `folded_filter`
+    /// module). Entries join it before the fold that writes them commits.
+    folded: FoldedFilter,
+    /// Probes of the tables by the batch being decided, for [`WriterStats::table_probes`].
+    table_probes: std::cell::Cell<u64>,
 }
 
 impl KeyIndex {
@@ -974,6 +987,8 @@ impl KeyIndex {
             tuning,
             watermark,
             max_seq,
+            folded: load_folded(conn, files)?,
+            table_probes: std::cell::Cell::new(0),
         })
     }
 
@@ -1013,8 +1028,8 @@ impl KeyIndex {
         };
         // Every intent below the oldest entry left is folded or not indexed at all.
         let watermark = next.map_or(self.max_seq, |seq| seq - 1).max(self.watermark);
-        let interrupted =
-            fold_transaction(conn, &entries, watermark, interrupt).map_err(|e| files.sql(e))?;
+        let interrupted = fold_transaction(conn, &entries, watermark, interrupt, &mut self.folded)
+            .map_err(|e| files.sql(e))?;
         if interrupted.is_some() {
             return Ok(interrupted);
         }
@@ -1025,6 +1040,54 @@ impl KeyIndex {
     }
 }
 
+/// The filter of what the key-index tables hold, from a scan of their keys. A key it cannot read
+/// (the tables are derived data; the rows are checked where they are read) leaves a filter that
+/// lets every lookup probe.
+fn load_folded(conn: &Connection, files: &Files) -> Result<FoldedFilter, JournalError> {
+    let count = |table: &str| -> Result<u64, JournalError> {
+        conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .map(|n| u64::try_from(n).unwrap_or(0))
+        .map_err(|e| files.sql(e))
+    };
+    let expected = count("intent_keys")?.max(count("intent_contents")?);
+    let mut filter = FoldedFilter::new(expected);
+    let mut readable = true;
+    let mut keys = conn
+        .prepare("SELECT semantic_key FROM intent_keys")
+        .map_err(|e| files.sql(e))?;
+    let mut rows = keys.query([]).map_err(|e| files.sql(e))?;
+    while let Some(row) = rows.next().map_err(|e| files.sql(e))? {
+        match row
+            .get::<_, String>(0)
+            .ok()
+            .and_then(|t| SemanticKey::decode(&t))
+        {
+            Some(key) => filter.insert_key(&key),
+            None => readable = false,
+        }
+    }
+    let mut contents = conn
+        .prepare("SELECT content_digest FROM intent_contents")
+        .map_err(|e| files.sql(e))?;
+    let mut rows = contents.query([]).map_err(|e| files.sql(e))?;
+    while let Some(row) = rows.next().map_err(|e| files.sql(e))? {
+        match row
+            .get::<_, String>(0)
+            .ok()
+            .and_then(|t| ring0_core::identity::Digest32::from_hex(&t))
+        {
+            Some(content) => filter.insert_content(&content.0),
+            None => readable = false,
+        }
+    }
+    if !readable {
+        filter.give_up();
+    }
+    Ok(filter)
+}
+
 /// The transaction of an idle fold: rolled back, returning the request, if one arrives between
 /// two steps; rolled back on any error.
 fn fold_transaction(
@@ -1032,6 +1095,7 @@ fn fold_transaction(
     entries: &[IndexEntry],
     watermark: i64,
     interrupt: Option<&Receiver<WriteJob>>,
+    folded: &mut FoldedFilter,
 ) -> rusqlite::Result<Option<WriteJob>> {
     exec_cached(conn, "BEGIN IMMEDIATE")?;
     let mut written = Ok(());
@@ -1042,7 +1106,7 @@ fn fold_transaction(
             let _ = conn.execute_batch("ROLLBACK");
             return Ok(Some(job));
         }
-        written = write_index_entries(conn, step);
+        written = write_index_entries(conn, step, folded);
         if written.is_err() {
             break;
         }
@@ -1058,10 +1122,19 @@ fn fold_transaction(
 }
 
 /// Upserts index entries, oldest first (a later intent with the same key overwrites an
-/// earlier one, as the map says). Runs inside the caller's transaction.
-fn write_index_entries(conn: &Connection, entries: &[IndexEntry]) -> rusqlite::Result<()> {
+/// earlier one, as the map says). Runs inside the caller's transaction. The entries join the
+/// filter first: if the transaction does not commit, the filter only says "may be there" of
+/// entries that are not, which costs a probe.
+fn write_index_entries(
+    conn: &Connection,
+    entries: &[IndexEntry],
+    folded: &mut FoldedFilter,
+) -> rusqlite::Result<()> {
     let mut keys = conn.prepare_cached(UPSERT_KEY)?;
     let mut contents = conn.prepare_cached(UPSERT_CONTENT)?;
+    for e in entries {
+        folded.insert(&e.key, &e.content);
+    }
     for e in entries {
         keys.execute(params![e.key.encode(), e.seq])?;
         contents.execute(params![decide::hex(&e.content), e.seq])?;
@@ -1141,8 +1214,9 @@ fn writer_loop(
         );
         answered_last = batch.len();
         commit_last = timing.committing;
+        let probes = index.table_probes.take();
         if !timing.committing.is_zero() {
-            activity.stats.add(batch.len(), timing);
+            activity.stats.add(batch.len(), timing, probes);
         }
         note_commit(&activity, opened);
         for (job, result) in batch.into_iter().zip(results) {
@@ -1322,7 +1396,7 @@ fn commit_batch(
         if let Some(last) = entries.last() {
             // Entries above the watermark are all pending, so everything up to the last one
             // folded is in the tables once this commits.
-            let written = write_index_entries(conn, &entries)
+            let written = write_index_entries(conn, &entries, &mut index.folded)
                 .and_then(|()| conn.prepare_cached(SET_WATERMARK)?.execute([last.seq]));
             if let Err(e) = written {
                 let _ = conn.execute_batch("ROLLBACK");
@@ -1397,7 +1471,12 @@ fn apply(
                             .or_else(|| pending.seq_of_content(content)),
                     )
                 };
-                let (key_seq, content_seq) = if key_seq.is_none() || content_seq.is_none() {
+                // The tables are asked only for what memory did not answer and they may hold.
+                let probe = (key_seq.is_none() && index.folded.may_contain_key(&p.semantic_key))
+                    || (content_seq.is_none()
+                        && index.folded.may_contain_content(&prepared.content));
+                let (key_seq, content_seq) = if probe {
+                    index.table_probes.set(index.table_probes.get() + 1);
                     // One statement probes both tables; memory wins where it has an entry.
                     let (in_keys, in_contents) = conn
                         .prepare_cached(PROBE_INDEX)
@@ -2132,6 +2211,36 @@ mod tests {
         let grouped = j.writer_stats().since(&alone);
         assert_eq!(grouped.requests, 8);
         assert!((1..=8).contains(&grouped.batches), "{grouped:?}");
+    }
+
+    #[test]
+    fn only_keys_the_tables_may_hold_are_looked_up_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let j = open(&path, no_idle_fold(true));
+        for n in 0..50 {
+            block_on(j.propose(refund(n, "first"))).unwrap();
+        }
+        drop(j);
+        assert_eq!(indexed_keys(&path), 50, "a clean close folds every entry");
+        let j = open(&path, no_idle_fold(true));
+        for n in 100..150 {
+            assert_eq!(
+                kind(&block_on(j.propose(refund(n, "new"))).unwrap()),
+                "recorded"
+            );
+        }
+        assert_eq!(
+            j.writer_stats().table_probes,
+            0,
+            "new keys are ruled out by the filter"
+        );
+        assert_recognised(&j, 0..50);
+        assert_eq!(
+            j.writer_stats().table_probes,
+            50,
+            "folded keys are looked up"
+        );
     }
 
     #[test]
