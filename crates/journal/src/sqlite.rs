@@ -1266,14 +1266,16 @@ fn writer_loop(
 /// requests trickle in. Committing as soon as the first is decided would start a batch the rest miss,
 /// and they would wait for its fsync and then for their own — two commits instead of one. So
 /// the writer keeps the transaction open for them, deciding each as it arrives, until as many
-/// requests as it last answered are in or [`GROUP_COMMIT_GATHER_PERCENT`] of the last commit's
-/// time (never more than [`GROUP_COMMIT_GATHER_US_MAX`]) has passed since the batch began; the
-/// decisions themselves take up part of that time, so the wait costs less than it says. A lone
-/// caller never waits: the last batch answered one caller and it is here.
-#[derive(Clone, Copy)]
+/// requests as it last answered are in or it has spent [`GROUP_COMMIT_GATHER_PERCENT`] of the
+/// last commit's time (never more than [`GROUP_COMMIT_GATHER_US_MAX`]) waiting for one with
+/// nothing to decide. Only that idle time counts: a batch of many callers takes longer to decide
+/// than the budget, and a caller that falls a little behind the others (descheduled for a few
+/// microseconds) would otherwise find the batch closed and wait for two commits. A lone caller
+/// never waits: the last batch answered one caller and it is here.
 struct Gather {
     expected: usize,
-    deadline: Instant,
+    /// Idle time the batch may still spend waiting.
+    budget: std::cell::Cell<Duration>,
 }
 
 impl Gather {
@@ -1282,7 +1284,7 @@ impl Gather {
             .min(Duration::from_micros(GROUP_COMMIT_GATHER_US_MAX));
         Self {
             expected: answered_last.min(GROUP_COMMIT_BATCH_MAX),
-            deadline: Instant::now() + wait,
+            budget: std::cell::Cell::new(wait),
         }
     }
 
@@ -1297,11 +1299,14 @@ impl Gather {
         if batch_len >= self.expected {
             return None;
         }
-        let left = self.deadline.saturating_duration_since(Instant::now());
+        let left = self.budget.get();
         if left.is_zero() {
             return None;
         }
-        rx.recv_timeout(left).ok()
+        let started = Instant::now();
+        let job = rx.recv_timeout(left).ok();
+        self.budget.set(left.saturating_sub(started.elapsed()));
+        job
     }
 }
 
@@ -1938,6 +1943,19 @@ mod tests {
             batch_len += 1;
         }
         assert_eq!(batch_len, 4);
+    }
+
+    #[test]
+    fn only_time_spent_waiting_uses_up_a_batch_budget() {
+        // Deciding the requests already in takes longer than the budget; a caller still on
+        // its way is waited for all the same, and the wait for one that never comes ends.
+        let (_tx, rx) = mpsc::sync_channel::<WriteJob>(8);
+        let gather = Gather::after(64, Duration::from_millis(2));
+        let budget = gather.budget.get();
+        std::thread::sleep(budget * 2);
+        assert_eq!(gather.budget.get(), budget, "deciding is not waiting");
+        assert!(gather.next(&rx, 1).is_none());
+        assert!(gather.budget.get().is_zero(), "the wait used it up");
     }
 
     #[test]
