@@ -9,7 +9,12 @@
 //!   out after the commit. The transaction stays open a moment (a bounded share of the last
 //!   commit's time) for the callers the last batch answered, so callers that come back together
 //!   share one fsync instead of the first starting a batch the others then wait behind (see
-//!   `Gather`).
+//!   `Gather`). [`SqliteJournal::writer_stats`] says how large batches are and where their time
+//!   goes.
+//! - **The writer only decides.** Whatever does not depend on what is recorded — digests, the
+//!   record a new proposal creates, its columns' stored text — is computed on the caller's
+//!   thread before the request is queued, and the caller keeps its request until answered, so
+//!   its memory is freed on its own thread too (see `PreparedProposal`).
 //! - **Checkpoints off the commit path.** SQLite's automatic checkpoint would run inside some
 //!   commit and make it wait for the database file's fsync; a checkpointer thread with its own
 //!   connection folds the WAL back instead (`PASSIVE`: it never blocks the writer or the
@@ -32,7 +37,8 @@
 //! - **The key index is maintained lazily.** The semantic-key and content indexes are derived
 //!   from the `intents` rows and folded into their tables off the commit path; the entries not
 //!   yet folded live in memory and are rebuilt from the rows at open (see the `key_index`
-//!   module). A commit writes its intents' rows only.
+//!   module). A commit writes its intents' rows only. A Bloom filter of the folded entries
+//!   spares a new key the probe of the tables (see the `folded_filter` module).
 //! - **Migrations** are numbered; `PRAGMA user_version` says which ran.
 //!
 //! Every decision is made by the private `decide` module, the code [`crate::MemoryJournal`] runs.
