@@ -1059,39 +1059,45 @@ fn load_folded(conn: &Connection, files: &Files) -> Result<FoldedFilter, Journal
     };
     let expected = count("intent_keys")?.max(count("intent_contents")?);
     let mut filter = FoldedFilter::new(expected);
-    let mut readable = true;
-    let mut keys = conn
-        .prepare("SELECT semantic_key FROM intent_keys")
-        .map_err(|e| files.sql(e))?;
-    let mut rows = keys.query([]).map_err(|e| files.sql(e))?;
-    while let Some(row) = rows.next().map_err(|e| files.sql(e))? {
-        match row
-            .get::<_, String>(0)
-            .ok()
-            .and_then(|t| SemanticKey::decode(&t))
-        {
-            Some(key) => filter.insert_key(&key),
-            None => readable = false,
-        }
-    }
-    let mut contents = conn
-        .prepare("SELECT content_digest FROM intent_contents")
-        .map_err(|e| files.sql(e))?;
-    let mut rows = contents.query([]).map_err(|e| files.sql(e))?;
-    while let Some(row) = rows.next().map_err(|e| files.sql(e))? {
-        match row
-            .get::<_, String>(0)
-            .ok()
-            .and_then(|t| ring0_core::identity::Digest32::from_hex(&t))
-        {
-            Some(content) => filter.insert_content(&content.0),
-            None => readable = false,
-        }
-    }
+    let keys_read = each_text(
+        conn,
+        files,
+        "SELECT semantic_key FROM intent_keys",
+        |text| SemanticKey::decode(text).map(|key| filter.insert_key(&key)),
+    )?;
+    let contents_read = each_text(
+        conn,
+        files,
+        "SELECT content_digest FROM intent_contents",
+        |text| ring0_core::identity::Digest32::from_hex(text).map(|c| filter.insert_content(&c.0)),
+    )?;
+    let readable = keys_read && contents_read;
     if !readable {
         filter.give_up();
     }
     Ok(filter)
+}
+
+/// Runs `each` over the text in the first column of every row `sql` selects; false if it could
+/// not read one of them (`each` returns `None`, or the value is not text).
+fn each_text(
+    conn: &Connection,
+    files: &Files,
+    sql: &str,
+    mut each: impl FnMut(&str) -> Option<()>,
+) -> Result<bool, JournalError> {
+    let mut stmt = conn.prepare(sql).map_err(|e| files.sql(e))?;
+    let mut rows = stmt.query([]).map_err(|e| files.sql(e))?;
+    let mut readable = true;
+    while let Some(row) = rows.next().map_err(|e| files.sql(e))? {
+        let read = row
+            .get_ref(0)
+            .ok()
+            .and_then(|v| v.as_str().ok())
+            .and_then(&mut each);
+        readable &= read.is_some();
+    }
+    Ok(readable)
 }
 
 /// The transaction of an idle fold: rolled back, returning the request, if one arrives between
