@@ -993,7 +993,7 @@ impl KeyIndex {
             tuning,
             watermark,
             max_seq,
-            folded: load_folded(conn, files)?,
+            folded: load_folded(conn, files, watermark)?,
             table_probes: std::cell::Cell::new(0),
         })
     }
@@ -1046,19 +1046,16 @@ impl KeyIndex {
     }
 }
 
-/// The filter of what the key-index tables hold, from a scan of their keys. A key it cannot read
-/// (the tables are derived data; the rows are checked where they are read) leaves a filter that
-/// lets every lookup probe.
-fn load_folded(conn: &Connection, files: &Files) -> Result<FoldedFilter, JournalError> {
-    let count = |table: &str| -> Result<u64, JournalError> {
-        conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| {
-            r.get::<_, i64>(0)
-        })
-        .map(|n| u64::try_from(n).unwrap_or(0))
-        .map_err(|e| files.sql(e))
-    };
-    let expected = count("intent_keys")?.max(count("intent_contents")?);
-    let mut filter = FoldedFilter::new(expected);
+/// The filter of what the key-index tables hold, from a scan of their keys, sized for the
+/// intents at or below the watermark (each has at most one entry of each kind). A key it cannot
+/// read (the tables are derived data; the rows are checked where they are read) leaves a filter
+/// that lets every lookup probe.
+fn load_folded(
+    conn: &Connection,
+    files: &Files,
+    watermark: i64,
+) -> Result<FoldedFilter, JournalError> {
+    let mut filter = FoldedFilter::new(u64::try_from(watermark).unwrap_or(0));
     let keys_read = each_text(
         conn,
         files,
@@ -2271,6 +2268,30 @@ mod tests {
             50,
             "folded keys are looked up"
         );
+    }
+
+    #[test]
+    fn an_index_table_it_cannot_read_leaves_every_new_key_probed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let j = open(&path, no_idle_fold(true));
+        block_on(j.propose(refund(0, "c"))).unwrap();
+        drop(j);
+        Connection::open(&path)
+            .unwrap()
+            .execute(
+                "INSERT INTO intent_keys (semantic_key, intent_seq) VALUES ('not a key', 1)",
+                [],
+            )
+            .unwrap();
+        let j = open(&path, no_idle_fold(true));
+        for n in 1..4 {
+            assert_eq!(
+                kind(&block_on(j.propose(refund(n, "c"))).unwrap()),
+                "recorded"
+            );
+        }
+        assert_eq!(j.writer_stats().table_probes, 3);
     }
 
     #[test]
