@@ -961,7 +961,7 @@ impl KeyIndex {
                 r.get(0)
             })
             .map_err(|e| files.sql(e))?;
-        let mut pending = PendingIndex::default();
+        let mut pending = PendingIndex::with_capacity(tuning.pending_max);
         let mut stmt = conn
             .prepare(
                 "SELECT seq, semantic_key, content_digest FROM intents
