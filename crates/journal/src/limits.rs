@@ -85,7 +85,8 @@ pub const KEY_INDEX_CLOSE_FOLD_CHUNK: usize = 4096;
 pub const KEY_INDEX_FOLD_STEP: usize = 4;
 
 /// Most intents whose key-index entries the SQLite writer holds in memory (65,536; each is an
-/// 80-byte entry and a slot in two hash maps, 200–300 bytes in all: 12–19 MiB at the cap).
+/// 80-byte entry and a slot in two hash maps, 200–300 bytes in all: 12–19 MiB at the cap,
+/// reserved at open and touched as entries arrive).
 /// Beyond it the writer folds the oldest entries inside the batch it is committing, so a host
 /// under load without a pause keeps a bounded map (and a bounded scan at the next open, which
 /// rebuilds the map from the rows above the watermark), at the price of that batch writing its
