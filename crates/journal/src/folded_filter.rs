@@ -86,7 +86,16 @@ struct Scalable {
 }
 
 impl Scalable {
+    /// A chain whose first filter takes `initial` entries, or one that gave up from the start
+    /// if that filter alone would need more than half of [`FOLDED_FILTER_BYTES_MAX`].
     fn new(initial: u64) -> Self {
+        let bits = initial.max(1).saturating_mul(BITS_PER_ENTRY);
+        if bits / 8 > (FOLDED_FILTER_BYTES_MAX / 2) as u64 {
+            return Self {
+                filters: Vec::new(),
+                usable: false,
+            };
+        }
         Self {
             filters: vec![Bloom::new(initial.max(1), 0)],
             usable: true,
@@ -250,6 +259,13 @@ mod tests {
             other_version as f64 > 0.98 * n as f64,
             "{other_version} of {n}"
         );
+    }
+
+    #[test]
+    fn a_filter_too_large_for_its_memory_bound_is_never_built() {
+        let f = FoldedFilter::new(u64::MAX);
+        assert_eq!(f.bytes(), 0);
+        assert!(f.may_contain_key(&key(1, 1)));
     }
 
     #[test]
