@@ -2054,6 +2054,14 @@ mod tests {
     }
 
     /// Rows of the key-index table, read through a connection of its own.
+    /// Opens the journal at `path`, records the refunds of `orders` and closes it.
+    fn closed_with_refunds(path: &Path, tuning: IndexTuning, orders: std::ops::Range<u64>) {
+        let j = open(path, tuning);
+        for n in orders {
+            block_on(j.propose(refund(n, "first"))).unwrap();
+        }
+    }
+
     fn indexed_keys(path: &Path) -> i64 {
         let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
         conn.query_row("SELECT count(*) FROM intent_keys", [], |r| r.get(0))
@@ -2244,11 +2252,7 @@ mod tests {
     fn only_keys_the_tables_may_hold_are_looked_up_there() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.db");
-        let j = open(&path, no_idle_fold(true));
-        for n in 0..50 {
-            block_on(j.propose(refund(n, "first"))).unwrap();
-        }
-        drop(j);
+        closed_with_refunds(&path, no_idle_fold(true), 0..50);
         assert_eq!(indexed_keys(&path), 50, "a clean close folds every entry");
         let j = open(&path, no_idle_fold(true));
         for n in 100..150 {
@@ -2274,9 +2278,7 @@ mod tests {
     fn an_index_table_it_cannot_read_leaves_every_new_key_probed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.db");
-        let j = open(&path, no_idle_fold(true));
-        block_on(j.propose(refund(0, "c"))).unwrap();
-        drop(j);
+        closed_with_refunds(&path, no_idle_fold(true), 0..1);
         Connection::open(&path)
             .unwrap()
             .execute(
@@ -2339,12 +2341,7 @@ mod tests {
     fn reopening_a_journal_that_never_folded_rebuilds_its_pending_entries() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.db");
-        {
-            let j = open(&path, no_idle_fold(false));
-            for n in 0..3 {
-                block_on(j.propose(refund(n, "c"))).unwrap();
-            }
-        }
+        closed_with_refunds(&path, no_idle_fold(false), 0..3);
         assert_eq!((indexed_keys(&path), watermark(&path)), (0, 0));
         let j = open(&path, no_idle_fold(true));
         assert_eq!(j.pending_index_entries(), 3);
