@@ -112,47 +112,41 @@ impl PendingIndex {
 }
 
 /// The entries of the batch being decided: committed with it or not at all. A job's entry is
-/// staged only once its savepoint is released, so a job rolled back leaves nothing here.
+/// staged only once its savepoint is released, so a job rolled back leaves nothing here. The
+/// same structure as the pending index, kept apart until the COMMIT succeeds.
 #[derive(Debug, Default)]
-pub(crate) struct Staged {
-    entries: Vec<IndexEntry>,
-    by_key: HashMap<SemanticKey, i64>,
-    by_content: HashMap<ContentDigest, i64>,
-}
+pub(crate) struct Staged(PendingIndex);
 
 impl Staged {
     pub fn push(&mut self, entry: IndexEntry) {
-        self.by_key.insert(entry.key, entry.seq);
-        self.by_content.insert(entry.content, entry.seq);
-        self.entries.push(entry);
+        self.0.push(entry);
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.0.len()
     }
 
     pub fn seq_of_key(&self, key: &SemanticKey) -> Option<i64> {
-        self.by_key.get(key).copied()
+        self.0.seq_of_key(key)
     }
 
     pub fn seq_of_content(&self, content: &ContentDigest) -> Option<i64> {
-        self.by_content.get(content).copied()
+        self.0.seq_of_content(content)
     }
 
     /// Moves the staged entries into `pending` (after the batch's COMMIT), oldest first.
     pub fn drain_into(&mut self, pending: &mut PendingIndex) {
-        for entry in self.entries.drain(..) {
+        for entry in self.0.log.drain(..) {
             pending.push(entry);
         }
-        self.by_key.clear();
-        self.by_content.clear();
+        self.clear();
     }
 
     /// Drops every staged entry (the batch did not commit).
     pub fn clear(&mut self) {
-        self.entries.clear();
-        self.by_key.clear();
-        self.by_content.clear();
+        self.0.log.clear();
+        self.0.by_key.clear();
+        self.0.by_content.clear();
     }
 }
 

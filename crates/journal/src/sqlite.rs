@@ -2054,6 +2054,15 @@ mod tests {
     }
 
     /// Rows of the key-index table, read through a connection of its own.
+    /// Refund 1, proposed again under a new call id, is a duplicate, and a look-up by its key
+    /// finds the record `first` created.
+    fn assert_found_again(j: &SqliteJournal, first: &ProposeDecision) {
+        let again = block_on(j.propose(refund(1, "c2"))).unwrap();
+        assert_eq!(kind(&again), "duplicate");
+        let found = block_on(j.find_by_key(&refund(1, "c").semantic_key)).unwrap();
+        assert_eq!(found.map(|r| r.id), first.record().map(|r| r.id));
+    }
+
     /// Opens the journal at `path`, records the refunds of `orders` and closes it.
     fn closed_with_refunds(path: &Path, tuning: IndexTuning, orders: std::ops::Range<u64>) {
         let j = open(path, tuning);
@@ -2219,10 +2228,7 @@ mod tests {
         let first = block_on(j.propose(refund(1, "c1"))).unwrap();
         assert_eq!(kind(&first), "recorded");
         assert_eq!((j.pending_index_entries(), indexed_keys(&path)), (1, 0));
-        let again = block_on(j.propose(refund(1, "c2"))).unwrap();
-        assert_eq!(kind(&again), "duplicate");
-        let found = block_on(j.find_by_key(&refund(1, "c").semantic_key)).unwrap();
-        assert_eq!(found.map(|r| r.id), first.record().map(|r| r.id));
+        assert_found_again(&j, &first);
     }
 
     #[test]
@@ -2306,10 +2312,7 @@ mod tests {
         };
         let j = open(&path, no_idle_fold(true));
         assert_eq!((j.pending_index_entries(), indexed_keys(&path)), (0, 1));
-        let again = block_on(j.propose(refund(1, "c2"))).unwrap();
-        assert_eq!(kind(&again), "duplicate");
-        let found = block_on(j.find_by_key(&refund(1, "c").semantic_key)).unwrap();
-        assert_eq!(found.map(|r| r.id), first.record().map(|r| r.id));
+        assert_found_again(&j, &first);
     }
 
     #[test]

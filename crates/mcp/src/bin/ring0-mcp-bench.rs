@@ -198,6 +198,33 @@ impl Drop for Served {
     }
 }
 
+/// Starts `server` (which listens on `port`, output discarded), measures `tool` over MCP at
+/// `/mcp` on that port, and stops it.
+async fn measure_http_server(
+    mut server: Command,
+    port: u16,
+    tool: &str,
+    arg: &str,
+    calls: usize,
+    concurrency: usize,
+) -> Stats {
+    let served = Served(
+        server
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("an HTTP MCP server"),
+    );
+    wait_for_port(port).await;
+    let (peer, conn) = connect_http(&format!("http://127.0.0.1:{port}/mcp")).await;
+    initialize(&peer, &conn).await;
+    let stats = measure(&peer, tool, arg, calls, concurrency).await;
+    drop(conn);
+    drop(served);
+    stats
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -416,21 +443,13 @@ fn main() {
                 let url = (upstream == "HTTP").then_some(upstream_url.as_str());
                 let work = ring0_workspace(url);
                 let port = free_port();
-                let _server = Served(
-                    Command::new(&ring0)
-                        .args(["serve", "--http", &format!("127.0.0.1:{port}")])
-                        .current_dir(work.path())
-                        .stdin(Stdio::null())
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .spawn()
-                        .expect("ring0 serve --http"),
-                );
-                wait_for_port(port).await;
-                let (peer, conn) = connect_http(&format!("http://127.0.0.1:{port}/mcp")).await;
-                initialize(&peer, &conn).await;
-                let stats = measure(&peer, &qualified, up.arg, calls, concurrency).await;
-                drop(conn);
+                let mut server = Command::new(&ring0);
+                server
+                    .args(["serve", "--http", &format!("127.0.0.1:{port}")])
+                    .current_dir(work.path());
+                let stats =
+                    measure_http_server(server, port, &qualified, up.arg, calls, concurrency)
+                        .await;
                 let b = base(upstream);
                 rows.push(Row::new("ring0", "HTTP", upstream, stats, Some(b)));
             }
@@ -442,19 +461,7 @@ fn main() {
             let mut cmd = Command::new(&proxy);
             cmd.args(["--port", &port.to_string(), "--host", "127.0.0.1", "--", &up.command])
                 .args(&up.stdio_args);
-            let served = Served(
-                cmd.stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("mcp-proxy"),
-            );
-            wait_for_port(port).await;
-            let (peer, conn) = connect_http(&format!("http://127.0.0.1:{port}/mcp")).await;
-            initialize(&peer, &conn).await;
-            let stats = measure(&peer, up.tool, up.arg, calls, concurrency).await;
-            drop(conn);
-            drop(served);
+            let stats = measure_http_server(cmd, port, up.tool, up.arg, calls, concurrency).await;
             let b = base("stdio");
             rows.push(Row::new("mcp-proxy", "HTTP", "stdio", stats, Some(b)));
             }
