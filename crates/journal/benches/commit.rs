@@ -81,13 +81,11 @@ fn writer_line(stats: WriterStats) -> String {
     let per_batch = |d: Duration| d.as_secs_f64() * 1e6 / batches as f64;
     format!(
         "writer: {} batches of {:.1} requests on average; per batch {:.0} µs deciding, \
-         {:.0} µs in COMMIT; {} fsyncs of {:.0} µs on average; {} key-index table probes",
+         {:.0} µs in COMMIT; {} key-index table probes",
         stats.batches,
         stats.requests as f64 / batches as f64,
         per_batch(stats.deciding),
         per_batch(stats.committing),
-        stats.syncs,
-        stats.syncing.as_secs_f64() * 1e6 / stats.syncs.max(1) as f64,
         stats.table_probes,
     )
 }

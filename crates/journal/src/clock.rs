@@ -28,41 +28,8 @@ impl Clock for SystemClock {
     }
 
     fn new_id(&self) -> Uuid {
-        match random_id_bits() {
-            Some(bits) => {
-                uuid::Builder::from_unix_timestamp_millis(self.now_ms(), &bits).into_uuid()
-            }
-            None => Uuid::now_v7(),
-        }
+        Uuid::now_v7()
     }
-}
-
-/// Bytes of OS randomness each thread draws at a time for ids (4 KiB: 409 ids).
-const ID_RANDOMNESS_BLOCK: usize = 4096;
-
-/// The 74 random bits of a UUIDv7 (in 10 bytes), from the OS's randomness drawn a block at a
-/// time: one `getrandom` call per 409 ids instead of one per id, which was about a microsecond
-/// of every proposal's preparation on the caller's thread (measured with timers in
-/// `cargo bench -p ring0-journal --bench commit`). `None` if the OS has none to give; the
-/// caller then falls back to `uuid`'s own generator.
-fn random_id_bits() -> Option<[u8; 10]> {
-    thread_local! {
-        static BLOCK: std::cell::RefCell<(usize, Box<[u8; ID_RANDOMNESS_BLOCK]>)> =
-            std::cell::RefCell::new((ID_RANDOMNESS_BLOCK, Box::new([0; ID_RANDOMNESS_BLOCK])));
-    }
-    BLOCK.with(|block| {
-        let (used, bytes) = &mut *block.borrow_mut();
-        if *used + 10 > ID_RANDOMNESS_BLOCK {
-            getrandom::fill(&mut bytes[..]).ok()?;
-            *used = 0;
-        }
-        let mut bits = [0; 10];
-        bits.copy_from_slice(&bytes[*used..*used + 10]);
-        // Each byte is given out once.
-        bytes[*used..*used + 10].fill(0);
-        *used += 10;
-        Some(bits)
-    })
 }
 
 /// A clock that moves only when told to, with ids drawn from a counter: deterministic.
@@ -116,21 +83,6 @@ mod tests {
         assert!(a < b && b < c);
         assert_eq!(a.get_version_num(), 7);
         assert_eq!(clock.now_ms(), 1_005);
-    }
-
-    #[test]
-    fn system_clock_ids_are_version_7_distinct_and_carry_the_time() {
-        let clock = SystemClock;
-        let before = clock.now_ms();
-        // More than one block of randomness, so the refill is crossed.
-        let ids: std::collections::HashSet<Uuid> = (0..1000).map(|_| clock.new_id()).collect();
-        assert_eq!(ids.len(), 1000);
-        for id in &ids {
-            assert_eq!(id.get_version_num(), 7);
-            let (secs, nanos) = id.get_timestamp().unwrap().to_unix();
-            let ms = secs * 1000 + u64::from(nanos) / 1_000_000;
-            assert!(ms >= before && ms <= clock.now_ms());
-        }
     }
 
     #[test]

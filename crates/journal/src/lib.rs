@@ -37,7 +37,6 @@
 pub mod clock;
 mod decide;
 mod folded_filter;
-mod fresh_log;
 pub mod inspect;
 mod key_index;
 pub mod limits;

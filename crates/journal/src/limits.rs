@@ -30,6 +30,13 @@ pub const RECEIPT_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Most requests the SQLite writer folds into one transaction (one fsync).
 pub const GROUP_COMMIT_BATCH_MAX: usize = 1024;
 
+/// The SQLite writer waits for callers its last batch answered to come back, so they share the
+/// next fsync instead of missing it, for at most this share (25 %) of the last commit's time...
+pub const GROUP_COMMIT_GATHER_PERCENT: u32 = 25;
+
+/// ... and never longer than this (1 ms). A lone caller never waits.
+pub const GROUP_COMMIT_GATHER_US_MAX: u64 = 1_000;
+
 /// Most requests waiting for the SQLite writer; a proposer beyond this waits for room.
 pub const WRITER_QUEUE_MAX: usize = 16 * 1024;
 
@@ -95,17 +102,3 @@ pub const FOLDED_FILTER_INITIAL_ENTRIES: usize = 65_536;
 /// intents). Past it the filter is dropped and the writer probes the tables for every new key,
 /// as it would without one.
 pub const FOLDED_FILTER_BYTES_MAX: usize = 64 * 1024 * 1024;
-
-/// Most bytes of new intents' row images the SQLite writer keeps in its log (see the
-/// `fresh_log` module) and in memory (32 MiB, about 60,000 intents of a few hundred bytes).
-/// Beyond it a batch materializes the oldest log rows into `intents` inside its transaction, so
-/// a host under load without a pause keeps a bounded log, at the price of that batch inserting
-/// rows as before. Readers of the journal look through the log's images as well as the table,
-/// so a full log also bounds what a read parses.
-pub const FRESH_LOG_BYTES_MAX: usize = 32 * 1024 * 1024;
-
-/// Most logged intents the SQLite writer materializes in one idle transaction (64). A caller
-/// that arrives during one waits for it, inserts and fsync: 64 row inserts are about what one
-/// group commit of 64 new intents used to write, so that wait is about one batch, as for
-/// [`KEY_INDEX_FOLD_CHUNK`].
-pub const FRESH_LOG_FOLD_CHUNK: usize = 64;

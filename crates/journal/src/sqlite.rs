@@ -46,12 +46,12 @@
 use crate::clock::{Clock, SystemClock};
 use crate::decide::{self, Found, Write};
 use crate::folded_filter::FoldedFilter;
-use crate::fresh_log::{self, Fresh, FreshLog, image_cols_sql};
 use crate::key_index::{ContentDigest, IndexEntry, PendingIndex, Staged};
 use crate::limits::{
-    ARGS_INLINE_BYTES_MAX, FRESH_LOG_BYTES_MAX, GROUP_COMMIT_BATCH_MAX, KEY_INDEX_CLOSE_FOLD_CHUNK,
-    KEY_INDEX_FOLD_CHUNK, KEY_INDEX_FOLD_IDLE_MS, KEY_INDEX_FOLD_STEP, KEY_INDEX_PENDING_MAX,
-    MEMO_ENTRIES_MAX, READERS_DEFAULT, RECENT_LIMIT_MAX, WRITER_QUEUE_MAX,
+    ARGS_INLINE_BYTES_MAX, GROUP_COMMIT_BATCH_MAX, GROUP_COMMIT_GATHER_PERCENT,
+    GROUP_COMMIT_GATHER_US_MAX, KEY_INDEX_CLOSE_FOLD_CHUNK, KEY_INDEX_FOLD_CHUNK,
+    KEY_INDEX_FOLD_IDLE_MS, KEY_INDEX_FOLD_STEP, KEY_INDEX_PENDING_MAX, MEMO_ENTRIES_MAX,
+    READERS_DEFAULT, RECENT_LIMIT_MAX, WRITER_QUEUE_MAX,
 };
 use crate::memo::MemoEntry;
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
@@ -93,31 +93,22 @@ struct WalActivity {
     /// Batches committed since the checkpointer last checkpointed: whether there is anything to
     /// look at.
     batches_since_checkpoint: std::sync::atomic::AtomicU64,
-    /// Commits handed to the syncer and not yet synced: while any are, a batch stays open for
-    /// more requests (see [`Inbox::next_for_batch`]).
-    syncing: std::sync::atomic::AtomicUsize,
-    /// An fsync of the WAL failed: every write from then on is refused.
-    sync_failed: std::sync::atomic::AtomicBool,
 }
 
 /// What the writer's group commits have done since the journal opened: for operators (how
 /// large batches are, where a batch's time goes) and for `cargo bench -p ring0-journal --bench
-/// commit`. Idle folds of the key index are not counted among the batches; their fsyncs are.
+/// commit`. Idle folds of the key index are not counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriterStats {
-    /// Batches committed: one transaction each.
+    /// Batches committed: one transaction and one fsync each.
     pub batches: u64,
     /// Requests (proposals, transitions, memo writes) those batches answered.
     pub requests: u64,
     /// Time from each batch's BEGIN to its COMMIT: deciding and writing its requests,
-    /// including any wait for requests while the previous commit was being synced.
+    /// including any wait for requests still on their way (see `Gather`).
     pub deciding: Duration,
-    /// Time in the batches' COMMITs: writing their WAL frames.
+    /// Time in the batches' COMMITs, their fsync included.
     pub committing: Duration,
-    /// fsyncs of the WAL by the syncer; each makes every commit before it durable.
-    pub syncs: u64,
-    /// Time in those fsyncs.
-    pub syncing: Duration,
     /// Proposals whose keys the writer looked up in the key-index tables: those memory did
     /// not answer and the filter of folded entries could not rule out.
     pub table_probes: u64,
@@ -131,8 +122,6 @@ impl WriterStats {
             requests: self.requests.saturating_sub(earlier.requests),
             deciding: self.deciding.saturating_sub(earlier.deciding),
             committing: self.committing.saturating_sub(earlier.committing),
-            syncs: self.syncs.saturating_sub(earlier.syncs),
-            syncing: self.syncing.saturating_sub(earlier.syncing),
             table_probes: self.table_probes.saturating_sub(earlier.table_probes),
         }
     }
@@ -145,8 +134,6 @@ struct WriterCounters {
     requests: std::sync::atomic::AtomicU64,
     deciding_ns: std::sync::atomic::AtomicU64,
     committing_ns: std::sync::atomic::AtomicU64,
-    syncs: std::sync::atomic::AtomicU64,
-    syncing_ns: std::sync::atomic::AtomicU64,
     table_probes: std::sync::atomic::AtomicU64,
 }
 
@@ -161,13 +148,6 @@ impl WriterCounters {
         self.committing_ns.fetch_add(ns(timing.committing), Relaxed);
     }
 
-    fn add_sync(&self, took: Duration) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.syncs.fetch_add(1, Relaxed);
-        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        self.syncing_ns.fetch_add(ns, Relaxed);
-    }
-
     fn snapshot(&self) -> WriterStats {
         use std::sync::atomic::Ordering::Relaxed;
         WriterStats {
@@ -175,8 +155,6 @@ impl WriterCounters {
             requests: self.requests.load(Relaxed),
             deciding: Duration::from_nanos(self.deciding_ns.load(Relaxed)),
             committing: Duration::from_nanos(self.committing_ns.load(Relaxed)),
-            syncs: self.syncs.load(Relaxed),
-            syncing: Duration::from_nanos(self.syncing_ns.load(Relaxed)),
             table_probes: self.table_probes.load(Relaxed),
         }
     }
@@ -185,8 +163,6 @@ impl WriterCounters {
 /// How long a committed batch took to decide and to commit; zero for a batch that failed.
 #[derive(Clone, Copy, Default)]
 struct BatchTiming {
-    /// Whether the batch's transaction committed (its results are then to be synced).
-    committed: bool,
     deciding: Duration,
     committing: Duration,
 }
@@ -199,7 +175,7 @@ struct BatchTiming {
 /// Now that commits append rows only (see the `key_index` module), 4 KiB pages measured about
 /// 10% less writer time per 64-intent batch (fewer WAL frames), within the run-to-run noise of
 /// the bench's ratios; the folds' cost kept this size.
-pub const PAGE_SIZE_BYTES: u32 = 4096;
+pub const PAGE_SIZE_BYTES: u32 = 1024;
 
 /// Page cache of the writer connection (16 MiB; SQLite's default is 2 MiB). Deciding a new
 /// intent looks its key and content digest up in two hash-keyed indexes, a leaf page at a random
@@ -265,13 +241,6 @@ const MIGRATIONS: &[&str] = &[
     );
     INSERT INTO key_index_watermark (only_row, indexed_through)
         SELECT 1, coalesce(max(seq), 0) FROM intents;",
-    // 3: a batch logs its new intents as one row, materialized into `intents` later (see the
-    // `fresh_log` module). A row holds the intents `first_seq..=last_seq`, consecutive.
-    "CREATE TABLE intent_log (
-        last_seq  INTEGER PRIMARY KEY,
-        first_seq INTEGER NOT NULL,
-        records   TEXT    NOT NULL
-    );",
 ];
 
 /// The columns `from_row` reads, as a macro so statements are built with `concat!` at compile
@@ -291,42 +260,8 @@ macro_rules! open_states {
     };
 }
 
-/// Every intent as readers see it: the rows of `intents`, and the images of the intents still
-/// only in the log (see the `fresh_log` module), as one relation with `seq` and `cols!()`.
-macro_rules! every_intent {
-    () => {
-        concat!(
-            "(SELECT seq, ",
-            cols!(),
-            " FROM intents UNION ALL SELECT j.value->>0 AS seq, ",
-            image_cols_sql!(),
-            " FROM intent_log l, json_each(l.records) j
-              WHERE NOT EXISTS (SELECT 1 FROM intents i WHERE i.seq = j.value->>0))"
-        )
-    };
-}
-
-/// The writer's own look-ups: `intents` only (it knows its log from memory).
-const TABLE_BY_ID: &str = concat!("SELECT ", cols!(), " FROM intents WHERE id = ?1");
-const TABLE_BY_SEQ: &str = concat!("SELECT ", cols!(), " FROM intents WHERE seq = ?1");
-/// Readers' look-ups, the log included.
-const SELECT_BY_ID: &str = concat!(
-    "SELECT ",
-    cols!(),
-    " FROM ",
-    every_intent!(),
-    " WHERE id = ?1"
-);
-/// By `seq`, parsing only the log row that holds it.
-const SELECT_BY_SEQ: &str = concat!(
-    "SELECT ",
-    cols!(),
-    " FROM intents WHERE seq = ?1 UNION ALL SELECT ",
-    image_cols_sql!(),
-    " FROM intent_log l, json_each(l.records) j
-      WHERE l.last_seq >= ?1 AND l.first_seq <= ?1 AND j.value->>0 = ?1
-        AND NOT EXISTS (SELECT 1 FROM intents i WHERE i.seq = ?1)"
-);
+const SELECT_BY_ID: &str = concat!("SELECT ", cols!(), " FROM intents WHERE id = ?1");
+const SELECT_BY_SEQ: &str = concat!("SELECT ", cols!(), " FROM intents WHERE seq = ?1");
 const SELECT_BY_KEY: &str = concat!(
     "SELECT ",
     cols!(),
@@ -339,24 +274,20 @@ const PROBE_INDEX: &str = "SELECT
 const SELECT_OPEN: &str = concat!(
     "SELECT ",
     cols!(),
-    " FROM ",
-    every_intent!(),
-    " WHERE state IN ",
+    " FROM intents WHERE state IN ",
     open_states!(),
     " ORDER BY seq"
 );
 const SELECT_RECENT: &str = concat!(
     "SELECT ",
     cols!(),
-    " FROM ",
-    every_intent!(),
-    " ORDER BY seq DESC LIMIT ?1"
-);
-/// The same for a journal from before the log (read by [`JournalReader`], which never migrates).
-const TABLE_RECENT: &str = concat!(
-    "SELECT ",
-    cols!(),
     " FROM intents ORDER BY seq DESC LIMIT ?1"
+);
+const INSERT_INTENT: &str = concat!(
+    "INSERT INTO intents (",
+    cols!(),
+    ", content_digest, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+     ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?20)"
 );
 const UPSERT_KEY: &str = "INSERT INTO intent_keys (semantic_key, intent_seq) VALUES (?1, ?2)
      ON CONFLICT(semantic_key) DO UPDATE SET intent_seq = excluded.intent_seq";
@@ -419,13 +350,6 @@ impl Files {
         }
     }
 
-    /// SQLite's WAL file, `<db>-wal`.
-    fn wal(&self) -> PathBuf {
-        let mut p = self.db.as_os_str().to_owned();
-        p.push("-wal");
-        PathBuf::from(p)
-    }
-
     fn lock_path(&self) -> PathBuf {
         let mut p = self.db.as_os_str().to_owned();
         p.push(".lock");
@@ -462,22 +386,27 @@ impl Files {
 
 type Reply<T> = oneshot::Sender<Result<T, JournalError>>;
 
-/// A proposal with what the writer needs that does not depend on what is recorded, computed on
-/// the caller's thread: the digests, and the record the proposal creates if nothing recorded
-/// decides it (most proposals). For those the writer logs the record's image and answers
-/// [`Proposed::Fresh`], and the caller hands its own record back, so the writer neither builds
-/// nor copies one. The image itself is written by the writer, straight into its batch's log
-/// row: under load the callers' preparation is the other half of a batch's critical path (in
-/// `cargo bench -p ring0-journal --bench commit`, 64 callers on one executor thread prepare one
-/// after the other while the writer decides), and the writer has the time.
+/// A proposal with everything the writer needs that does not depend on what is recorded,
+/// computed on the caller's thread: the one writer thread is the journal's bottleneck under
+/// load, so it only looks up, decides and runs SQL. That includes the record the proposal
+/// creates if nothing recorded decides it (most proposals), with its columns already in their
+/// stored form: for those the writer inserts a row and answers [`Proposed::Fresh`], and the
+/// caller hands its own record back, so the writer neither builds nor copies one.
 struct PreparedProposal {
     proposal: Proposal,
-    /// The content digest (see `decide::content_digest`).
+    /// `semantic_key.encode()`, the stored form.
+    key_text: String,
+    /// The content digest (see `decide::content_digest`), and its stored form.
     content: ContentDigest,
+    content_hex: String,
     /// SHA-256 of the canonical arguments: the name of their spill file.
     args_sha256: String,
     /// The new record (`decide::new_record`), stamped with the caller's clock.
     fresh: IntentRecord,
+    /// Its id, call ids and timeline as stored.
+    fresh_id: String,
+    fresh_call_ids: String,
+    fresh_timeline: String,
     /// The time it was stamped with.
     fresh_ms: u64,
 }
@@ -493,8 +422,13 @@ impl PreparedProposal {
         let id = p.intent_id.unwrap_or_else(|| clock.new_id());
         let fresh = decide::new_record(p, id, fresh_ms, incarnation);
         Self {
+            key_text: p.semantic_key.encode(),
             content,
+            content_hex: decide::hex(&content),
             args_sha256: decide::sha256_hex(p.canonical_args.as_bytes()),
+            fresh_id: id.to_string(),
+            fresh_call_ids: json(&fresh.call_ids),
+            fresh_timeline: json(&fresh.timeline),
             fresh,
             fresh_ms,
             proposal,
@@ -538,7 +472,7 @@ type ReadJob = Box<dyn FnOnce(&Connection, &Files) + Send>;
 pub struct SqliteJournal {
     files: Files,
     clock: Arc<dyn Clock>,
-    writer_tx: Option<SyncSender<Inbound>>,
+    writer_tx: Option<SyncSender<WriteJob>>,
     reader_tx: Option<Sender<ReadJob>>,
     threads: Vec<JoinHandle<()>>,
     checkpointer: Option<(Sender<()>, JoinHandle<()>)>,
@@ -600,7 +534,6 @@ impl SqliteJournal {
         let conn = open_connection(&files, true)?;
         configure_writer(&conn, &files, &options)?;
         migrate(&conn, &files)?;
-        let log = FreshLog::load(&conn, FRESH_LOG_BYTES_MAX).map_err(|e| files.sql(e))?;
         let incarnation: i64 = conn
             .query_row("SELECT coalesce(max(owner), 0) + 1 FROM intents", [], |r| {
                 r.get(0)
@@ -613,8 +546,7 @@ impl SqliteJournal {
             .map_err(|e| files.io("creating spill directory", &files.spill, e))?;
 
         let mut threads = Vec::new();
-        let (writer_tx, writer_rx) = mpsc::sync_channel::<Inbound>(WRITER_QUEUE_MAX);
-        let (sync_tx, sync_rx) = mpsc::channel::<SyncJob>();
+        let (writer_tx, writer_rx) = mpsc::sync_channel::<WriteJob>(WRITER_QUEUE_MAX);
         let (wfiles, wclock) = (files.clone(), options.clock.clone());
         let activity = Arc::new(WalActivity::default());
         let opened = std::time::Instant::now();
@@ -629,22 +561,13 @@ impl SqliteJournal {
                         wfiles,
                         wclock,
                         incarnation,
-                        Inbox::new(writer_rx),
-                        sync_tx,
+                        writer_rx,
                         wactivity,
                         opened,
                         key_index,
-                        log,
                     )
                 })
                 .map_err(|e| JournalError::Storage(format!("starting the writer thread: {e}")))?,
-        );
-        let (sfiles, sactivity, wake) = (files.clone(), activity.clone(), writer_tx.clone());
-        threads.push(
-            std::thread::Builder::new()
-                .name("ring0-journal-syncer".into())
-                .spawn(move || sync_loop(sfiles, sync_rx, wake, sactivity))
-                .map_err(|e| JournalError::Storage(format!("starting the syncer thread: {e}")))?,
         );
         let (reader_tx, reader_rx) = mpsc::channel::<ReadJob>();
         let reader_rx = Arc::new(Mutex::new(reader_rx));
@@ -699,20 +622,7 @@ impl SqliteJournal {
     async fn write<T>(&self, make: impl FnOnce(Reply<T>) -> WriteJob) -> Result<T, JournalError> {
         let (tx, rx) = oneshot::channel();
         let sender = self.writer_tx.as_ref().ok_or(JournalError::Closed)?;
-        if self
-            .activity
-            .sync_failed
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            return Err(JournalError::Storage(format!(
-                "{}: an fsync of the journal's WAL failed, so what is on disk is unknown; \
-                 reopen the journal to recover from it",
-                self.files.db.display()
-            )));
-        }
-        sender
-            .send(Inbound::Job(make(tx)))
-            .map_err(|_| JournalError::Closed)?;
+        sender.send(make(tx)).map_err(|_| JournalError::Closed)?;
         rx.await.map_err(|_| JournalError::Closed)?
     }
 
@@ -739,10 +649,7 @@ impl Drop for SqliteJournal {
             drop(stop);
             let _ = handle.join();
         }
-        // The syncer holds a sender too (to wake the writer), so the writer is told to stop.
-        if let Some(writer) = self.writer_tx.take() {
-            let _ = writer.send(Inbound::Close);
-        }
+        self.writer_tx.take();
         self.reader_tx.take();
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -932,10 +839,8 @@ fn configure_writer(
             files.db.display()
         )));
     }
-    // NORMAL: a COMMIT writes the WAL and returns; the syncer thread fsyncs it before anyone
-    // is answered (see `sync_loop`), which is FULL's guarantee with the fsync off the writer.
     conn.execute_batch(
-        "PRAGMA synchronous = NORMAL;
+        "PRAGMA synchronous = FULL;
          PRAGMA foreign_keys = ON;
          PRAGMA busy_timeout = 5000;
          PRAGMA wal_autocheckpoint = 0;",
@@ -1115,16 +1020,12 @@ impl KeyIndex {
     /// its watermark with it and the next open rebuilds the entries — but a fold committed
     /// without its fsync would leave its pages for the next batch's fsync to write, on a
     /// caller's time: after a long idle fold, megabytes.)
-    ///
-    /// The intents of the entries still in the log are materialized in the same transaction
-    /// first: the index tables reference `intents`.
     fn fold_chunk(
         &mut self,
         conn: &Connection,
         files: &Files,
         chunk: usize,
-        interrupt: Option<&mut Inbox>,
-        log: &mut FreshLog,
+        interrupt: Option<&Receiver<WriteJob>>,
     ) -> Result<Option<WriteJob>, JournalError> {
         let (entries, next) = {
             let pending = read_index(&self.shared);
@@ -1133,21 +1034,10 @@ impl KeyIndex {
         };
         // Every intent below the oldest entry left is folded or not indexed at all.
         let watermark = next.map_or(self.max_seq, |seq| seq - 1).max(self.watermark);
-        let through = entries.last().map(|e| e.seq);
-        let interrupted = fold_transaction(
-            conn,
-            &entries,
-            watermark,
-            interrupt,
-            &mut self.folded,
-            |conn| through.map_or(Ok(()), |seq| log.materialize(conn, seq)),
-        )
-        .map_err(|e| files.sql(e))?;
+        let interrupted = fold_transaction(conn, &entries, watermark, interrupt, &mut self.folded)
+            .map_err(|e| files.sql(e))?;
         if interrupted.is_some() {
             return Ok(interrupted);
-        }
-        if let Some(seq) = through {
-            log.advance(seq);
         }
         // Committed first, removed second: see `find_by_key`.
         write_index(&self.shared).remove_oldest(entries.len());
@@ -1207,29 +1097,28 @@ fn each_text(
     Ok(readable)
 }
 
-/// The transaction of an idle fold, which runs `first` before its entries: rolled back,
-/// returning the request, if one arrives between two steps; rolled back on any error.
+/// The transaction of an idle fold: rolled back, returning the request, if one arrives between
+/// two steps; rolled back on any error.
 fn fold_transaction(
     conn: &Connection,
     entries: &[IndexEntry],
     watermark: i64,
-    mut interrupt: Option<&mut Inbox>,
+    interrupt: Option<&Receiver<WriteJob>>,
     folded: &mut FoldedFilter,
-    first: impl FnOnce(&Connection) -> rusqlite::Result<()>,
 ) -> rusqlite::Result<Option<WriteJob>> {
     exec_cached(conn, "BEGIN IMMEDIATE")?;
-    let mut written = first(conn);
+    let mut written = Ok(());
     for step in entries.chunks(KEY_INDEX_FOLD_STEP) {
-        if written.is_err() {
-            break;
-        }
-        if let Some(inbox) = interrupt.as_deref_mut()
-            && let Some(job) = inbox.poll()
+        if let Some(rx) = interrupt
+            && let Ok(job) = rx.try_recv()
         {
             let _ = conn.execute_batch("ROLLBACK");
             return Ok(Some(job));
         }
         written = write_index_entries(conn, step, folded);
+        if written.is_err() {
+            break;
+        }
     }
     let written = written
         .and_then(|()| conn.prepare_cached(SET_WATERMARK)?.execute([watermark]))
@@ -1276,82 +1165,50 @@ fn writer_loop(
     files: Files,
     clock: Arc<dyn Clock>,
     incarnation: u64,
-    mut inbox: Inbox,
-    sync_tx: Sender<SyncJob>,
+    rx: Receiver<WriteJob>,
     activity: Arc<WalActivity>,
     opened: Instant,
     mut index: KeyIndex,
-    mut log: FreshLog,
 ) {
+    // Callers answered by the last batch, and how long its COMMIT (its fsync) took: how many
+    // requests the next batch waits for, and for how long at most (see `Gather`).
+    let mut answered_last = 0;
+    let mut commit_last = Duration::ZERO;
     let mut staged = Staged::default();
     // A request taken off the queue between two idle folds, to start the next batch with.
     let mut next: Option<WriteJob> = None;
-    // Hands a commit to the syncer; `None` when there is no one to answer.
-    let synced = |answers: Option<Answers>| {
-        activity
-            .syncing
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        note_commit(&activity, opened);
-        if let Err(mpsc::SendError(job)) = sync_tx.send(SyncJob(answers)) {
-            // The syncer is gone (it panicked): nothing can be confirmed durable.
-            activity
-                .syncing
-                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-            if let Some(Answers { batch, .. }) = job.0 {
-                answer(batch, |_| Err(JournalError::Closed));
-            }
-        }
-    };
-    while !inbox.closed {
+    loop {
         let first = match next.take() {
             Some(job) => job,
-            None => {
-                let idle = index
-                    .tuning
-                    .fold_idle
-                    .filter(|_| index.needs_fold() || !log.is_empty());
-                match inbox.wait(idle) {
-                    Some(job) => job,
-                    None if inbox.closed => break,
-                    None => {
-                        // Idle: materialize the log, then fold the key index (its tables
-                        // reference `intents`), chunk by chunk, looking at the queue between
-                        // chunks, so a caller waits for one chunk at most. Each chunk's commit
-                        // is synced in the background like a batch's. A failure is retried
-                        // after the next idle period; nothing is lost meanwhile.
-                        while let Some(through) = log.next_chunk() {
-                            next = inbox.poll();
-                            if next.is_some() || inbox.closed {
-                                break;
-                            }
-                            if materialize_alone(&conn, &mut log, through).is_err() {
-                                break;
-                            }
-                            synced(None);
-                        }
-                        while next.is_none()
-                            && !inbox.closed
-                            && log.is_empty()
-                            && index.needs_fold()
-                        {
-                            match index.fold_chunk(
-                                &conn,
-                                &files,
-                                index.tuning.chunk,
-                                Some(&mut inbox),
-                                &mut log,
-                            ) {
-                                Ok(None) => synced(None),
-                                Ok(Some(job)) => next = Some(job),
+            None => match index.tuning.fold_idle.filter(|_| index.needs_fold()) {
+                None => match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+                Some(idle) => match rx.recv_timeout(idle) {
+                    Ok(job) => job,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        // Idle: fold chunk by chunk, looking at the queue between chunks, so a
+                        // caller waits for one chunk at most. A failed fold is retried after
+                        // the next idle period; the entries stay in memory meanwhile.
+                        while index.needs_fold() {
+                            match index.fold_chunk(&conn, &files, index.tuning.chunk, Some(&rx)) {
+                                Ok(None) => note_commit(&activity, opened),
+                                Ok(Some(job)) => {
+                                    next = Some(job);
+                                    break;
+                                }
                                 Err(_) => break,
                             }
                         }
                         continue;
                     }
-                }
-            }
+                },
+            },
         };
-        let mut batch = Vec::with_capacity(64);
+        let gather = Gather::after(answered_last, commit_last);
+        let mut batch = Vec::with_capacity(gather.expected.max(1));
         batch.push(first);
         let (results, timing) = commit_batch(
             &mut conn,
@@ -1359,276 +1216,112 @@ fn writer_loop(
             clock.as_ref(),
             incarnation,
             &mut batch,
-            &mut inbox,
-            &activity.syncing,
+            &rx,
+            gather,
             &mut index,
             &mut staged,
-            &mut log,
         );
+        answered_last = batch.len();
+        commit_last = timing.committing;
         let probes = index.table_probes.take();
-        if timing.committed {
+        if !timing.committing.is_zero() {
             activity.stats.add(batch.len(), timing, probes);
-            synced(Some(Answers { batch, results }));
-        } else {
-            // Nothing was committed: the answers are errors, and there is nothing to sync.
-            let mut results = results.into_iter();
-            answer(batch, |_| {
-                results
-                    .next()
-                    .unwrap_or_else(|| Err(JournalError::Storage("unanswered".into())))
-            });
         }
-    }
-    // A clean close materializes the log and folds every entry, so the next open has nothing
-    // to do, in large chunks since no caller is left to give way to. Stopping at a failure
-    // loses nothing: the next open materializes and rebuilds what is left.
-    if index.tuning.fold_on_close {
-        while let Some(through) = log.last_logged() {
-            if materialize_alone(&conn, &mut log, through).is_err() {
-                break;
+        note_commit(&activity, opened);
+        for (job, result) in batch.into_iter().zip(results) {
+            match job {
+                WriteJob::Propose(prepared, reply) => {
+                    drop(prepared);
+                    let _ = reply.send(result.map(|d| match d {
+                        Done::Decision(d) => d,
+                        _ => unreachable!("a proposal decides"),
+                    }));
+                }
+                WriteJob::Transition(transition, reply) => {
+                    drop(transition);
+                    let _ = reply.send(result.map(|d| match d {
+                        Done::Record(r) => r,
+                        _ => unreachable!("a transition returns a record"),
+                    }));
+                }
+                WriteJob::MemoPut(_, _, reply) => {
+                    let _ = reply.send(result.map(|d| match d {
+                        Done::Stored(b) => b,
+                        _ => unreachable!("a memo write returns whether it stored"),
+                    }));
+                }
             }
         }
-        while log.is_empty()
-            && index.needs_fold()
+    }
+    // A clean close folds every entry, so the next open has nothing to rebuild, in large chunks
+    // since no caller is left to give way to. Stopping at a failure loses nothing: the next open
+    // rebuilds what is left from the rows.
+    if index.tuning.fold_on_close {
+        while index.needs_fold()
             && index
-                .fold_chunk(&conn, &files, KEY_INDEX_CLOSE_FOLD_CHUNK, None, &mut log)
+                .fold_chunk(&conn, &files, KEY_INDEX_CLOSE_FOLD_CHUNK, None)
                 .is_ok()
         {}
     }
-    // Fold the WAL back into the database so a clean close leaves one file (the checkpoint
-    // syncs the WAL first, the close's own commits with it).
+    // Fold the WAL back into the database so a clean close leaves one file.
     let _ = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
-/// Sends each request of a batch its answer: `result(i)` for the `i`th. The writer (or the
-/// syncer) drops its reference to a request before answering, so the caller, who holds the
-/// other, frees it on its own thread.
-fn answer(batch: Vec<WriteJob>, mut result: impl FnMut(usize) -> Result<Done, JournalError>) {
-    for (i, job) in batch.into_iter().enumerate() {
-        let result = result(i);
-        match job {
-            WriteJob::Propose(prepared, reply) => {
-                drop(prepared);
-                let _ = reply.send(result.map(|d| match d {
-                    Done::Decision(d) => d,
-                    _ => unreachable!("a proposal decides"),
-                }));
-            }
-            WriteJob::Transition(transition, reply) => {
-                drop(transition);
-                let _ = reply.send(result.map(|d| match d {
-                    Done::Record(r) => r,
-                    _ => unreachable!("a transition returns a record"),
-                }));
-            }
-            WriteJob::MemoPut(_, _, reply) => {
-                let _ = reply.send(result.map(|d| match d {
-                    Done::Stored(b) => b,
-                    _ => unreachable!("a memo write returns whether it stored"),
-                }));
-            }
-        }
-    }
-}
-
-/// A commit for the syncer: the batch it committed and its answers, or `None` for a commit
-/// with no one to answer (an idle fold), synced so its pages are not left for the next batch's
-/// fsync.
-struct SyncJob(Option<Answers>);
-
-/// A committed batch's requests and their answers, in order.
-struct Answers {
-    batch: Vec<WriteJob>,
-    results: Vec<Result<Done, JournalError>>,
-}
-
-/// The syncer: makes the writer's commits durable and answers their callers.
+/// How the writer forms the next batch after the one that answered `answered_last` callers and
+/// whose COMMIT took `commit_last`.
 ///
-/// The writer's connection commits with `synchronous = NORMAL`: a COMMIT writes its frames to
-/// the WAL file and returns without an fsync. This thread fsyncs (`fdatasync`) the WAL file
-/// after every commit handed to it — all that were handed over since its last fsync began, with
-/// one fsync — and only then answers their callers. That is what `synchronous = FULL` does
-/// inside COMMIT, moved to another thread so the writer decides the next batch while this one
-/// reaches the disk: under load, batch n+1 is decided during batch n's fsync, instead of after
-/// it. (A WAL restart writes and syncs its header itself, `NORMAL` or not; checkpoints sync the
-/// WAL before copying it back.) Readers may see a commit before its fsync ends; no caller is
-/// told of it before, and the writer's own decisions about it reach callers only with a later
-/// fsync, which covers it.
-///
-/// An fsync that fails leaves the WAL's state on disk unknown (Linux may drop the dirty pages
-/// it could not write): every request it covered gets an error, and so does every later one —
-/// the journal must be reopened, which recovers from what the disk holds.
-fn sync_loop(
-    files: Files,
-    rx: Receiver<SyncJob>,
-    wake: SyncSender<Inbound>,
-    activity: Arc<WalActivity>,
-) {
-    use std::sync::atomic::Ordering::{AcqRel, Relaxed};
-    let mut wal: Option<File> = None;
-    let mut failed: Option<JournalError> = None;
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        jobs.extend(rx.try_iter());
-        let started = Instant::now();
-        if failed.is_none()
-            && let Err(e) = sync_wal(&files, &mut wal)
-        {
-            activity.sync_failed.store(true, Relaxed);
-            failed = Some(e);
-        }
-        activity.stats.add_sync(started.elapsed());
-        activity.syncing.fetch_sub(jobs.len(), AcqRel);
-        // The writer may be holding a batch open until this fsync is done.
-        let _ = wake.try_send(Inbound::Synced);
-        for SyncJob(answers) in jobs {
-            if let Some(Answers { batch, results }) = answers {
-                let mut results = results.into_iter();
-                answer(batch, |_| match &failed {
-                    Some(e) => Err(e.clone()),
-                    None => results
-                        .next()
-                        .unwrap_or_else(|| Err(JournalError::Storage("unanswered".into()))),
-                });
-            }
-        }
-    }
+/// Callers answered together tend to come back together (the proposers of one round each
+/// dispatch and settle, or propose their next intent), but not at the same instant: their
+/// requests trickle in. Committing as soon as the first is decided would start a batch the rest miss,
+/// and they would wait for its fsync and then for their own — two commits instead of one. So
+/// the writer keeps the transaction open for them, deciding each as it arrives, until as many
+/// requests as it last answered are in or it has spent [`GROUP_COMMIT_GATHER_PERCENT`] of the
+/// last commit's time (never more than [`GROUP_COMMIT_GATHER_US_MAX`]) waiting for one with
+/// nothing to decide. Only that idle time counts: a batch of many callers takes longer to decide
+/// than the budget, and a caller that falls a little behind the others (descheduled for a few
+/// microseconds) would otherwise find the batch closed and wait for two commits. A lone caller
+/// never waits: the last batch answered one caller and it is here.
+struct Gather {
+    expected: usize,
+    /// Idle time the batch may still spend waiting.
+    budget: std::cell::Cell<Duration>,
 }
 
-/// `fdatasync` of the WAL file, opened the first time (it exists once anything committed).
-fn sync_wal(files: &Files, wal: &mut Option<File>) -> Result<(), JournalError> {
-    let path = files.wal();
-    let file = match wal {
-        Some(file) => file,
-        None => wal.insert(File::open(&path).map_err(|e| files.io("opening the WAL", &path, e))?),
-    };
-    file.sync_data()
-        .map_err(|e| files.io("syncing the WAL", &path, e))
-}
-
-/// What the writer's queue carries.
-enum Inbound {
-    /// A request.
-    Job(WriteJob),
-    /// The syncer finished an fsync: a batch held open for it may commit.
-    Synced,
-    /// The journal is closing: answer what is queued, then stop.
-    Close,
-}
-
-/// The writer's end of its queue.
-struct Inbox {
-    rx: Receiver<Inbound>,
-    /// The journal is closing (or every sender is gone): finish the batch, then stop.
-    closed: bool,
-}
-
-impl Inbox {
-    fn new(rx: Receiver<Inbound>) -> Self {
-        Self { rx, closed: false }
-    }
-
-    fn take(&mut self, got: Result<Inbound, ()>) -> Option<Option<WriteJob>> {
-        match got {
-            Ok(Inbound::Job(job)) => Some(Some(job)),
-            Ok(Inbound::Synced) => None,
-            Ok(Inbound::Close) | Err(()) => {
-                self.closed = true;
-                Some(None)
-            }
+impl Gather {
+    fn after(answered_last: usize, commit_last: Duration) -> Self {
+        let wait = (commit_last * GROUP_COMMIT_GATHER_PERCENT / 100)
+            .min(Duration::from_micros(GROUP_COMMIT_GATHER_US_MAX));
+        Self {
+            expected: answered_last.min(GROUP_COMMIT_BATCH_MAX),
+            budget: std::cell::Cell::new(wait),
         }
     }
 
-    /// The next request, waiting for at most `timeout` (for ever with `None`); `None` once it
-    /// timed out or the journal is closing ([`Self::closed`]).
-    fn wait(&mut self, timeout: Option<Duration>) -> Option<WriteJob> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        while !self.closed {
-            let got = match deadline {
-                None => self.rx.recv().map_err(|_| ()),
-                Some(at) => match self
-                    .rx
-                    .recv_timeout(at.saturating_duration_since(Instant::now()))
-                {
-                    Ok(got) => Ok(got),
-                    Err(mpsc::RecvTimeoutError::Timeout) => return None,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => Err(()),
-                },
-            };
-            if let Some(job) = self.take(got) {
-                return job;
-            }
-        }
-        None
-    }
-
-    /// A request already waiting, if any.
-    fn poll(&mut self) -> Option<WriteJob> {
-        while !self.closed {
-            let got = match self.rx.try_recv() {
-                Ok(got) => Ok(got),
-                Err(mpsc::TryRecvError::Empty) => return None,
-                Err(mpsc::TryRecvError::Disconnected) => Err(()),
-            };
-            if let Some(job) = self.take(got) {
-                return job;
-            }
-        }
-        None
-    }
-
-    /// The next request for a batch that holds `len`: one already waiting; else, while the
-    /// syncer is still writing earlier commits to disk (`syncing` > 0), the next to arrive
-    /// before it is done — committing now would only queue this batch behind that fsync, and
-    /// whoever arrives meanwhile shares the next one. `None`: commit now.
-    ///
-    /// So a lone caller's batch commits at once, and under load a batch gathers everything
-    /// that arrives during the previous batch's fsync: the writer decides batch n+1 while batch
-    /// n reaches the disk.
-    fn next_for_batch(
-        &mut self,
-        len: usize,
-        syncing: &std::sync::atomic::AtomicUsize,
-    ) -> Option<WriteJob> {
-        if len >= GROUP_COMMIT_BATCH_MAX {
+    /// The next request to add to `batch`, if one is waiting or is worth waiting for.
+    fn next(&self, rx: &Receiver<WriteJob>, batch_len: usize) -> Option<WriteJob> {
+        if batch_len >= GROUP_COMMIT_BATCH_MAX {
             return None;
         }
-        loop {
-            if let Some(job) = self.poll() {
-                return Some(job);
-            }
-            if self.closed || syncing.load(std::sync::atomic::Ordering::Acquire) == 0 {
-                return None;
-            }
-            let got = self.rx.recv().map_err(|_| ());
-            if let Some(job) = self.take(got) {
-                return job;
-            }
+        if let Ok(job) = rx.try_recv() {
+            return Some(job);
         }
+        if batch_len >= self.expected {
+            return None;
+        }
+        let left = self.budget.get();
+        if left.is_zero() {
+            return None;
+        }
+        let started = Instant::now();
+        let job = rx.recv_timeout(left).ok();
+        self.budget.set(left.saturating_sub(started.elapsed()));
+        job
     }
 }
 
-/// Materializes the log through `through` in a transaction of its own.
-fn materialize_alone(conn: &Connection, log: &mut FreshLog, through: i64) -> rusqlite::Result<()> {
-    exec_cached(conn, "BEGIN IMMEDIATE")?;
-    let done = log
-        .materialize(conn, through)
-        .and_then(|()| exec_cached(conn, "COMMIT"));
-    match done {
-        Ok(()) => {
-            log.advance(through);
-            Ok(())
-        }
-        Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
-        }
-    }
-}
-
-/// Decides `batch` and every request [`Inbox::next_for_batch`] adds to it in one transaction,
-/// each job atomic on its own, and commits (the syncer makes it durable). Returns the results,
-/// in `batch` order, and how long deciding and the COMMIT took.
+/// Decides `batch` and every request [`Gather`] adds to it in one transaction, each job atomic
+/// on its own, and commits: one fsync for all. Returns the results, in `batch` order, and
+/// how long the COMMIT took.
 ///
 /// The key-index entries of the batch's new intents are staged as each job's savepoint is
 /// released and join the shared map once the COMMIT succeeded, before any caller is answered;
@@ -1641,26 +1334,24 @@ fn commit_batch(
     clock: &dyn Clock,
     incarnation: u64,
     batch: &mut Vec<WriteJob>,
-    inbox: &mut Inbox,
-    syncing: &std::sync::atomic::AtomicUsize,
+    rx: &Receiver<WriteJob>,
+    gather: Gather,
     index: &mut KeyIndex,
     staged: &mut Staged,
-    log: &mut FreshLog,
 ) -> (Vec<Result<Done, JournalError>>, BatchTiming) {
     staged.clear();
-    log.abort_staged();
-    let fail_all = |n: usize, e: JournalError, staged: &mut Staged, log: &mut FreshLog| {
+    let fail_all = |n: usize, e: JournalError, staged: &mut Staged| {
         staged.clear();
-        log.abort_staged();
         let results = (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>();
         (results, BatchTiming::default())
     };
     let begun = Instant::now();
     if let Err(e) = exec_cached(conn, "BEGIN IMMEDIATE") {
-        return fail_all(batch.len(), files.sql(e), staged, log);
+        return fail_all(batch.len(), files.sql(e), staged);
     }
     let now = clock.now_ms();
-    let mut results = Vec::with_capacity(batch.capacity());
+    // Sized for the requests the batch expects, so gathering them never moves the results.
+    let mut results = Vec::with_capacity(batch.len().max(gather.expected));
     let mut max_seq = index.max_seq;
     loop {
         while let Some(job) = batch.get(results.len()) {
@@ -1673,13 +1364,13 @@ fn commit_batch(
                 results.push(Err(files.sql(e)));
                 continue;
             }
-            let result = apply(conn, files, now, incarnation, job, index, staged, log);
+            let result = apply(conn, files, now, incarnation, job, index, staged);
             if let Err(e) = &result
                 && conn.is_autocommit()
             {
                 // SQLite rolled the whole transaction back itself (SQLITE_FULL, an I/O error):
                 // every decision of this batch is gone, so every request fails closed.
-                return fail_all(batch.len(), e.clone(), staged, log);
+                return fail_all(batch.len(), e.clone(), staged);
             }
             let end = if !savepoint {
                 Ok(())
@@ -1700,11 +1391,11 @@ fn commit_batch(
                 })),
                 Err(e) => {
                     let _ = conn.execute_batch("ROLLBACK");
-                    return fail_all(batch.len(), files.sql(e), staged, log);
+                    return fail_all(batch.len(), files.sql(e), staged);
                 }
             }
         }
-        match inbox.next_for_batch(batch.len(), syncing) {
+        match gather.next(rx, batch.len()) {
             Some(job) => batch.push(job),
             None => break,
         }
@@ -1713,51 +1404,28 @@ fn commit_batch(
     // least a chunk so this does not recur on every batch.
     let pending = index.pending();
     let over = (pending + staged.len()).saturating_sub(index.tuning.pending_max);
-    let entries = if over > 0 {
-        read_index(&index.shared).oldest(over.max(index.tuning.chunk))
-    } else {
-        Vec::new()
-    };
-    // The batch's new intents go to the log as one row; past its bound the oldest rows are
-    // materialized here, and so is every intent whose key-index entries are folded (the index
-    // tables reference `intents`).
-    let materialize = log
-        .over_bound()
-        .into_iter()
-        .chain(entries.last().map(|e| e.seq))
-        .max();
-    let written = log.write_staged(conn).and_then(|()| match materialize {
-        Some(through) => log.materialize(conn, through),
-        None => Ok(()),
-    });
-    if let Err(e) = written {
-        let _ = conn.execute_batch("ROLLBACK");
-        return fail_all(batch.len(), files.sql(e), staged, log);
-    }
     let mut folded = None;
-    if let Some(last) = entries.last() {
-        // Entries above the watermark are all pending, so everything up to the last one
-        // folded is in the tables once this commits.
-        let written = write_index_entries(conn, &entries, &mut index.folded)
-            .and_then(|()| conn.prepare_cached(SET_WATERMARK)?.execute([last.seq]));
-        if let Err(e) = written {
-            let _ = conn.execute_batch("ROLLBACK");
-            return fail_all(batch.len(), files.sql(e), staged, log);
+    if over > 0 {
+        let entries = read_index(&index.shared).oldest(over.max(index.tuning.chunk));
+        if let Some(last) = entries.last() {
+            // Entries above the watermark are all pending, so everything up to the last one
+            // folded is in the tables once this commits.
+            let written = write_index_entries(conn, &entries, &mut index.folded)
+                .and_then(|()| conn.prepare_cached(SET_WATERMARK)?.execute([last.seq]));
+            if let Err(e) = written {
+                let _ = conn.execute_batch("ROLLBACK");
+                return fail_all(batch.len(), files.sql(e), staged);
+            }
+            folded = Some((entries.len(), last.seq));
         }
-        folded = Some((entries.len(), last.seq));
     }
     let started = Instant::now();
     match exec_cached(conn, "COMMIT") {
         Ok(()) => {
             let timing = BatchTiming {
-                committed: true,
                 deciding: started - begun,
                 committing: started.elapsed(),
             };
-            log.commit_staged();
-            if let Some(through) = materialize {
-                log.advance(through);
-            }
             let mut pending = write_index(&index.shared);
             if let Some((n, watermark)) = folded {
                 pending.remove_oldest(n);
@@ -1769,7 +1437,7 @@ fn commit_batch(
         }
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
-            fail_all(batch.len(), files.sql(e), staged, log)
+            fail_all(batch.len(), files.sql(e), staged)
         }
     }
 }
@@ -1780,58 +1448,11 @@ struct Inserted {
     entry: Option<IndexEntry>,
 }
 
-/// The record a key-index entry names, for a reader. Rows are never deleted and an entry joins
-/// the index only with its row (or its log image), so a missing one means the file was changed
-/// behind the journal's back.
+/// The record a key-index entry names. Rows are never deleted and an entry joins the index only
+/// with its row, so a missing row means the file was changed behind the journal's back.
 fn load_indexed(conn: &Connection, files: &Files, seq: i64) -> Result<IntentRecord, JournalError> {
-    load_one(conn, files, SELECT_BY_SEQ, [seq])?.ok_or_else(|| missing_indexed(files, seq))
-}
-
-fn missing_indexed(files: &Files, seq: i64) -> JournalError {
-    files.corrupt(format!("the key index names intent seq {seq}, not found"))
-}
-
-/// The same for the writer: `intents`, else its log in memory.
-fn writer_indexed(
-    conn: &Connection,
-    files: &Files,
-    log: &FreshLog,
-    seq: i64,
-) -> Result<IntentRecord, JournalError> {
-    writer_by_seq(conn, files, log, seq)?.ok_or_else(|| missing_indexed(files, seq))
-}
-
-/// A record by `seq` as the writer sees it, in its transaction: `intents` first (a logged intent
-/// materialized early may have changed since its image was logged), else the log.
-fn writer_by_seq(
-    conn: &Connection,
-    files: &Files,
-    log: &FreshLog,
-    seq: i64,
-) -> Result<Option<IntentRecord>, JournalError> {
-    if let Some(record) = load_one(conn, files, TABLE_BY_SEQ, [seq])? {
-        return Ok(Some(record));
-    }
-    match log.image(seq) {
-        Some(image) => load_one(conn, files, fresh_log::SELECT_IMAGE, [image]),
-        None => Ok(None),
-    }
-}
-
-/// A record by id as the writer sees it.
-fn writer_by_id(
-    conn: &Connection,
-    files: &Files,
-    log: &FreshLog,
-    id: &IntentId,
-) -> Result<Option<IntentRecord>, JournalError> {
-    if let Some(record) = load_by_id_in(conn, files, TABLE_BY_ID, id)? {
-        return Ok(Some(record));
-    }
-    match log.seq_of(id) {
-        Some(seq) => writer_by_seq(conn, files, log, seq),
-        None => Ok(None),
-    }
+    load_one(conn, files, SELECT_BY_SEQ, [seq])?
+        .ok_or_else(|| files.corrupt(format!("the key index names intent seq {seq}, not found")))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1843,13 +1464,12 @@ fn apply(
     job: &WriteJob,
     index: &KeyIndex,
     staged: &Staged,
-    log: &mut FreshLog,
 ) -> Result<(Done, Option<Inserted>), JournalError> {
     match job {
         WriteJob::Propose(prepared, _) => {
             let p = &prepared.proposal;
             let by_id = match p.intent_id {
-                Some(id) => writer_by_id(conn, files, log, &id)?,
+                Some(id) => load_by_id(conn, files, &id)?,
                 None => None,
             };
             let (by_key, by_content) = if p.mutating {
@@ -1875,9 +1495,7 @@ fn apply(
                     let (in_keys, in_contents) = conn
                         .prepare_cached(PROBE_INDEX)
                         .and_then(|mut stmt| {
-                            let key = p.semantic_key.encode();
-                            let content = decide::hex(&prepared.content);
-                            stmt.query_row(params![key, content], |r| {
+                            stmt.query_row(params![prepared.key_text, prepared.content_hex], |r| {
                                 Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?))
                             })
                         })
@@ -1887,13 +1505,13 @@ fn apply(
                     (key_seq, content_seq)
                 };
                 let by_key = match key_seq {
-                    Some(seq) => Some(writer_indexed(conn, files, log, seq)?),
+                    Some(seq) => Some(load_indexed(conn, files, seq)?),
                     None => None,
                 };
                 let by_content = match content_seq {
                     // Usually the same record: read it once.
                     Some(seq) if key_seq == Some(seq) => by_key.clone(),
-                    Some(seq) => Some(writer_indexed(conn, files, log, seq)?),
+                    Some(seq) => Some(load_indexed(conn, files, seq)?),
                     None => None,
                 };
                 (by_key, by_content)
@@ -1907,7 +1525,7 @@ fn apply(
                 by_content: by_content.as_ref(),
             };
             let Some(plan) = decide::plan_existing(p, found, now, incarnation)? else {
-                let seq = log_fresh(files, prepared, index.max_seq, log)?;
+                let seq = insert_fresh(conn, files, prepared)?;
                 let entry = p.mutating.then_some(IndexEntry {
                     seq,
                     key: p.semantic_key,
@@ -1921,7 +1539,7 @@ fn apply(
             match plan.write {
                 Some(Write::Update(record)) => {
                     let fence = expected_fence.expect("an update follows a found record");
-                    update(conn, files, log, &record, fence, now)?;
+                    update(conn, files, &record, fence, now)?;
                 }
                 Some(Write::Insert(_)) => {
                     unreachable!("a plan from the records found never inserts")
@@ -1931,10 +1549,9 @@ fn apply(
             Ok((Done::Decision(Proposed::Decided(plan.decision)), None))
         }
         WriteJob::Transition(t, _) => {
-            let record =
-                writer_by_id(conn, files, log, &t.id)?.ok_or(JournalError::NotFound(t.id))?;
+            let record = load_by_id(conn, files, &t.id)?.ok_or(JournalError::NotFound(t.id))?;
             let next = decide::plan_transition(&record, t, now, incarnation)?;
-            update(conn, files, log, &next, record.fence, now)?;
+            update(conn, files, &next, record.fence, now)?;
             Ok((Done::Record(next), None))
         }
         WriteJob::MemoPut(fp, entry, _) => {
@@ -1972,28 +1589,49 @@ fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("journal values serialize")
 }
 
-/// Adds a proposal's new record to the batch's log row (its image prepared on the caller's
-/// thread) with the next `seq`, and returns it. Large arguments are spilled first. Its key-index
-/// entries are the caller's to stage.
-fn log_fresh(
+/// Inserts a proposal's new record, its columns prepared on the caller's thread, and returns
+/// its `seq`. Its key-index entries are the caller's to stage: nothing here touches the index
+/// tables.
+fn insert_fresh(
+    conn: &Connection,
     files: &Files,
     prepared: &PreparedProposal,
-    committed_max: i64,
-    log: &mut FreshLog,
 ) -> Result<i64, JournalError> {
     let r = &prepared.fresh;
-    if r.canonical_args.len() > ARGS_INLINE_BYTES_MAX {
-        spill(files, &prepared.args_sha256, r.canonical_args.as_bytes())?;
-    }
-    Ok(log.stage(
-        committed_max,
-        &Fresh {
-            record: r,
-            args_sha256: &prepared.args_sha256,
-            content: &prepared.content,
-            created_ms: prepared.fresh_ms,
-        },
-    ))
+    let sha = &prepared.args_sha256;
+    let inline = if r.canonical_args.len() > ARGS_INLINE_BYTES_MAX {
+        spill(files, sha, r.canonical_args.as_bytes())?;
+        None
+    } else {
+        Some(r.canonical_args.as_str())
+    };
+    conn.prepare_cached(INSERT_INTENT)
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                prepared.fresh_id,
+                prepared.key_text,
+                r.scope,
+                to_i64(r.attempt_epoch),
+                r.tool,
+                sha,
+                r.canonical_args.len() as i64,
+                inline,
+                prepared.fresh_call_ids,
+                r.idempotency_key,
+                r.mutating,
+                to_i64(r.fence),
+                r.attempts,
+                r.state.as_str(),
+                prepared.fresh_timeline,
+                None::<&str>,
+                None::<&str>,
+                to_i64(r.owner),
+                prepared.content_hex,
+                to_i64(prepared.fresh_ms),
+            ])
+        })
+        .map_err(|e| files.sql(e))?;
+    Ok(conn.last_insert_rowid())
 }
 
 /// Writes a changed record if its fence is still `expected_fence` (the compare-and-set, checked
@@ -2001,15 +1639,10 @@ fn log_fresh(
 fn update(
     conn: &Connection,
     files: &Files,
-    log: &FreshLog,
     r: &IntentRecord,
     expected_fence: u64,
     now: u64,
 ) -> Result<(), JournalError> {
-    // A record still only in the log is copied into `intents` first, in this transaction.
-    if let Some(seq) = log.seq_of(&r.id) {
-        log.materialize_one(conn, seq).map_err(|e| files.sql(e))?;
-    }
     let changed = conn
         .prepare_cached(
             "UPDATE intents SET call_ids = ?1, fence = ?2, attempts = ?3, state = ?4,
@@ -2119,19 +1752,9 @@ fn load_by_id(
     files: &Files,
     id: &IntentId,
 ) -> Result<Option<IntentRecord>, JournalError> {
-    load_by_id_in(conn, files, SELECT_BY_ID, id)
-}
-
-/// A record by id with `sql`, which takes the id's text as ?1.
-fn load_by_id_in(
-    conn: &Connection,
-    files: &Files,
-    sql: &str,
-    id: &IntentId,
-) -> Result<Option<IntentRecord>, JournalError> {
     let mut buf = uuid::Uuid::encode_buffer();
     let text: &str = id.hyphenated().encode_lower(&mut buf);
-    load_one(conn, files, sql, [text])
+    load_one(conn, files, SELECT_BY_ID, [text])
 }
 
 fn recent(conn: &Connection, files: &Files, limit: i64) -> Result<Vec<IntentRecord>, JournalError> {
@@ -2244,9 +1867,6 @@ fn read_spill(files: &Files, id: &str, sha: &str, len: i64) -> Result<String, Jo
 pub struct JournalReader {
     conn: Connection,
     files: Files,
-    /// Whether the file has the log of new intents (schema 3 and later): a file no newer
-    /// ring0 has opened yet is read from `intents` alone.
-    logged: bool,
 }
 
 impl JournalReader {
@@ -2266,37 +1886,20 @@ impl JournalReader {
         if app != APPLICATION_ID {
             return Err(files.corrupt(format!("not a ring0 journal (application_id {app:#x})")));
         }
-        let version: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|e| files.sql(e))?;
-        Ok(Self {
-            conn,
-            files,
-            logged: version >= 3,
-        })
+        Ok(Self { conn, files })
     }
 
     /// The most recent records, newest first.
     pub fn recent(&self, limit: usize) -> Result<Vec<IntentRecord>, JournalError> {
         let limit = i64::try_from(limit.min(RECENT_LIMIT_MAX)).unwrap_or(0);
-        let sql = if self.logged {
-            SELECT_RECENT
-        } else {
-            TABLE_RECENT
-        };
-        load_many(&self.conn, &self.files, sql, [limit])
+        recent(&self.conn, &self.files, limit)
     }
 
     /// The record whose id is `id`, or the only one whose id starts with `id` (at least 4
     /// characters). An ambiguous prefix is an error naming how many matched.
     pub fn find(&self, id: &str) -> Result<Option<IntentRecord>, JournalError> {
         if let Ok(full) = IntentId::parse_str(id) {
-            let sql = if self.logged {
-                SELECT_BY_ID
-            } else {
-                TABLE_BY_ID
-            };
-            return load_by_id_in(&self.conn, &self.files, sql, &full);
+            return load_by_id(&self.conn, &self.files, &full);
         }
         if id.len() < 4 || !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
             return Err(JournalError::Storage(format!(
@@ -2304,22 +1907,16 @@ impl JournalReader {
             )));
         }
         let pattern = format!("{}%", id.to_ascii_lowercase());
-        let sql = if self.logged {
-            concat!(
-                "SELECT ",
-                cols!(),
-                " FROM ",
-                every_intent!(),
-                " WHERE id LIKE ?1 ORDER BY seq LIMIT 2"
-            )
-        } else {
+        let mut found = load_many(
+            &self.conn,
+            &self.files,
             concat!(
                 "SELECT ",
                 cols!(),
                 " FROM intents WHERE id LIKE ?1 ORDER BY seq LIMIT 2"
-            )
-        };
-        let mut found = load_many(&self.conn, &self.files, sql, [pattern])?;
+            ),
+            [pattern],
+        )?;
         match found.len() {
             0 => Ok(None),
             1 => Ok(found.pop()),
@@ -2343,133 +1940,40 @@ mod tests {
         WriteJob::MemoPut(fingerprint, entry, oneshot::channel().0)
     }
 
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// An inbox and its sender, with `n` requests waiting.
-    fn inbox_with(n: usize) -> (SyncSender<Inbound>, Inbox) {
-        let (tx, rx) = mpsc::sync_channel(GROUP_COMMIT_BATCH_MAX + 8);
-        for _ in 0..n {
-            tx.send(Inbound::Job(request())).unwrap();
+    #[test]
+    fn a_batch_takes_every_request_already_waiting_beyond_the_count_it_expects() {
+        let (tx, rx) = mpsc::sync_channel(8);
+        for _ in 0..3 {
+            tx.send(request()).unwrap();
         }
-        (tx, Inbox::new(rx))
-    }
-
-    /// How many requests a batch that starts with one gathers.
-    fn gathered(inbox: &mut Inbox, syncing: &AtomicUsize) -> usize {
-        let mut len = 1;
-        while inbox.next_for_batch(len, syncing).is_some() {
-            len += 1;
+        let gather = Gather::after(1, Duration::ZERO);
+        let mut batch_len = 1;
+        while gather.next(&rx, batch_len).is_some() {
+            batch_len += 1;
         }
-        len
+        assert_eq!(batch_len, 4);
     }
 
     #[test]
-    fn a_batch_takes_every_request_already_waiting() {
-        let (_tx, mut inbox) = inbox_with(3);
-        assert_eq!(gathered(&mut inbox, &AtomicUsize::new(0)), 4);
+    fn only_time_spent_waiting_uses_up_a_batch_budget() {
+        // Deciding the requests already in takes longer than the budget; a caller still on
+        // its way is waited for all the same, and the wait for one that never comes ends.
+        let (_tx, rx) = mpsc::sync_channel::<WriteJob>(8);
+        let gather = Gather::after(64, Duration::from_millis(2));
+        let budget = gather.budget.get();
+        std::thread::sleep(budget * 2);
+        assert_eq!(gather.budget.get(), budget, "deciding is not waiting");
+        assert!(gather.next(&rx, 1).is_none());
+        assert!(gather.budget.get().is_zero(), "the wait used it up");
     }
 
     #[test]
-    fn with_nothing_being_synced_a_batch_commits_without_waiting() {
-        // No request is waiting and none is coming: a lone caller is not held back.
-        let (_tx, mut inbox) = inbox_with(0);
-        assert_eq!(gathered(&mut inbox, &AtomicUsize::new(0)), 1);
-    }
-
-    #[test]
-    fn while_the_last_commit_is_synced_a_batch_gathers_until_the_syncer_is_done() {
-        let (tx, mut inbox) = inbox_with(0);
-        let syncing = Arc::new(AtomicUsize::new(1));
-        let (tx2, syncing2) = (tx.clone(), syncing.clone());
-        // A caller arrives while the fsync runs; then the syncer finishes and says so.
-        let other = std::thread::spawn(move || {
-            tx2.send(Inbound::Job(request())).unwrap();
-            syncing2.store(0, Ordering::Release);
-            tx2.send(Inbound::Synced).unwrap();
-        });
-        assert_eq!(gathered(&mut inbox, &syncing), 2);
-        other.join().unwrap();
-        assert!(!inbox.closed);
-    }
-
-    #[test]
-    fn a_batch_never_grows_past_its_maximum() {
-        let (_tx, mut inbox) = inbox_with(GROUP_COMMIT_BATCH_MAX + 5);
-        assert_eq!(
-            gathered(&mut inbox, &AtomicUsize::new(0)),
-            GROUP_COMMIT_BATCH_MAX
-        );
-    }
-
-    #[test]
-    fn closing_ends_the_batch_being_gathered_and_the_writer_after_it() {
-        let (tx, mut inbox) = inbox_with(2);
-        tx.send(Inbound::Close).unwrap();
-        tx.send(Inbound::Job(request())).unwrap();
-        // Still syncing: without the close it would wait for more.
-        assert_eq!(gathered(&mut inbox, &AtomicUsize::new(1)), 3);
-        assert!(inbox.closed);
-        assert!(inbox.wait(None).is_none());
-    }
-
-    /// A proposal's request for the syncer, and where its answer arrives.
-    fn proposal_job() -> (WriteJob, oneshot::Receiver<Result<Proposed, JournalError>>) {
-        let (reply, answered) = oneshot::channel();
-        let prepared = PreparedProposal::new(refund(1, "c"), &SystemClock, 1);
-        (WriteJob::Propose(Arc::new(prepared), reply), answered)
-    }
-
-    #[test]
-    fn the_syncer_answers_a_commit_once_the_wal_is_synced() {
-        let dir = tempfile::tempdir().unwrap();
-        let files = Files::new(&dir.path().join("j.db"));
-        fs::write(files.wal(), b"frames").unwrap();
-        let activity = Arc::new(WalActivity::default());
-        let (sync_tx, sync_rx) = mpsc::channel();
-        let (wake, woken) = mpsc::sync_channel(4);
-        let (job, answered) = proposal_job();
-        activity.syncing.store(1, Ordering::Release);
-        sync_tx
-            .send(SyncJob(Some(Answers {
-                batch: vec![job],
-                results: vec![Ok(Done::Decision(Proposed::Fresh))],
-            })))
-            .unwrap();
-        drop(sync_tx);
-        sync_loop(files, sync_rx, wake, activity.clone());
-        assert!(matches!(block_on(answered), Ok(Ok(Proposed::Fresh))));
-        assert_eq!(activity.syncing.load(Ordering::Acquire), 0);
-        assert!(matches!(woken.try_recv(), Ok(Inbound::Synced)));
-        assert_eq!(activity.stats.snapshot().syncs, 1);
-    }
-
-    #[test]
-    fn a_failed_fsync_fails_what_it_covered_and_every_later_write() {
-        let dir = tempfile::tempdir().unwrap();
-        // No WAL file to sync: the fsync fails.
-        let files = Files::new(&dir.path().join("missing").join("j.db"));
-        let activity = Arc::new(WalActivity::default());
-        let (sync_tx, sync_rx) = mpsc::channel();
-        let (wake, _woken) = mpsc::sync_channel(4);
-        let (job, answered) = proposal_job();
-        sync_tx
-            .send(SyncJob(Some(Answers {
-                batch: vec![job],
-                results: vec![Ok(Done::Decision(Proposed::Fresh))],
-            })))
-            .unwrap();
-        drop(sync_tx);
-        sync_loop(files, sync_rx, wake, activity.clone());
-        assert!(matches!(
-            block_on(answered),
-            Ok(Err(JournalError::Storage(_)))
-        ));
-        assert!(activity.sync_failed.load(Ordering::Relaxed));
-
-        let j = SqliteJournal::open(dir.path().join("live.db")).unwrap();
-        j.activity.sync_failed.store(true, Ordering::Relaxed);
-        let refused = block_on(j.propose(refund(2, "c"))).unwrap_err();
-        assert!(refused.to_string().contains("fsync"), "{refused}");
+    fn a_batch_stops_waiting_for_callers_that_do_not_come_back() {
+        // The last batch answered 64 callers and none is back: the batch closes instead of
+        // holding its transaction open for them.
+        let (_tx, rx) = mpsc::sync_channel::<WriteJob>(8);
+        let gather = Gather::after(64, Duration::from_millis(2));
+        assert!(gather.next(&rx, 1).is_none());
     }
 
     #[test]
@@ -2486,6 +1990,14 @@ mod tests {
         conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
             .unwrap();
         assert_eq!(wal_backlog_frames(&conn), 0);
+    }
+
+    #[test]
+    fn a_batch_never_grows_past_its_maximum() {
+        let (tx, rx) = mpsc::sync_channel(8);
+        tx.send(request()).unwrap();
+        let gather = Gather::after(2 * GROUP_COMMIT_BATCH_MAX, Duration::from_millis(2));
+        assert!(gather.next(&rx, GROUP_COMMIT_BATCH_MAX).is_none());
     }
 
     // -----------------------------------------------------------------------------------------
@@ -2579,7 +2091,6 @@ mod tests {
         files: Files,
         index: KeyIndex,
         staged: Staged,
-        log: FreshLog,
     }
 
     impl Writer {
@@ -2588,20 +2099,18 @@ mod tests {
             let conn = open_connection(&files, true).unwrap();
             configure_writer(&conn, &files, &SqliteOptions::default()).unwrap();
             migrate(&conn, &files).unwrap();
-            let log = FreshLog::load(&conn, FRESH_LOG_BYTES_MAX).unwrap();
             let index = KeyIndex::load(&conn, &files, no_idle_fold(true)).unwrap();
             Self {
                 conn,
                 files,
                 index,
                 staged: Staged::default(),
-                log,
             }
         }
 
         /// Decides the proposals as one batch and commits it.
         fn batch(&mut self, proposals: Vec<Proposal>) -> Vec<Result<&'static str, JournalError>> {
-            let (_tx, mut inbox) = inbox_with(0);
+            let (_tx, rx) = mpsc::sync_channel(1);
             let mut batch: Vec<WriteJob> = proposals
                 .into_iter()
                 .map(|p| {
@@ -2617,11 +2126,10 @@ mod tests {
                 &SystemClock,
                 1,
                 &mut batch,
-                &mut inbox,
-                &AtomicUsize::new(0),
+                &rx,
+                Gather::after(0, Duration::ZERO),
                 &mut self.index,
                 &mut self.staged,
-                &mut self.log,
             );
             results
                 .into_iter()
@@ -2635,21 +2143,13 @@ mod tests {
                 .collect()
         }
 
-        /// The refund of `order` as the writer sees it.
-        fn record(&self, order: u64) -> IntentRecord {
-            let key = refund(order, "any").semantic_key;
-            let seq = read_index(&self.index.shared).seq_of_key(&key).unwrap();
-            writer_indexed(&self.conn, &self.files, &self.log, seq).unwrap()
-        }
-
-        /// Makes `event` (`UPDATE ON intents`, `INSERT ON intent_log`) fail when `column`
-        /// of the new row mentions `call_id`: the statement alone is undone (`ABORT`), or the
-        /// whole batch (`ROLLBACK`).
-        fn fail_when(&self, event: &str, column: &str, call_id: &str, how: &str) {
+        /// Makes the insert of any intent proposed with this call id fail: a job whose
+        /// savepoint is rolled back (`ABORT`), or a whole batch that is (`ROLLBACK`).
+        fn fail_inserts(&self, call_id: &str, how: &str) {
             self.conn
                 .execute_batch(&format!(
-                    "CREATE TEMP TRIGGER fail_{call_id} BEFORE {event}
-                     WHEN NEW.{column} LIKE '%{call_id}%'
+                    "CREATE TEMP TRIGGER fail_{call_id} BEFORE INSERT ON intents
+                     WHEN NEW.call_ids LIKE '%\"{call_id}\"%'
                      BEGIN SELECT RAISE({how}, 'injected failure'); END;"
                 ))
                 .unwrap();
@@ -2666,58 +2166,58 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_job_leaves_the_rest_of_its_batch_decided() {
+    fn a_rolled_back_job_leaves_no_staged_entry_behind() {
         let dir = tempfile::tempdir().unwrap();
         let mut w = Writer::open(&dir.path().join("j.db"));
-        assert_eq!(w.batch(vec![refund(1, "c1")]), vec![Ok("recorded")]);
-        // A duplicate records its call id on the intent it found, still only in the log: the
-        // update that fails is undone alone.
-        w.fail_when("UPDATE ON intents", "call_ids", "boom", "ABORT");
+        w.fail_inserts("boom", "ABORT");
+        // The second job takes the `seq` the first one rolled back: a stale staged entry for
+        // order 1 would name order 2's record and make the third proposal a duplicate of it.
         let decided = w.batch(vec![refund(1, "boom"), refund(2, "c2"), refund(1, "c3")]);
         assert!(decided[0].is_err(), "{:?}", decided[0]);
-        assert_eq!(decided[1..], [Ok("recorded"), Ok("duplicate")]);
+        assert_eq!(decided[1..], [Ok("recorded"), Ok("recorded")]);
         assert_eq!(w.index.pending(), 2);
-        assert_eq!(w.record(1).call_ids, ["c1", "c3"]);
     }
 
     #[test]
     fn a_failed_batch_leaves_the_pending_entries_as_they_were() {
         let dir = tempfile::tempdir().unwrap();
         let mut w = Writer::open(&dir.path().join("j.db"));
-        w.fail_when("INSERT ON intent_log", "records", "doom", "ROLLBACK");
+        w.fail_inserts("doom", "ROLLBACK");
         let decided = w.batch(vec![refund(1, "c1"), refund(2, "doom")]);
         assert!(decided.iter().all(Result::is_err), "{decided:?}");
         assert_eq!(w.index.pending(), 0);
-        assert!(w.log.is_empty());
         assert_eq!(w.batch(vec![refund(1, "c1")]), vec![Ok("recorded")]);
     }
 
+    fn synchronous(conn: &Connection) -> i64 {
+        conn.query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap()
+    }
+
     #[test]
-    fn an_idle_fold_gives_way_to_a_waiting_caller() {
+    fn an_idle_fold_gives_way_to_a_waiting_caller_and_keeps_commits_fully_synced() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.db");
         let mut w = Writer::open(&path);
         w.batch(vec![refund(1, "c"), refund(2, "c"), refund(3, "c")]);
-        let (_tx, mut inbox) = inbox_with(1);
-        let fold = |w: &mut Writer, inbox: &mut Inbox| {
-            w.index
-                .fold_chunk(
-                    &w.conn,
-                    &w.files,
-                    KEY_INDEX_FOLD_CHUNK,
-                    Some(inbox),
-                    &mut w.log,
-                )
-                .unwrap()
-        };
-        let waiting = fold(&mut w, &mut inbox);
+        let (tx, rx) = mpsc::sync_channel(1);
+        tx.send(request()).unwrap();
+        let waiting = w
+            .index
+            .fold_chunk(&w.conn, &w.files, KEY_INDEX_FOLD_CHUNK, Some(&rx))
+            .unwrap();
         assert!(matches!(waiting, Some(WriteJob::MemoPut(..))));
         assert_eq!((w.index.pending(), indexed_keys(&path)), (3, 0));
-        assert!(!w.log.is_empty(), "rolled back with the fold");
-        assert!(fold(&mut w, &mut inbox).is_none());
+        // 2 is FULL: what every batch commits with.
+        assert_eq!(synchronous(&w.conn), 2);
+        assert!(
+            w.index
+                .fold_chunk(&w.conn, &w.files, KEY_INDEX_FOLD_CHUNK, Some(&rx))
+                .unwrap()
+                .is_none()
+        );
         assert_eq!((w.index.pending(), indexed_keys(&path)), (0, 3));
-        // The index tables reference `intents`: the fold materialized the intents first.
-        assert!(w.log.is_empty());
+        assert_eq!(synchronous(&w.conn), 2);
     }
 
     #[test]
