@@ -83,22 +83,26 @@ struct Scalable {
     filters: Vec<Bloom>,
     /// False once it gave up: everything may be there.
     usable: bool,
+    /// Most bytes its filters may hold together.
+    bytes_max: usize,
 }
 
 impl Scalable {
-    /// A chain whose first filter takes `initial` entries, or one that gave up from the start
-    /// if that filter alone would need more than half of [`FOLDED_FILTER_BYTES_MAX`].
-    fn new(initial: u64) -> Self {
+    /// A chain whose first filter takes `initial` entries, within `bytes_max`; one that gave up
+    /// from the start if that filter alone would need more.
+    fn new(initial: u64, bytes_max: usize) -> Self {
         let bits = initial.max(1).saturating_mul(BITS_PER_ENTRY);
-        if bits / 8 > (FOLDED_FILTER_BYTES_MAX / 2) as u64 {
+        if bits / 8 > bytes_max as u64 {
             return Self {
                 filters: Vec::new(),
                 usable: false,
+                bytes_max,
             };
         }
         Self {
             filters: vec![Bloom::new(initial.max(1), 0)],
             usable: true,
+            bytes_max,
         }
     }
 
@@ -114,7 +118,7 @@ impl Scalable {
         if full {
             let capacity = self.filters.last().map_or(1, |f| f.capacity * 2);
             let next = Bloom::new(capacity, salt(self.filters.len()));
-            if self.bytes() + next.bytes() > FOLDED_FILTER_BYTES_MAX {
+            if self.bytes() + next.bytes() > self.bytes_max {
                 self.give_up();
                 return;
             }
@@ -166,16 +170,18 @@ impl FoldedFilter {
     /// [`FOLDED_FILTER_INITIAL_ENTRIES`]).
     pub fn new(expected: u64) -> Self {
         let initial = expected.max(FOLDED_FILTER_INITIAL_ENTRIES as u64);
+        // Each kind has half of the bound, so both together stay within it.
+        let half = FOLDED_FILTER_BYTES_MAX / 2;
         Self {
-            keys: Scalable::new(initial),
-            contents: Scalable::new(initial),
+            keys: Scalable::new(initial, half),
+            contents: Scalable::new(initial, half),
         }
     }
 
     /// Records that an entry is (or is about to be) in the tables.
     pub fn insert(&mut self, key: &SemanticKey, content: &ContentDigest) {
-        self.keys.insert(key_words(key));
-        self.contents.insert(words(content));
+        self.insert_key(key);
+        self.insert_content(content);
     }
 
     pub fn insert_key(&mut self, key: &SemanticKey) {
@@ -229,7 +235,7 @@ mod tests {
     fn everything_inserted_is_found_across_growth() {
         // A chain first sized for 64 entries, given 100 times that: it grows several filters
         // deep, and still finds every entry while new ones stay mostly absent.
-        let mut f = Scalable::new(64);
+        let mut f = Scalable::new(64, FOLDED_FILTER_BYTES_MAX);
         let n = 6_400;
         for i in 0..n {
             f.insert(words(&digest(i)));
@@ -258,6 +264,35 @@ mod tests {
         assert!(
             other_version as f64 > 0.98 * n as f64,
             "{other_version} of {n}"
+        );
+    }
+
+    #[test]
+    fn a_chain_that_would_outgrow_its_memory_bound_gives_up_instead() {
+        // Room for the first filter (64 entries: 128 bytes) and the next two, not the fourth.
+        let bytes_max = 128 + 256 + 512 + 100;
+        let mut f = Scalable::new(64, bytes_max);
+        let mut inserted = 0;
+        while f.usable {
+            f.insert(words(&digest(inserted)));
+            inserted += 1;
+            assert!(f.bytes() <= bytes_max, "{} bytes", f.bytes());
+        }
+        assert_eq!(
+            inserted,
+            64 + 128 + 256 + 1,
+            "it gives up at the entry that needs more"
+        );
+        assert_eq!(f.bytes(), 0);
+        assert!(f.may_contain(words(&digest(10_000))));
+    }
+
+    #[test]
+    fn both_kinds_together_stay_within_the_memory_bound() {
+        let f = FoldedFilter::new(0);
+        assert_eq!(
+            f.keys.bytes_max + f.contents.bytes_max,
+            FOLDED_FILTER_BYTES_MAX
         );
     }
 

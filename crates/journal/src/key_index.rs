@@ -96,6 +96,13 @@ impl PendingIndex {
         self.log.get(n).map(|e| e.seq)
     }
 
+    /// Forgets every entry.
+    pub fn clear(&mut self) {
+        self.log.clear();
+        self.by_key.clear();
+        self.by_content.clear();
+    }
+
     /// Forgets the `n` oldest entries once they are committed to the SQL tables. A key or
     /// content digest is removed from its lookup map only if the map still names the folded
     /// intent: a newer pending intent with the same key keeps its entry.
@@ -139,14 +146,12 @@ impl Staged {
         for entry in self.0.log.drain(..) {
             pending.push(entry);
         }
-        self.clear();
+        self.0.clear();
     }
 
     /// Drops every staged entry (the batch did not commit).
     pub fn clear(&mut self) {
-        self.0.log.clear();
-        self.0.by_key.clear();
-        self.0.by_content.clear();
+        self.0.clear();
     }
 }
 

@@ -1536,15 +1536,10 @@ fn apply(
                     Some(Inserted { seq, entry }),
                 ));
             };
-            match plan.write {
-                Some(Write::Update(record)) => {
-                    let fence = expected_fence.expect("an update follows a found record");
-                    update(conn, files, &record, fence, now)?;
-                }
-                Some(Write::Insert(_)) => {
-                    unreachable!("a plan from the records found never inserts")
-                }
-                None => {}
+            // A plan from the records found answers, or updates the record found by key.
+            if let Some(Write::Update(record)) = plan.write {
+                let fence = expected_fence.expect("an update follows a found record");
+                update(conn, files, &record, fence, now)?;
             }
             Ok((Done::Decision(Proposed::Decided(plan.decision)), None))
         }
