@@ -14,6 +14,7 @@ pub mod format;
 pub mod identity;
 pub mod limits;
 pub mod observation;
+pub mod principal;
 pub mod receipt;
 pub mod spec;
 
@@ -24,6 +25,7 @@ pub use canonical::{CanonicalError, canonicalize, parse_strict};
 pub use format::{ProviderFormat, ToolResult};
 pub use identity::{CANONICALIZER_VERSION, Fingerprint, SemanticKey};
 pub use observation::Observation;
+pub use principal::Principal;
 pub use receipt::{IntentState, Receipt};
 pub use spec::{
     Authority, ConcurrencyMark, ConflictKeyTemplate, Effect, ExecutionProfile, Settlement,

@@ -5,7 +5,7 @@
 //! a full engine plugs in through the same traits.
 
 use async_trait::async_trait;
-use ring0_core::{Authority, ToolSpec};
+use ring0_core::{Authority, Principal, ToolSpec};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -14,6 +14,8 @@ use serde_json::Value;
 pub struct SessionInfo {
     pub scope: String,
     pub session_id: String,
+    /// Who the session acts for; policy, approvals, rate limits and the audit trail key on it.
+    pub principal: Principal,
 }
 
 /// One authorization question: may this session run this tool with these (validated) arguments?

@@ -16,7 +16,9 @@ use crate::tool::Tool;
 use ring0_core::call::RejectionKind;
 use ring0_core::format::{FormatError, parse_turn, render_results};
 use ring0_core::limits::CALLS_PER_ROUND_MAX;
-use ring0_core::{ProposedCall, ProviderFormat, Receipt, Rejection, Round, ToolResult, ToolSpec};
+use ring0_core::{
+    Principal, ProposedCall, ProviderFormat, Receipt, Rejection, Round, ToolResult, ToolSpec,
+};
 use ring0_journal::{Journal, MemoryJournal};
 use serde::Serialize;
 use serde_json::Value;
@@ -139,6 +141,8 @@ pub struct SessionConfig {
     /// Serve a byte-identical observation of a deterministic read from the journal for this
     /// long; 0 (the default) always runs the tool.
     pub memo_ttl_ms: u64,
+    /// Who the session acts for. Default [`Principal::local`].
+    pub principal: Principal,
 }
 
 impl SessionConfig {
@@ -153,7 +157,13 @@ impl SessionConfig {
             authorizer: None,
             journal_reads: false,
             memo_ttl_ms: 0,
+            principal: Principal::local(),
         }
+    }
+
+    pub fn principal(mut self, principal: Principal) -> Self {
+        self.principal = principal;
+        self
     }
 
     pub fn mode(mut self, mode: ExecutionMode) -> Self {
@@ -321,6 +331,7 @@ impl Kernel {
             info: SessionInfo {
                 scope: config.scope.clone(),
                 session_id: format!("s{n}-{}", uuid::Uuid::new_v4().simple()),
+                principal: config.principal.clone(),
             },
             state: Mutex::new(SessionState {
                 repeat: RepeatGuard::new(config.repeat),

@@ -265,6 +265,7 @@ fn authorize_directly(policy: &Policy, spec: &ToolSpec, args: Value) -> ring0_ke
     let session = SessionInfo {
         scope: "user:1".into(),
         session_id: "s1".into(),
+        principal: ring0_core::Principal::local(),
     };
     let request = AuthRequest {
         session: &session,
