@@ -36,9 +36,7 @@
 
 pub mod clock;
 mod decide;
-mod folded_filter;
 pub mod inspect;
-mod key_index;
 pub mod limits;
 pub mod machine;
 pub mod memo;

@@ -1,26 +1,3 @@
-//! The SQLite journal's key index, maintained lazily (log-structured).
-//!
-//! Every new mutating intent must be findable by its semantic key and by its content digest.
-//! Upserting both into their SQL tables inside the intent's own commit costs two random B-tree
-//! positions (hash-keyed), so a group commit of n intents dirties about 2n scattered pages that
-//! all go to the WAL: measured, that was most of a 64-intent batch's COMMIT. Instead the
-//! `intents` table stays the only source of truth and the two index tables (`intent_keys`,
-//! `intent_contents`) become a derived index persisted later:
-//!
-//! - the database holds a watermark, `indexed_through`: every mutating intent with `seq` at or
-//!   below it has its keys in the index tables;
-//! - the writer holds every entry above the watermark here, in memory ([`PendingIndex`]), and
-//!   rebuilds it at open by scanning `intents` above the watermark (a crash loses nothing: the
-//!   rows are durable, the map is derived from them);
-//! - lookups go to the entries of the batch being decided ([`Staged`]), then to this map, then
-//!   to the SQL tables, newest first, so the latest insert of a key wins, exactly as the upserts
-//!   it replaces;
-//! - the writer folds the oldest entries into the SQL tables and advances the watermark, in
-//!   its own transactions, when it is idle, and inside a batch when the map reaches its cap
-//!   (see [`crate::limits::KEY_INDEX_PENDING_MAX`]).
-//!
-//! Only the writer thread changes a [`PendingIndex`]; reader threads look keys up in it.
-
 use ring0_core::SemanticKey;
 use std::collections::{HashMap, VecDeque};
 

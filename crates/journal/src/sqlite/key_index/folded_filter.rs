@@ -22,7 +22,7 @@
 //! its probes back, nothing else. Written by hand: a Bloom filter over digests that are already
 //! uniformly distributed is a few lines, smaller than any crate's general-purpose one.
 
-use crate::key_index::ContentDigest;
+use super::pending::ContentDigest;
 use crate::limits::{FOLDED_FILTER_BYTES_MAX, FOLDED_FILTER_INITIAL_ENTRIES};
 use ring0_core::SemanticKey;
 
