@@ -8,10 +8,14 @@
 //! bounds each checkpoint's work under constant load. The writer tells it about commits through
 //! [`WalActivity`].
 
+use super::files::Files;
+use super::schema::open_connection;
 use super::writer::WriterCounters;
+use crate::JournalError;
 use rusqlite::Connection;
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 /// The checkpointer checkpoints once the writer has committed nothing for this long (50 ms).
@@ -49,10 +53,28 @@ pub(crate) fn note_commit(activity: &WalActivity, opened: Instant) {
     activity.batches_since_checkpoint.fetch_add(1, Relaxed);
 }
 
+/// Starts the checkpointer with a connection of its own; it stops once the returned sender is
+/// dropped.
+pub(crate) fn spawn(
+    files: &Files,
+    activity: Arc<WalActivity>,
+    opened: Instant,
+) -> Result<(Sender<()>, JoinHandle<()>), JournalError> {
+    let conn = open_connection(files, false)?;
+    conn.execute_batch("PRAGMA busy_timeout = 5000;")
+        .map_err(|e| files.sql(e))?;
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let handle = std::thread::Builder::new()
+        .name("ring0-journal-checkpointer".into())
+        .spawn(move || checkpoint_loop(conn, stop_rx, activity, opened))
+        .map_err(|e| JournalError::Storage(format!("starting the checkpointer: {e}")))?;
+    Ok((stop_tx, handle))
+}
+
 /// Folds the WAL back into the database file when the writer is idle or the WAL has grown,
 /// until told to stop (its channel closes). A failed checkpoint is retried later: the WAL stays
 /// valid, only larger.
-pub(crate) fn checkpoint_loop(
+fn checkpoint_loop(
     conn: Connection,
     stop: Receiver<()>,
     activity: Arc<WalActivity>,

@@ -62,26 +62,27 @@ use crate::clock::{Clock, SystemClock};
 use crate::decide;
 #[cfg(doc)]
 use crate::limits::{ARGS_INLINE_BYTES_MAX, GROUP_COMMIT_BATCH_MAX, KEY_INDEX_PENDING_MAX};
-use crate::limits::{READERS_DEFAULT, RECENT_LIMIT_MAX, WRITER_QUEUE_MAX};
+use crate::limits::{READERS_DEFAULT, RECENT_LIMIT_MAX};
 use crate::memo::MemoEntry;
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 use crate::{Journal, JournalError};
 use async_trait::async_trait;
-use checkpoint::{WalActivity, checkpoint_loop};
+use checkpoint::WalActivity;
 use files::{Files, acquire_lock};
 use futures::channel::oneshot;
 use key_index::{IndexTuning, KeyIndex, PendingIndex, read_index};
-use reads::{ReadJob, reader_loop};
+use reads::ReadJob;
 use requests::{PreparedProposal, Proposed, Reply, WriteJob};
 use ring0_core::{Fingerprint, Observation, SemanticKey};
 use rusqlite::Connection;
-use schema::{configure_reader, configure_writer, migrate, open_connection};
+use schema::{configure_writer, migrate, open_connection};
 use std::fs::{self, File};
 use std::path::Path;
-use std::sync::mpsc::{self, Sender, SyncSender};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::mpsc::{Sender, SyncSender};
+use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
-use writer::writer_loop;
+use std::time::Instant;
+use writer::WriterThread;
 
 /// How to open a SQLite journal.
 #[derive(Clone)]
@@ -169,61 +170,31 @@ impl SqliteJournal {
         fs::create_dir_all(&files.spill)
             .map_err(|e| files.io("creating spill directory", &files.spill, e))?;
 
-        let mut threads = Vec::new();
-        let (writer_tx, writer_rx) = mpsc::sync_channel::<WriteJob>(WRITER_QUEUE_MAX);
-        let (wfiles, wclock) = (files.clone(), options.clock.clone());
         let activity = Arc::new(WalActivity::default());
-        let opened = std::time::Instant::now();
-        let wactivity = activity.clone();
-        let reported = activity.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("ring0-journal-writer".into())
-                .spawn(move || {
-                    writer_loop(
-                        conn,
-                        wfiles,
-                        wclock,
-                        incarnation,
-                        writer_rx,
-                        wactivity,
-                        opened,
-                        key_index,
-                    )
-                })
-                .map_err(|e| JournalError::Storage(format!("starting the writer thread: {e}")))?,
-        );
-        let (reader_tx, reader_rx) = mpsc::channel::<ReadJob>();
-        let reader_rx = Arc::new(Mutex::new(reader_rx));
-        for n in 0..options.readers.max(1) {
-            let conn = open_connection(&files, false)?;
-            configure_reader(&conn, &files)?;
-            let (rx, rfiles) = (reader_rx.clone(), files.clone());
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("ring0-journal-reader-{n}"))
-                    .spawn(move || reader_loop(conn, rfiles, rx))
-                    .map_err(|e| JournalError::Storage(format!("starting a reader thread: {e}")))?,
-            );
-        }
-        let conn = open_connection(&files, false)?;
-        conn.execute_batch("PRAGMA busy_timeout = 5000;")
-            .map_err(|e| files.sql(e))?;
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
-        let checkpointer = std::thread::Builder::new()
-            .name("ring0-journal-checkpointer".into())
-            .spawn(move || checkpoint_loop(conn, stop_rx, activity, opened))
-            .map_err(|e| JournalError::Storage(format!("starting the checkpointer: {e}")))?;
+        let opened = Instant::now();
+        let writer = WriterThread {
+            conn,
+            files: files.clone(),
+            clock: options.clock.clone(),
+            incarnation,
+            index: key_index,
+            activity: activity.clone(),
+            opened,
+        };
+        let (writer_tx, writer_thread) = writer.spawn()?;
+        let (reader_tx, mut threads) = reads::spawn_readers(&files, options.readers)?;
+        threads.push(writer_thread);
+        let checkpointer = checkpoint::spawn(&files, activity.clone(), opened)?;
         Ok(Self {
             files,
             clock: options.clock,
             writer_tx: Some(writer_tx),
             reader_tx: Some(reader_tx),
             threads,
-            checkpointer: Some((stop_tx, checkpointer)),
+            checkpointer: Some(checkpointer),
             incarnation,
             index,
-            activity: reported,
+            activity,
             lock: Some(lock),
         })
     }

@@ -16,8 +16,9 @@ use crate::record::{IntentId, IntentRecord};
 use ring0_core::Observation;
 use rusqlite::{Connection, OptionalExtension};
 use std::path::Path;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 /// A read, run on a reader thread's connection.
 pub(crate) type ReadJob = Box<dyn FnOnce(&Connection, &Files) + Send>;
@@ -44,8 +45,31 @@ const SELECT_RECENT: &str = concat!(
     " FROM intents ORDER BY seq DESC LIMIT ?1"
 );
 
+/// Starts `readers` reader threads (at least one), each with its own `query_only` connection,
+/// sharing one queue: the returned sender. They end once it is dropped.
+pub(crate) fn spawn_readers(
+    files: &Files,
+    readers: usize,
+) -> Result<(Sender<ReadJob>, Vec<JoinHandle<()>>), JournalError> {
+    let (tx, rx) = mpsc::channel::<ReadJob>();
+    let rx = Arc::new(Mutex::new(rx));
+    let mut threads = Vec::new();
+    for n in 0..readers.max(1) {
+        let conn = open_connection(files, false)?;
+        configure_reader(&conn, files)?;
+        let (rx, files) = (rx.clone(), files.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("ring0-journal-reader-{n}"))
+                .spawn(move || reader_loop(conn, files, rx))
+                .map_err(|e| JournalError::Storage(format!("starting a reader thread: {e}")))?,
+        );
+    }
+    Ok((tx, threads))
+}
+
 /// A reader thread: runs reads from the shared queue until it closes.
-pub(crate) fn reader_loop(conn: Connection, files: Files, rx: Arc<Mutex<Receiver<ReadJob>>>) {
+fn reader_loop(conn: Connection, files: Files, rx: Arc<Mutex<Receiver<ReadJob>>>) {
     loop {
         let job = {
             let rx = rx.lock().unwrap_or_else(|e| e.into_inner());

@@ -19,13 +19,14 @@ use crate::JournalError;
 use crate::clock::Clock;
 use crate::limits::{
     GROUP_COMMIT_BATCH_MAX, GROUP_COMMIT_GATHER_PERCENT, GROUP_COMMIT_GATHER_US_MAX,
-    KEY_INDEX_CLOSE_FOLD_CHUNK,
+    KEY_INDEX_CLOSE_FOLD_CHUNK, WRITER_QUEUE_MAX,
 };
 use rusqlite::Connection;
 use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// What the writer's group commits have done since the journal opened: for operators (how
@@ -103,114 +104,158 @@ pub(crate) fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> 
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-/// The writer thread: decides requests until every sender is gone, folding the key index when
-/// idle, then closes cleanly (a last fold and a truncating checkpoint).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn writer_loop(
-    mut conn: Connection,
-    files: Files,
-    clock: Arc<dyn Clock>,
-    incarnation: u64,
-    rx: Receiver<WriteJob>,
-    activity: Arc<WalActivity>,
-    opened: Instant,
-    mut index: KeyIndex,
-) {
-    // Callers answered by the last batch, and how long its COMMIT (its fsync) took: how many
-    // requests the next batch waits for, and for how long at most (see `Gather`).
-    let mut answered_last = 0;
-    let mut commit_last = Duration::ZERO;
-    let mut staged = Staged::default();
-    // A request taken off the queue between two idle folds, to start the next batch with.
-    let mut next: Option<WriteJob> = None;
-    loop {
-        let first = match next.take() {
-            Some(job) => job,
-            None => match index.tuning.fold_idle.filter(|_| index.needs_fold()) {
-                None => match rx.recv() {
-                    Ok(job) => job,
-                    Err(_) => break,
-                },
-                Some(idle) => match rx.recv_timeout(idle) {
-                    Ok(job) => job,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        // Idle: fold chunk by chunk, looking at the queue between chunks, so a
-                        // caller waits for one chunk at most. A failed fold is retried after
-                        // the next idle period; the entries stay in memory meanwhile.
-                        while index.needs_fold() {
-                            match index.fold_chunk(&conn, &files, index.tuning.chunk, Some(&rx)) {
-                                Ok(None) => note_commit(&activity, opened),
-                                Ok(Some(job)) => {
-                                    next = Some(job);
-                                    break;
-                                }
-                                Err(_) => break,
-                            }
+/// What the writer thread owns: the only write connection, the writer's side of the key index,
+/// and what it needs to stamp records and report its batches.
+pub(crate) struct WriterThread {
+    pub(crate) conn: Connection,
+    pub(crate) files: Files,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) incarnation: u64,
+    pub(crate) index: KeyIndex,
+    pub(crate) activity: Arc<WalActivity>,
+    /// When the journal opened: the epoch of [`WalActivity`]'s times.
+    pub(crate) opened: Instant,
+}
+
+impl WriterThread {
+    /// Starts the writer thread; requests go to the returned queue (bounded by
+    /// [`WRITER_QUEUE_MAX`], so callers wait instead of piling up). The thread ends, closing
+    /// cleanly, once every sender is gone.
+    pub(crate) fn spawn(self) -> Result<(SyncSender<WriteJob>, JoinHandle<()>), JournalError> {
+        let (tx, rx) = mpsc::sync_channel::<WriteJob>(WRITER_QUEUE_MAX);
+        let handle = std::thread::Builder::new()
+            .name("ring0-journal-writer".into())
+            .spawn(move || self.run(rx))
+            .map_err(|e| JournalError::Storage(format!("starting the writer thread: {e}")))?;
+        Ok((tx, handle))
+    }
+
+    /// Decides requests until every sender is gone, folding the key index when idle, then
+    /// closes cleanly (a last fold and a truncating checkpoint).
+    fn run(mut self, rx: Receiver<WriteJob>) {
+        // Callers answered by the last batch, and how long its COMMIT (its fsync) took: how
+        // many requests the next batch waits for, and for how long at most (see `Gather`).
+        let mut answered_last = 0;
+        let mut commit_last = Duration::ZERO;
+        let mut staged = Staged::default();
+        // A request taken off the queue between two idle folds, to start the next batch with.
+        let mut next: Option<WriteJob> = None;
+        loop {
+            let first = match next.take() {
+                Some(job) => job,
+                None => match self
+                    .index
+                    .tuning
+                    .fold_idle
+                    .filter(|_| self.index.needs_fold())
+                {
+                    None => match rx.recv() {
+                        Ok(job) => job,
+                        Err(_) => break,
+                    },
+                    Some(idle) => match rx.recv_timeout(idle) {
+                        Ok(job) => job,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            next = self.fold_while_idle(&rx);
+                            continue;
                         }
-                        continue;
-                    }
+                    },
                 },
-            },
-        };
-        let gather = Gather::after(answered_last, commit_last);
-        let mut batch = Vec::with_capacity(gather.expected.max(1));
-        batch.push(first);
-        let (results, timing) = commit_batch(
-            &mut conn,
-            &files,
-            clock.as_ref(),
-            incarnation,
-            &mut batch,
-            &rx,
-            gather,
-            &mut index,
-            &mut staged,
-        );
-        answered_last = batch.len();
-        commit_last = timing.committing;
-        let probes = index.take_table_probes();
-        if !timing.committing.is_zero() {
-            activity.stats.add(batch.len(), timing, probes);
+            };
+            let gather = Gather::after(answered_last, commit_last);
+            let mut batch = Vec::with_capacity(gather.expected.max(1));
+            batch.push(first);
+            let (results, timing) = commit_batch(
+                &mut self.conn,
+                &self.files,
+                self.clock.as_ref(),
+                self.incarnation,
+                &mut batch,
+                &rx,
+                gather,
+                &mut self.index,
+                &mut staged,
+            );
+            answered_last = batch.len();
+            commit_last = timing.committing;
+            let probes = self.index.take_table_probes();
+            if !timing.committing.is_zero() {
+                self.activity.stats.add(batch.len(), timing, probes);
+            }
+            note_commit(&self.activity, self.opened);
+            answer(batch, results);
         }
-        note_commit(&activity, opened);
-        for (job, result) in batch.into_iter().zip(results) {
-            match job {
-                WriteJob::Propose(prepared, reply) => {
-                    drop(prepared);
-                    let _ = reply.send(result.map(|d| match d {
-                        Done::Decision(d) => d,
-                        _ => unreachable!("a proposal decides"),
-                    }));
-                }
-                WriteJob::Transition(transition, reply) => {
-                    drop(transition);
-                    let _ = reply.send(result.map(|d| match d {
-                        Done::Record(r) => r,
-                        _ => unreachable!("a transition returns a record"),
-                    }));
-                }
-                WriteJob::MemoPut(_, _, reply) => {
-                    let _ = reply.send(result.map(|d| match d {
-                        Done::Stored(b) => b,
-                        _ => unreachable!("a memo write returns whether it stored"),
-                    }));
-                }
+        self.close();
+    }
+
+    /// Idle: folds the key index chunk by chunk, looking at the queue between chunks, so a
+    /// caller waits for one chunk at most; returns the request that interrupted it. A failed
+    /// fold is retried after the next idle period; the entries stay in memory meanwhile.
+    fn fold_while_idle(&mut self, rx: &Receiver<WriteJob>) -> Option<WriteJob> {
+        while self.index.needs_fold() {
+            let chunk = self.index.tuning.chunk;
+            match self
+                .index
+                .fold_chunk(&self.conn, &self.files, chunk, Some(rx))
+            {
+                Ok(None) => note_commit(&self.activity, self.opened),
+                Ok(Some(job)) => return Some(job),
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// A clean close folds every entry, so the next open has nothing to rebuild, in large
+    /// chunks since no caller is left to give way to. Stopping at a failure loses nothing: the
+    /// next open rebuilds what is left from the rows. Then it folds the WAL back into the
+    /// database so a clean close leaves one file.
+    fn close(mut self) {
+        if self.index.tuning.fold_on_close {
+            while self.index.needs_fold()
+                && self
+                    .index
+                    .fold_chunk::<WriteJob>(
+                        &self.conn,
+                        &self.files,
+                        KEY_INDEX_CLOSE_FOLD_CHUNK,
+                        None,
+                    )
+                    .is_ok()
+            {}
+        }
+        let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+    }
+}
+
+/// Sends each request of a committed (or failed) batch its answer. The writer lets go of its
+/// share of a request first, so the caller frees it on its own thread.
+fn answer(batch: Vec<WriteJob>, results: Vec<Result<Done, JournalError>>) {
+    for (job, result) in batch.into_iter().zip(results) {
+        match job {
+            WriteJob::Propose(prepared, reply) => {
+                drop(prepared);
+                let _ = reply.send(result.map(|d| match d {
+                    Done::Decision(d) => d,
+                    _ => unreachable!("a proposal decides"),
+                }));
+            }
+            WriteJob::Transition(transition, reply) => {
+                drop(transition);
+                let _ = reply.send(result.map(|d| match d {
+                    Done::Record(r) => r,
+                    _ => unreachable!("a transition returns a record"),
+                }));
+            }
+            WriteJob::MemoPut(_, _, reply) => {
+                let _ = reply.send(result.map(|d| match d {
+                    Done::Stored(b) => b,
+                    _ => unreachable!("a memo write returns whether it stored"),
+                }));
             }
         }
     }
-    // A clean close folds every entry, so the next open has nothing to rebuild, in large chunks
-    // since no caller is left to give way to. Stopping at a failure loses nothing: the next open
-    // rebuilds what is left from the rows.
-    if index.tuning.fold_on_close {
-        while index.needs_fold()
-            && index
-                .fold_chunk::<WriteJob>(&conn, &files, KEY_INDEX_CLOSE_FOLD_CHUNK, None)
-                .is_ok()
-        {}
-    }
-    // Fold the WAL back into the database so a clean close leaves one file.
-    let _ = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
 /// How the writer forms the next batch after the one that answered `answered_last` callers and
