@@ -17,6 +17,7 @@ pub mod observation;
 pub mod principal;
 pub mod receipt;
 pub mod spec;
+pub mod text;
 
 pub use call::{
     FieldError, PreparedCall, ProposedArguments, ProposedCall, Rejection, RejectionKind, Round,

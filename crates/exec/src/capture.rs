@@ -11,6 +11,7 @@ use crate::error::ExecError;
 use crate::limits;
 use crate::run::RunSummary;
 use ring0_core::Observation;
+use ring0_core::text::truncate_utf8;
 use ring0_shape::{ExitInfo, ShapeConfig, Stream, StreamShaper};
 use std::time::Duration;
 
@@ -54,7 +55,7 @@ impl Shaping {
         observation.is_error = summary.is_error();
         if let Some(note) = summary.supervision_note() {
             let room = self.budget_bytes.saturating_sub(observation.text.len() + 1);
-            let note = clip(&note, room);
+            let note = truncate_utf8(&note, room);
             if !note.is_empty() {
                 if !observation.text.is_empty() && !observation.text.ends_with('\n') {
                     observation.text.push('\n');
@@ -64,18 +65,6 @@ impl Shaping {
         }
         observation
     }
-}
-
-/// `text` cut to at most `max` bytes on a character boundary.
-fn clip(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 /// Largest tail `inspect` sanitizes at once, with room for the shaper's framing.
@@ -104,12 +93,6 @@ pub(crate) fn stream_label(stream: Stream) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn clip_never_splits_a_character() {
-        assert_eq!(clip("añb", 2), "a");
-        assert_eq!(clip("abc", 5), "abc");
-    }
 
     #[test]
     fn a_sanitized_tail_has_no_escape_sequences_and_keeps_final_redraws() {

@@ -18,6 +18,7 @@ use crate::record::{
 use ring0_core::IntentState;
 use ring0_core::limits::{CALL_ID_BYTES_MAX, TOOL_NAME_BYTES_MAX};
 use ring0_core::receipt::TimelineEntry;
+use ring0_core::text::truncate_utf8;
 use sha2::{Digest, Sha256};
 
 /// Lowercase hex of bytes (a table lookup per nibble: this runs for every proposal).
@@ -221,15 +222,8 @@ pub(crate) fn bound_note(note: Option<String>) -> Option<String> {
     if note.len() <= NOTE_BYTES_MAX {
         return Some(note);
     }
-    let mut cut = NOTE_BYTES_MAX;
-    while !note.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    Some(format!(
-        "{}… [{} bytes cut]",
-        &note[..cut],
-        note.len() - cut
-    ))
+    let kept = truncate_utf8(&note, NOTE_BYTES_MAX);
+    Some(format!("{kept}… [{} bytes cut]", note.len() - kept.len()))
 }
 
 /// Decides a proposal: the records found decide it, or it creates the new record `fresh`

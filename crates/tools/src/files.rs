@@ -5,6 +5,7 @@ use crate::sandbox::{Access, SandboxError};
 use crate::walk::{self, Flow, Kind, WalkOptions};
 use crate::{Workspace, args_of, not_applied};
 use async_trait::async_trait;
+use ring0_core::text::truncate_utf8;
 use ring0_core::{Authority, Effect, Observation, Settlement, Strategy, ToolSpec};
 use ring0_kernel::{CallContext, ProbeVerdict, Tool, ToolError};
 use serde::Deserialize;
@@ -43,11 +44,7 @@ pub(crate) fn json_prefix(text: &str, budget: usize) -> &str {
             _ => 1,
         };
         if used > budget {
-            let mut cut = i;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            return &text[..cut];
+            return truncate_utf8(text, i);
         }
     }
     text

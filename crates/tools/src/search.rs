@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use grep_regex::RegexMatcherBuilder;
 use grep_searcher::sinks::Bytes;
 use grep_searcher::{BinaryDetection, SearcherBuilder};
+use ring0_core::text::truncate_utf8;
 use ring0_core::{Observation, ToolSpec};
 use ring0_kernel::{CallContext, Tool, ToolError};
 use serde::Deserialize;
@@ -77,11 +78,8 @@ fn cut_line(bytes: &[u8]) -> String {
     if text.len() <= LINE_BYTES_MAX {
         return text.to_string();
     }
-    let mut cut = LINE_BYTES_MAX;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}… [{} more bytes]", &text[..cut], text.len() - cut)
+    let kept = truncate_utf8(text, LINE_BYTES_MAX);
+    format!("{kept}… [{} more bytes]", text.len() - kept.len())
 }
 
 /// The query, compiled.
