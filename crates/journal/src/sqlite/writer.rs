@@ -14,7 +14,7 @@
 use super::checkpoint::{WalActivity, note_commit};
 use super::files::Files;
 use super::key_index::{KeyIndex, Staged};
-use super::requests::{Done, WriteJob, apply};
+use super::requests::{Done, Inserted, WriteJob, apply};
 use crate::JournalError;
 use crate::clock::Clock;
 use crate::limits::{
@@ -346,32 +346,8 @@ pub(crate) fn commit_batch(
     let mut max_seq = index.max_seq();
     loop {
         while let Some(job) = batch.get(results.len()) {
-            // A proposal or a transition writes with one statement at most, which SQLite makes
-            // atomic by itself: a statement that fails undoes its own changes and leaves the
-            // transaction open (and one that takes the transaction down is caught below). Only
-            // a memo write, two statements, needs a savepoint of its own.
-            let savepoint = matches!(job, WriteJob::MemoPut(..));
-            if savepoint && let Err(e) = exec_cached(conn, "SAVEPOINT job") {
-                results.push(Err(files.sql(e)));
-                continue;
-            }
-            let result = apply(conn, files, now, incarnation, job, index, staged);
-            if let Err(e) = &result
-                && conn.is_autocommit()
-            {
-                // SQLite rolled the whole transaction back itself (SQLITE_FULL, an I/O error):
-                // every decision of this batch is gone, so every request fails closed.
-                return fail_all(batch.len(), e.clone(), staged);
-            }
-            let end = if !savepoint {
-                Ok(())
-            } else if result.is_ok() {
-                exec_cached(conn, "RELEASE job")
-            } else {
-                exec_cached(conn, "ROLLBACK TO job").and_then(|()| exec_cached(conn, "RELEASE job"))
-            };
-            match end {
-                Ok(()) => results.push(result.map(|(done, inserted)| {
+            match decide_job(conn, files, now, incarnation, job, index, staged) {
+                Ok(result) => results.push(result.map(|(done, inserted)| {
                     if let Some(inserted) = inserted {
                         max_seq = max_seq.max(inserted.seq);
                         if let Some(entry) = inserted.entry {
@@ -380,10 +356,7 @@ pub(crate) fn commit_batch(
                     }
                     done
                 })),
-                Err(e) => {
-                    let _ = conn.execute_batch("ROLLBACK");
-                    return fail_all(batch.len(), files.sql(e), staged);
-                }
+                Err(e) => return fail_all(batch.len(), e, staged),
             }
         }
         match gather.next(rx, batch.len()) {
@@ -412,6 +385,50 @@ pub(crate) fn commit_batch(
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
             fail_all(batch.len(), files.sql(e), staged)
+        }
+    }
+}
+
+/// Decides one request of a batch inside the batch's transaction: its own result (a refused
+/// request undoes only its own changes), or `Err` when the transaction is gone — rolled back by
+/// SQLite itself or by this function — and the whole batch must fail closed.
+fn decide_job(
+    conn: &Connection,
+    files: &Files,
+    now: u64,
+    incarnation: u64,
+    job: &WriteJob,
+    index: &KeyIndex,
+    staged: &Staged,
+) -> Result<Result<(Done, Option<Inserted>), JournalError>, JournalError> {
+    // A proposal or a transition writes with one statement at most, which SQLite makes atomic
+    // by itself: a statement that fails undoes its own changes and leaves the transaction open
+    // (and one that takes the transaction down is caught below). Only a memo write, two
+    // statements, needs a savepoint of its own.
+    let savepoint = matches!(job, WriteJob::MemoPut(..));
+    if savepoint && let Err(e) = exec_cached(conn, "SAVEPOINT job") {
+        return Ok(Err(files.sql(e)));
+    }
+    let result = apply(conn, files, now, incarnation, job, index, staged);
+    if let Err(e) = &result
+        && conn.is_autocommit()
+    {
+        // SQLite rolled the whole transaction back itself (SQLITE_FULL, an I/O error): every
+        // decision of this batch is gone, so every request fails closed.
+        return Err(e.clone());
+    }
+    let end = if !savepoint {
+        Ok(())
+    } else if result.is_ok() {
+        exec_cached(conn, "RELEASE job")
+    } else {
+        exec_cached(conn, "ROLLBACK TO job").and_then(|()| exec_cached(conn, "RELEASE job"))
+    };
+    match end {
+        Ok(()) => Ok(result),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(files.sql(e))
         }
     }
 }
