@@ -1,3 +1,10 @@
+//! The key-index entries not yet folded into the tables: [`PendingIndex`], the writer's
+//! in-memory log of them with a look-up map per key kind, and [`Staged`], the entries of the
+//! batch being decided, which join it only once the batch commits.
+//!
+//! Both are plain data: the writer (see the parent module) decides when entries are pushed,
+//! published and folded, and readers look keys up through a shared lock.
+
 use ring0_core::SemanticKey;
 use std::collections::{HashMap, VecDeque};
 
