@@ -147,6 +147,7 @@ pub fn search_dir(
     resume: Option<(String, u64)>,
     limit: usize,
     workers: usize,
+    protected: &crate::sandbox::Listing,
 ) -> SearchPage {
     let stop = AtomicBool::new(false);
     // How far results have been consumed in walk order. The walk stays at most
@@ -181,6 +182,7 @@ pub fn search_dir(
                     recursive: true,
                 },
                 None,
+                protected,
                 |e| {
                     if stop.load(Ordering::Relaxed) {
                         return Flow::Stop;
@@ -377,10 +379,8 @@ impl Tool for Search {
             let located = ws
                 .sandbox
                 .locate(&a.path, Access::Read)
-                .map_err(|e| ToolError::not_applied(e.to_string()))?;
-            let dir = located
-                .open_dir()
-                .map_err(|e| ToolError::not_applied(e.to_string()))?;
+                .map_err(crate::files::sandbox_err)?;
+            let dir = located.open_dir().map_err(crate::files::sandbox_err)?;
             let limit = ring0_shape::cursor::clamp_page_size(a.limit, PAGE_ENTRIES_MAX).size;
             let page = search_dir(
                 dir,
@@ -389,6 +389,7 @@ impl Tool for Search {
                 resume.map(|r| (r.after, r.line)),
                 limit,
                 ws.search_workers,
+                &ws.sandbox.guard().listing(),
             );
             let shown = located.display(ws.sandbox.workspace());
             let matches: Vec<Value> = page
