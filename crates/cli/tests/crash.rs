@@ -305,7 +305,7 @@ fn run_ring0(dir: &Path, config: &Path, run: u32, orders: &[u64], kill: Option<K
     let mut child = Command::new(env!("CARGO_BIN_EXE_ring0"))
         .args(["serve", "--scope", SCOPE, "--config"])
         .arg(config)
-        .current_dir(dir)
+        .current_dir(dir).env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&stderr_path).unwrap())
