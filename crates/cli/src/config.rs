@@ -438,7 +438,9 @@ impl Config {
             }),
             None => default_file.exists().then_some(default_file),
         };
-        let config_file = file.as_ref().map(|f| std::fs::canonicalize(f).unwrap_or(f.clone()));
+        let config_file = file
+            .as_ref()
+            .map(|f| std::fs::canonicalize(f).unwrap_or(f.clone()));
         let (config, source, base) = match file {
             None => (
                 Config::embedded(),
@@ -602,7 +604,10 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
     };
     crate::state::prepare(&loaded.state_dir).map_err(|why| err("workspace.state_dir", why))?;
     if loaded.legacy_state {
-        eprintln!("ring0: {}", crate::state::legacy_warning(&loaded.state_dir, &loaded.workspace));
+        eprintln!(
+            "ring0: {}",
+            crate::state::legacy_warning(&loaded.state_dir, &loaded.workspace)
+        );
     }
     let audit_path = loaded.state_dir.join(&config.audit.path);
     let journal_path = loaded.state_dir.join(crate::state::JOURNAL_FILE);

@@ -111,7 +111,8 @@ fn check_e2e(seen: &Value, dir: &Path) {
 fn journal_ls(dir: &Path) -> String {
     let out = Command::new(ring0())
         .args(["journal", "ls"])
-        .current_dir(dir).env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"))
+        .current_dir(dir)
+        .env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"))
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -290,7 +291,8 @@ fn conformance(peers: &Path, url: &str, cwd: &Path) -> BTreeSet<String> {
             "--expected-failures",
         ])
         .arg(&baseline)
-        .current_dir(cwd).env("RING0_STATE_DIR", std::path::Path::new(cwd).join(".ring0"))
+        .current_dir(cwd)
+        .env("RING0_STATE_DIR", std::path::Path::new(cwd).join(".ring0"))
         .output()
         .expect("conformance");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();

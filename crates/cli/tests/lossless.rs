@@ -183,7 +183,11 @@ fn over_stdio_in_the_2026_era_unmodelled_fields_reach_the_client() {
     let dir = workspace();
     let mut child = Command::new(env!("CARGO_BIN_EXE_ring0"))
         .arg("serve")
-        .current_dir(dir.path()).env("RING0_STATE_DIR", std::path::Path::new(dir.path()).join(".ring0"))
+        .current_dir(dir.path())
+        .env(
+            "RING0_STATE_DIR",
+            std::path::Path::new(dir.path()).join(".ring0"),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

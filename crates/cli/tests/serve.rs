@@ -50,7 +50,9 @@ impl Client {
     fn start(dir: &Path, config: Option<&Path>) -> Self {
         let stderr = dir.join("serve.stderr");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ring0"));
-        cmd.arg("serve").current_dir(dir).env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"));
+        cmd.arg("serve")
+            .current_dir(dir)
+            .env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"));
         if let Some(c) = config {
             cmd.arg("--config").arg(c);
         }
@@ -405,7 +407,11 @@ fn the_journal_records_every_call_ring0_serves() {
     }
     let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
         .args(["journal", "ls"])
-        .current_dir(dir.path()).env("RING0_STATE_DIR", std::path::Path::new(dir.path()).join(".ring0"))
+        .current_dir(dir.path())
+        .env(
+            "RING0_STATE_DIR",
+            std::path::Path::new(dir.path()).join(".ring0"),
+        )
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -420,7 +426,11 @@ fn an_invalid_config_is_refused_at_start_with_the_offending_key() {
     let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
         .args(["serve", "--config"])
         .arg(&path)
-        .current_dir(dir.path()).env("RING0_STATE_DIR", std::path::Path::new(dir.path()).join(".ring0"))
+        .current_dir(dir.path())
+        .env(
+            "RING0_STATE_DIR",
+            std::path::Path::new(dir.path()).join(".ring0"),
+        )
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -434,7 +444,11 @@ fn a_fixed_scope_is_refused_for_http_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
         .args(["serve", "--http", "127.0.0.1:0", "--scope", "s"])
-        .current_dir(dir.path()).env("RING0_STATE_DIR", std::path::Path::new(dir.path()).join(".ring0"))
+        .current_dir(dir.path())
+        .env(
+            "RING0_STATE_DIR",
+            std::path::Path::new(dir.path()).join(".ring0"),
+        )
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -596,7 +610,11 @@ fn a_changed_upstream_tool_is_quarantined_until_ring0_approve_tool() {
     let ring0 = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
             .args(args)
-            .current_dir(dir.path()).env("RING0_STATE_DIR", std::path::Path::new(dir.path()).join(".ring0"))
+            .current_dir(dir.path())
+            .env(
+                "RING0_STATE_DIR",
+                std::path::Path::new(dir.path()).join(".ring0"),
+            )
             .output()
             .unwrap();
         assert!(

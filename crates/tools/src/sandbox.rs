@@ -453,11 +453,28 @@ impl Guard {
         {
             return Err(Self::refuse(given));
         }
-        for meta in [parent.symlink_metadata(name), parent.metadata(name)]
+        let followed = parent.metadata(name);
+        let escapes = followed.is_err();
+        for meta in [parent.symlink_metadata(name), followed]
             .into_iter()
             .flatten()
         {
             self.check_identity_with(&marks, &meta, given)?;
+        }
+        // A symlink that leads out of the root (an absolute one) is refused by the open anyway;
+        // followed here without the root's confinement only to name the refusal for what it is
+        // when it leads to a protected file. Nothing is read through it.
+        if let Ok(stat) = rustix::fs::statat(parent, name, rustix::fs::AtFlags::empty()) {
+            let id = FileId {
+                dev: stat.st_dev,
+                ino: stat.st_ino,
+            };
+            if marks.files.contains(&id)
+                || marks.dirs.contains(&id)
+                || (escapes && self.scan_state().ids.contains(&id))
+            {
+                return Err(Self::refuse(given));
+            }
         }
         Ok(())
     }
