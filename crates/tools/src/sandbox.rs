@@ -754,3 +754,64 @@ impl Sandbox {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A workspace with a state directory inside it, and the sandbox protecting it and a config
+    /// file that does not exist yet.
+    fn sandbox() -> (tempfile::TempDir, Sandbox) {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir_all(ws.join("state/deep")).unwrap();
+        std::fs::write(ws.join("state/deep/key"), "k").unwrap();
+        std::fs::create_dir(ws.join("src")).unwrap();
+        let sandbox = Sandbox::open(&ws, &[], &[PathBuf::from(".")])
+            .unwrap()
+            .protect(ProtectedPaths {
+                files: vec![ws.join("ring0.toml")],
+                dirs: vec![ws.join("state")],
+            });
+        (dir, sandbox)
+    }
+
+    fn protected<T: std::fmt::Debug>(r: Result<T, SandboxError>) -> bool {
+        matches!(r, Err(SandboxError::Protected { .. }))
+    }
+
+    #[test]
+    fn a_directory_beneath_a_protected_one_is_refused_by_walking_up_from_its_handle() {
+        let (_dir, sb) = sandbox();
+        let deep = sb.locate("state/deep", Access::Read).unwrap();
+        assert!(protected(deep.open_dir()));
+        let via_dots = sb.locate("src/../state/deep", Access::Read).unwrap();
+        assert!(protected(via_dots.open_dir()));
+        assert!(sb.locate("src", Access::Read).unwrap().open_dir().is_ok());
+    }
+
+    #[test]
+    fn a_protected_name_is_refused_before_it_exists_and_nothing_is_created() {
+        let (dir, sb) = sandbox();
+        let config = sb.locate("ring0.toml", Access::Write).unwrap();
+        assert!(protected(config.open_parent(false)));
+        let inside = sb.locate("state/new/file", Access::Write).unwrap();
+        assert!(protected(inside.open_parent(true)));
+        assert!(!dir.path().join("state/new").exists());
+        let ordinary = sb.locate("src/a/b/file", Access::Write).unwrap();
+        assert!(ordinary.open_parent(true).is_ok());
+        assert!(dir.path().join("src/a/b").is_dir());
+    }
+
+    #[test]
+    fn the_refusal_names_its_kind() {
+        let (_dir, sb) = sandbox();
+        let err = sb
+            .locate("ring0.toml", Access::Write)
+            .unwrap()
+            .open_parent(false)
+            .unwrap_err();
+        assert_eq!(err.code(), Some(PROTECTED_PATH_CODE));
+        assert!(err.to_string().contains("ring0.toml"), "{err}");
+    }
+}
