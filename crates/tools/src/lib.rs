@@ -22,7 +22,7 @@
 //! use ring0_tools::{ToolsConfig, builtin_tools};
 //! use std::sync::Arc;
 //!
-//! let config = ToolsConfig::new("/srv/project", "/srv/project/.ring0", vec![0x5a; 32]);
+//! let config = ToolsConfig::new("/srv/project", "/var/lib/ring0/project", vec![0x5a; 32]);
 //! let mut kernel = Kernel::builder();
 //! for (spec, tool) in builtin_tools(&config)? {
 //!     kernel = kernel.tool(spec, tool)?;
