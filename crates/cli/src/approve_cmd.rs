@@ -18,9 +18,14 @@ pub struct DecideArgs {
     pub reason: String,
 }
 
-pub fn run(args: DecideArgs, approve: bool) -> Result<String, String> {
+pub fn run(
+    args: DecideArgs,
+    approve: bool,
+    state_dir: Option<&std::path::Path>,
+) -> Result<String, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let loaded = Config::load(args.config.as_deref(), &cwd).map_err(|e| e.to_string())?;
+    let loaded =
+        Config::load(args.config.as_deref(), &cwd, state_dir).map_err(|e| e.to_string())?;
     let dir = approvals_dir(&loaded.state_dir);
     let Some(id) = args.id else {
         if !approve {

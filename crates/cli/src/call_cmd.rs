@@ -7,7 +7,7 @@ use ring0_kernel::RoundOptions;
 use ring0_policy::DirectoryApprover;
 use serde_json::{Value, json};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -41,9 +41,13 @@ pub struct CallArgs {
 
 /// Loads the configuration and builds the kernel, with held calls announced on stderr and
 /// decided through the approvals directory.
-pub(crate) fn open(session: &SessionArgs) -> Result<(Loaded, Built), String> {
+pub(crate) fn open(
+    session: &SessionArgs,
+    state_dir: Option<&Path>,
+) -> Result<(Loaded, Built), String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let loaded = Config::load(session.config.as_deref(), &cwd).map_err(|e| e.to_string())?;
+    let loaded =
+        Config::load(session.config.as_deref(), &cwd, state_dir).map_err(|e| e.to_string())?;
     let approver = DirectoryApprover::new(approvals_dir(&loaded.state_dir)).on_request(|r| {
         let mut err = std::io::stderr().lock();
         let _ = writeln!(
@@ -95,13 +99,13 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| format!("starting the runtime: {e}"))
 }
 
-pub fn run(args: CallArgs) -> Result<String, String> {
+pub fn run(args: CallArgs, state_dir: Option<&Path>) -> Result<String, String> {
     let input: Value =
         serde_json::from_str(&args.args).map_err(|e| format!("arguments are not JSON: {e}"))?;
     if !input.is_object() {
         return Err("arguments must be a JSON object".into());
     }
-    let (_loaded, built) = open(&args.session)?;
+    let (_loaded, built) = open(&args.session, state_dir)?;
     let epoch = args.epoch.unwrap_or_else(|| {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)

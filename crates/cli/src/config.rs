@@ -29,7 +29,6 @@ pub const CONFIG_BYTES_MAX: u64 = 1024 * 1024;
 pub const DEFAULT_CONFIG: &str = r#"
 [workspace]
 root = "."
-state_dir = ".ring0"
 
 [paths]
 read = ["."]
@@ -107,17 +106,18 @@ pub struct WorkspaceSection {
     /// The workspace directory; relative to the configuration file's directory. Default `"."`.
     #[serde(default = "dot")]
     pub root: PathBuf,
-    /// ring0's state (journal, approvals, audit log, job logs, cursor key), relative to the
-    /// workspace. Default `".ring0"`.
-    #[serde(default = "state_dir_default")]
-    pub state_dir: PathBuf,
+    /// ring0's state (journal, approvals, audit log, pins, job logs, spill, cursor key);
+    /// relative to the configuration file's directory. Default: outside the workspace, see
+    /// [`crate::state::default_state_dir`]. The `--state-dir` flag overrides it.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for WorkspaceSection {
     fn default() -> Self {
         Self {
             root: dot(),
-            state_dir: state_dir_default(),
+            state_dir: None,
         }
     }
 }
@@ -268,9 +268,6 @@ fn dot() -> PathBuf {
 fn dots() -> Vec<PathBuf> {
     vec![dot()]
 }
-fn state_dir_default() -> PathBuf {
-    PathBuf::from(".ring0")
-}
 fn concurrency_default() -> usize {
     ring0_kernel::MAX_CONCURRENT_TOOLS_DEFAULT
 }
@@ -303,6 +300,31 @@ pub struct Loaded {
     pub workspace: PathBuf,
     /// The state directory, absolute.
     pub state_dir: PathBuf,
+    /// The configuration file in use, absolute (`None`: the embedded defaults).
+    pub config_file: Option<PathBuf>,
+    /// Where a configuration file would be looked for next time (`ring0.toml` in the current
+    /// directory): protected even while absent, so no tool can create one.
+    pub config_default: PathBuf,
+    /// The state directory is the legacy `.ring0` inside the workspace.
+    pub legacy_state: bool,
+}
+
+impl Loaded {
+    /// ring0's own paths, which no tool may touch: the configuration file (in use, and where one
+    /// is looked for), the lock file and the state directory.
+    pub fn protected(&self) -> ring0_tools::sandbox::ProtectedPaths {
+        let mut files = vec![
+            self.config_default.clone(),
+            self.workspace.join(ring0_mcp::pin::LOCK_FILE),
+        ];
+        files.extend(self.config_file.iter().cloned());
+        // An audit log configured outside the state directory is protected where it is.
+        files.push(self.state_dir.join(&self.config.audit.path));
+        ring0_tools::sandbox::ProtectedPaths {
+            files,
+            dirs: vec![self.state_dir.clone()],
+        }
+    }
 }
 
 impl Config {
@@ -398,8 +420,15 @@ impl Config {
         Ok(grant)
     }
 
-    /// Loads `path`, or `ring0.toml` in `cwd` if it exists, or the embedded defaults.
-    pub fn load(path: Option<&Path>, cwd: &Path) -> Result<Loaded, ConfigError> {
+    /// Loads `path`, or `ring0.toml` in `cwd` if it exists, or the embedded defaults. The state
+    /// directory is `state_dir` (the `--state-dir` flag, relative to `cwd`) when given, else
+    /// `[workspace] state_dir`, else the legacy `.ring0` of the workspace if one exists, else
+    /// the default outside the workspace.
+    pub fn load(
+        path: Option<&Path>,
+        cwd: &Path,
+        state_dir: Option<&Path>,
+    ) -> Result<Loaded, ConfigError> {
         let default_file = cwd.join(CONFIG_FILE_DEFAULT);
         let file = match path {
             Some(p) => Some(if p.is_absolute() {
@@ -409,6 +438,9 @@ impl Config {
             }),
             None => default_file.exists().then_some(default_file),
         };
+        let config_file = file
+            .as_ref()
+            .map(|f| std::fs::canonicalize(f).unwrap_or(f.clone()));
         let (config, source, base) = match file {
             None => (
                 Config::embedded(),
@@ -436,12 +468,27 @@ impl Config {
             key: "workspace.root".into(),
             why: format!("{}: {e}", root.display()),
         })?;
-        let state_dir = workspace.join(&config.workspace.state_dir);
+        let choice = crate::state::choose(
+            state_dir.map(|d| cwd.join(d)),
+            config.workspace.state_dir.as_ref().map(|d| base.join(d)),
+            &workspace,
+        )
+        .map_err(|why| ConfigError {
+            file: source.clone(),
+            key: "workspace.state_dir".into(),
+            why,
+        })?;
+        let config_default = std::fs::canonicalize(cwd)
+            .unwrap_or_else(|_| cwd.to_path_buf())
+            .join(CONFIG_FILE_DEFAULT);
         Ok(Loaded {
             config,
             source,
             workspace,
-            state_dir,
+            state_dir: choice.dir,
+            config_file,
+            config_default,
+            legacy_state: choice.legacy,
         })
     }
 }
@@ -492,6 +539,8 @@ pub struct Built {
     #[allow(dead_code)] // read by front ends that serve several sessions
     pub policy: Policy,
     pub max_concurrent_tools: usize,
+    /// The state directory's manifest, recorded again when the kernel is dropped.
+    _state: crate::state::Manifest,
 }
 
 impl Built {
@@ -538,6 +587,8 @@ pub struct Parts {
     pub policy: Policy,
     pub journal: Arc<SqliteJournal>,
     pub max_concurrent_tools: usize,
+    /// The state directory's manifest (recorded again on drop: the audit log's length at exit).
+    pub state: crate::state::Manifest,
 }
 
 /// The built-in tools (configured from `[paths]`, `[limits]`, `[shell]`), the policy (from
@@ -551,17 +602,23 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         key: key.to_string(),
         why,
     };
-    std::fs::create_dir_all(&loaded.state_dir).map_err(|e| {
-        err(
-            "workspace.state_dir",
-            format!("{}: {e}", loaded.state_dir.display()),
-        )
-    })?;
+    crate::state::prepare(&loaded.state_dir).map_err(|why| err("workspace.state_dir", why))?;
+    if loaded.legacy_state {
+        eprintln!(
+            "ring0: {}",
+            crate::state::legacy_warning(&loaded.state_dir, &loaded.workspace)
+        );
+    }
+    let audit_path = loaded.state_dir.join(&config.audit.path);
+    let journal_path = loaded.state_dir.join(crate::state::JOURNAL_FILE);
+    let mut manifest = crate::state::Manifest::check(&loaded.state_dir, &journal_path, &audit_path)
+        .map_err(|why| err("workspace.state_dir", why))?;
     let mut tools_config = ring0_tools::ToolsConfig::new(
         &loaded.workspace,
         &loaded.state_dir,
         cursor_key(&loaded.state_dir).map_err(|why| err("workspace.state_dir", why))?,
     );
+    tools_config.protected = loaded.protected();
     tools_config.read_roots = config.paths.read.clone();
     tools_config.write_roots = config.paths.write.clone();
     tools_config.read_text_bytes_max = config.limits.read_text_bytes;
@@ -573,16 +630,19 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
     }
     let tools =
         ring0_tools::builtin_tools(&tools_config).map_err(|e| err("paths", e.to_string()))?;
-    let journal_path = loaded.state_dir.join("journal.db");
+    crate::state::create_journal_files(&journal_path)
+        .map_err(|why| err("workspace.state_dir", why))?;
     let journal = SqliteJournal::open(&journal_path).map_err(|e| {
         err(
             "workspace.state_dir",
             format!("journal {}: {e}", journal_path.display()),
         )
     })?;
-    let audit_path = loaded.state_dir.join(&config.audit.path);
     let audit = JsonlAudit::open(&audit_path)
         .map_err(|e| err("audit.path", format!("{}: {e}", audit_path.display())))?;
+    manifest
+        .record()
+        .map_err(|why| err("workspace.state_dir", why))?;
     let mut policy = Policy::builder()
         .approver(approver)
         .approval_timeout(Duration::from_secs(config.approval.timeout_secs))
@@ -609,6 +669,7 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         policy: policy.build(),
         journal: Arc::new(journal),
         max_concurrent_tools: config.limits.max_concurrent_tools,
+        state: manifest,
     })
 }
 
@@ -630,6 +691,7 @@ pub fn build_kernel(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Buil
         authorizer,
         policy: parts.policy,
         max_concurrent_tools: parts.max_concurrent_tools,
+        _state: parts.state,
     })
 }
 

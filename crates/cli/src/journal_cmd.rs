@@ -3,7 +3,7 @@
 use clap::Subcommand;
 use ring0_journal::inspect::{LIST_LIMIT_DEFAULT, render_list, render_show};
 use ring0_journal::{JournalReader, run_simulation};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Subcommand)]
 pub enum JournalCommand {
@@ -21,7 +21,22 @@ pub enum JournalCommand {
     },
 }
 
-pub fn run(command: JournalCommand, path: &Path) -> Result<String, String> {
+pub fn run(
+    command: JournalCommand,
+    path: Option<&Path>,
+    state_dir: Option<&Path>,
+) -> Result<String, String> {
+    let path = &match path {
+        Some(path) => path.to_path_buf(),
+        None if matches!(command, JournalCommand::Sim { .. }) => PathBuf::new(),
+        None => {
+            let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+            crate::config::Config::load(None, &cwd, state_dir)
+                .map_err(|e| e.to_string())?
+                .state_dir
+                .join(crate::state::JOURNAL_FILE)
+        }
+    };
     match command {
         JournalCommand::Sim { seeds } => {
             let report = run_simulation(seeds);

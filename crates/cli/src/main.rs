@@ -16,10 +16,8 @@ mod journal_cmd;
 mod run_cmd;
 mod serve_cmd;
 mod shape_cmd;
+mod state;
 mod turn_cmd;
-
-/// Where the embedded defaults keep state, relative to the workspace.
-pub const STATE_DIR: &str = ".ring0";
 
 #[derive(Parser)]
 #[command(
@@ -30,6 +28,11 @@ pub const STATE_DIR: &str = ".ring0";
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// ring0's state directory (journal, audit log, approvals, pins, jobs, keys). Default:
+    /// `[workspace] state_dir`, else `$XDG_STATE_HOME/ring0/<workspace id>/` (or
+    /// `~/.local/state/ring0/<workspace id>/`). Relative to the current directory.
+    #[arg(long, global = true, value_name = "DIR", env = "RING0_STATE_DIR")]
+    state_dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -58,23 +61,24 @@ enum Command {
 struct JournalArgs {
     #[command(subcommand)]
     command: journal_cmd::JournalCommand,
-    /// The journal file.
-    #[arg(long, global = true, default_value = ".ring0/journal.db")]
-    path: PathBuf,
+    /// The journal file. Default: `journal.db` in the state directory.
+    #[arg(long, global = true)]
+    path: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let state = cli.state_dir.as_deref();
     let result = match cli.command {
-        Command::Journal(args) => journal_cmd::run(args.command, &args.path),
+        Command::Journal(args) => journal_cmd::run(args.command, args.path.as_deref(), state),
         Command::Shape(args) => shape_cmd::run(args),
         Command::Run(args) => run_cmd::run(args),
-        Command::Serve(args) => serve_cmd::run(args),
-        Command::ApproveTool(args) => serve_cmd::approve(args),
-        Command::Call(args) => call_cmd::run(args),
-        Command::Turn(args) => turn_cmd::run(args),
-        Command::Approve(args) => approve_cmd::run(args, true),
-        Command::Deny(args) => approve_cmd::run(args, false),
+        Command::Serve(args) => serve_cmd::run(args, state),
+        Command::ApproveTool(args) => serve_cmd::approve(args, state),
+        Command::Call(args) => call_cmd::run(args, state),
+        Command::Turn(args) => turn_cmd::run(args, state),
+        Command::Approve(args) => approve_cmd::run(args, true, state),
+        Command::Deny(args) => approve_cmd::run(args, false, state),
     };
     match result {
         Ok(output) => {

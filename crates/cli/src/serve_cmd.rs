@@ -3,9 +3,10 @@
 //! The configuration is the one every front end shares (`ring0.toml`, or the embedded defaults:
 //! the built-in tools on the current directory, reads and sandboxed writes granted, shell and
 //! anything A3 held for a person's approval), plus its `[[upstreams]]`: MCP servers whose tools
-//! are served next to the built-in ones. The journal is `.ring0/journal.db`, shaped-away output
-//! goes under `.ring0/spill`. Where it serves, the workspace, the journal and the grants in effect
-//! are printed to stderr at start; stdout carries the stdio transport and nothing else.
+//! are served next to the built-in ones. The journal is `journal.db` in the state directory
+//! (outside the workspace by default, see `crate::state`), shaped-away output goes under its
+//! `spill/`. Where it serves, the workspace, the state directory, the journal and the grants in
+//! effect are printed to stderr at start; stdout carries the stdio transport and nothing else.
 //!
 //! Calls held for approval are asked over MCP (elicitation), or with a confirmation code printed
 //! here for the person when the client cannot be asked.
@@ -20,7 +21,7 @@ use ring0_mcp::http::{HttpOptions, MCP_PATH};
 use ring0_mcp::route::Calls;
 use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -106,9 +107,10 @@ async fn settled_generation(gw: &Gateway) -> Arc<ring0_mcp::gateway::Generation>
     }
 }
 
-pub fn run(args: ServeArgs) -> Result<String, String> {
+pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let loaded = Config::load(args.config.as_deref(), &cwd).map_err(|e| e.to_string())?;
+    let loaded =
+        Config::load(args.config.as_deref(), &cwd, state_dir).map_err(|e| e.to_string())?;
     let token = match &args.token_env {
         Some(var) => Some(
             std::env::var(var)
@@ -194,9 +196,10 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
         log.line(&format!("serving MCP on {where_}"));
         log.line(&format!("workspace: {}", loaded.workspace.display()));
         log.line(&format!("config: {}", loaded.source));
+        log.line(&format!("state: {}", loaded.state_dir.display()));
         log.line(&format!(
             "journal: {}",
-            loaded.state_dir.join("journal.db").display()
+            loaded.state_dir.join(crate::state::JOURNAL_FILE).display()
         ));
         log.line(&format!("grants: {}", describe_grants(&loaded)));
         let visible = generation
@@ -255,9 +258,9 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
     Ok(String::new())
 }
 
-pub fn approve(args: ApproveArgs) -> Result<String, String> {
+pub fn approve(args: ApproveArgs, state_dir: Option<&Path>) -> Result<String, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let loaded = Config::load(None, &cwd).map_err(|e| e.to_string())?;
+    let loaded = Config::load(None, &cwd, state_dir).map_err(|e| e.to_string())?;
     let (workspace, state_dir) = (loaded.workspace, loaded.state_dir);
     if args.list || args.name.is_none() {
         let pending = ring0_mcp::pin::pending(&state_dir);

@@ -24,7 +24,7 @@ pub struct TurnArgs {
     pub epoch: u64,
 }
 
-pub fn run(args: TurnArgs) -> Result<String, String> {
+pub fn run(args: TurnArgs, state_dir: Option<&std::path::Path>) -> Result<String, String> {
     let format = match ProviderFormat::parse_name(&args.format) {
         Some(
             f @ (ProviderFormat::OpenAiChat
@@ -48,7 +48,7 @@ pub fn run(args: TurnArgs) -> Result<String, String> {
     }
     let turn: Value =
         serde_json::from_str(&text).map_err(|e| format!("standard input is not JSON: {e}"))?;
-    let (_loaded, built) = open(&args.session)?;
+    let (_loaded, built) = open(&args.session, state_dir)?;
     let session = built.kernel.open_session(
         built
             .session_config(&args.session.scope)

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 fn ring0(dir: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ring0"));
-    cmd.current_dir(dir);
+    cmd.current_dir(dir)
+        .env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"));
     cmd
 }
 

@@ -306,6 +306,7 @@ fn run_ring0(dir: &Path, config: &Path, run: u32, orders: &[u64], kill: Option<K
         .args(["serve", "--scope", SCOPE, "--config"])
         .arg(config)
         .current_dir(dir)
+        .env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&stderr_path).unwrap())

@@ -131,7 +131,8 @@ fn ring0_with(dir: &Path, config: &str) -> Served {
     std::fs::write(dir.join("ring0.toml"), config).unwrap();
     let mut cmd = Command::new(ring0());
     cmd.args(["serve", "--http", "127.0.0.1:0"])
-        .current_dir(dir);
+        .current_dir(dir)
+        .env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"));
     serve(cmd)
 }
 
@@ -178,6 +179,7 @@ fn journal_lines(dir: &Path, tool: &str) -> Vec<String> {
     let out = Command::new(ring0())
         .args(["journal", "ls"])
         .current_dir(dir)
+        .env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"))
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout)
@@ -495,7 +497,11 @@ fn ring0_serves_another_ring0_as_a_2026_07_28_upstream() {
     std::fs::write(inner_dir.path().join("a.txt"), "inner workspace\n").unwrap();
     let mut cmd = Command::new(ring0());
     cmd.args(["serve", "--http", "127.0.0.1:0"])
-        .current_dir(inner_dir.path());
+        .current_dir(inner_dir.path())
+        .env(
+            "RING0_STATE_DIR",
+            std::path::Path::new(inner_dir.path()).join(".ring0"),
+        );
     let inner = serve(cmd);
     let dir = tempfile::tempdir().unwrap();
     let config = one_upstream_config(

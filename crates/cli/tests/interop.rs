@@ -10,6 +10,7 @@ mod common;
 
 use common::{
     HttpServer, peers, python, python_report, ring0, rmcp_fixture, serve_http_command, start_http,
+    test_home,
 };
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -28,7 +29,10 @@ fn py_fixture() -> PathBuf {
 /// the crashing Python fixture as `fx`.
 fn e2e_workspace(dir: &Path, fixture: &Path) {
     let config = format!(
-        r#"[[grants]]
+        r#"[workspace]
+state_dir = ".ring0"
+
+[[grants]]
 name = "workspace"
 tools = ["read_file", "list_dir", "write_file"]
 ceiling = "A1"
@@ -108,6 +112,7 @@ fn journal_ls(dir: &Path) -> String {
     let out = Command::new(ring0())
         .args(["journal", "ls"])
         .current_dir(dir)
+        .env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"))
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -214,6 +219,7 @@ strategy = ["exploration"]
             .arg(ring0())
             .arg("serve")
             .args(args)
+            .env("HOME", test_home())
             .env(
                 "PATH",
                 format!(
@@ -286,6 +292,7 @@ fn conformance(peers: &Path, url: &str, cwd: &Path) -> BTreeSet<String> {
         ])
         .arg(&baseline)
         .current_dir(cwd)
+        .env("RING0_STATE_DIR", std::path::Path::new(cwd).join(".ring0"))
         .output()
         .expect("conformance");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();

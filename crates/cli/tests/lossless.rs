@@ -26,7 +26,7 @@ fn fixtures() -> PathBuf {
 fn workspace() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
-        "[[grants]]\nname = \"unmodelled\"\ntools = [\"un__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"un\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
+        "[workspace]\nstate_dir = \".ring0\"\n\n[[grants]]\nname = \"unmodelled\"\ntools = [\"un__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"un\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
         fixtures()
             .join("unmodelled_server.py")
             .display()
@@ -184,6 +184,10 @@ fn over_stdio_in_the_2026_era_unmodelled_fields_reach_the_client() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ring0"))
         .arg("serve")
         .current_dir(dir.path())
+        .env(
+            "RING0_STATE_DIR",
+            std::path::Path::new(dir.path()).join(".ring0"),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

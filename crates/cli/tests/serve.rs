@@ -50,7 +50,9 @@ impl Client {
     fn start(dir: &Path, config: Option<&Path>) -> Self {
         let stderr = dir.join("serve.stderr");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ring0"));
-        cmd.arg("serve").current_dir(dir);
+        cmd.arg("serve")
+            .current_dir(dir)
+            .env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"));
         if let Some(c) = config {
             cmd.arg("--config").arg(c);
         }
@@ -406,6 +408,10 @@ fn the_journal_records_every_call_ring0_serves() {
     let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
         .args(["journal", "ls"])
         .current_dir(dir.path())
+        .env(
+            "RING0_STATE_DIR",
+            std::path::Path::new(dir.path()).join(".ring0"),
+        )
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -421,6 +427,10 @@ fn an_invalid_config_is_refused_at_start_with_the_offending_key() {
         .args(["serve", "--config"])
         .arg(&path)
         .current_dir(dir.path())
+        .env(
+            "RING0_STATE_DIR",
+            std::path::Path::new(dir.path()).join(".ring0"),
+        )
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -435,6 +445,10 @@ fn a_fixed_scope_is_refused_for_http_sessions() {
     let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
         .args(["serve", "--http", "127.0.0.1:0", "--scope", "s"])
         .current_dir(dir.path())
+        .env(
+            "RING0_STATE_DIR",
+            std::path::Path::new(dir.path()).join(".ring0"),
+        )
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -597,6 +611,10 @@ fn a_changed_upstream_tool_is_quarantined_until_ring0_approve_tool() {
         let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
             .args(args)
             .current_dir(dir.path())
+            .env(
+                "RING0_STATE_DIR",
+                std::path::Path::new(dir.path()).join(".ring0"),
+            )
             .output()
             .unwrap();
         assert!(

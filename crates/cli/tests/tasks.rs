@@ -34,6 +34,7 @@ impl Stdio0 {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ring0"))
             .arg("serve")
             .current_dir(dir)
+            .env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -418,6 +419,10 @@ fn cancelling_an_upstream_call_task_cancels_it_upstream_and_the_journal_settles_
         let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
             .args(["journal", "ls"])
             .current_dir(dir.path())
+            .env(
+                "RING0_STATE_DIR",
+                std::path::Path::new(dir.path()).join(".ring0"),
+            )
             .output()
             .unwrap();
         let listing = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -153,3 +153,58 @@ async fn finished_jobs_are_listed_again_after_a_clean_restart() {
     assert_eq!(listed[0].job.to_string(), handle);
     assert_eq!(listed[0].state, JobState::Completed);
 }
+
+#[tokio::test]
+async fn an_edited_job_record_never_makes_recovery_signal_an_unrelated_process() {
+    use std::os::unix::process::CommandExt;
+    let ws = Workspace::new();
+    let session = SessionId::new("s").unwrap();
+    let handle = {
+        let (jobs, _) = JobManager::open(config(ws.root())).await.unwrap();
+        let _events = jobs.open_session(&session).unwrap();
+        let job = jobs
+            .start(&session, &CommandSpec::argv(["true"]))
+            .await
+            .unwrap()
+            .job
+            .to_string();
+        jobs.wait(&session, &job, Duration::from_secs(30))
+            .await
+            .unwrap();
+        jobs.shutdown().await;
+        job
+    };
+    // A process ring0 never started, leading its own process group and session.
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("1000")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let victim = bystander.id() as i32;
+    // The record is edited to say the job is still running as that process.
+    let path = ws.root().join(format!("state/jobs/{handle}.json"));
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    record["state"] = "RUNNING".into();
+    record["root_pid"] = victim.into();
+    record["root_start_ticks"] = 0.into();
+    std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+
+    let mut reopened = None;
+    for _ in 0..100 {
+        if let Ok(opened) = JobManager::open(config(ws.root())).await {
+            reopened = Some(opened);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_jobs, recovery) = reopened.expect("the state directory is released");
+    assert_eq!(recovery.killed.len(), 1, "the record is settled as killed");
+    assert!(
+        bystander.try_wait().unwrap().is_none(),
+        "the unrelated process was signalled"
+    );
+    assert!(alive(victim));
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+}

@@ -50,7 +50,7 @@ pub struct GatewayOptions {
     pub authorizer: Arc<dyn Authorizer>,
     /// The workspace root (where `ring0.lock` lives).
     pub workspace: PathBuf,
-    /// The state directory (`.ring0`).
+    /// ring0's state directory (outside the workspace by default).
     pub state_dir: PathBuf,
     /// Where shaped-away output is kept.
     pub spill: Option<Arc<SpillStore>>,

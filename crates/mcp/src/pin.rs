@@ -12,10 +12,12 @@
 //! trusted on first use and recorded. After that, a tool whose pin changed, or a tool that was not
 //! there when the upstream was approved, is quarantined: not listed, and calls are refused with the
 //! reason, until `ring0 approve-tool` moves its new pin into the lock. Quarantined definitions are
-//! written to `.ring0/pending-pins.json` for that command, and every approved definition is kept
-//! under `.ring0/pinned/` so that a later change can be compared with it: when the only change is
-//! a new optional parameter, the change may be reported and accepted instead (configurable per
-//! upstream).
+//! written to `pending-pins.json` in the state directory for that command, and every approved
+//! definition is kept under its `pinned/` so that a later change can be compared with it: when the
+//! only change is a new optional parameter, the change may be reported and accepted instead
+//! (configurable per upstream). The lock file and the state directory are protected paths: no
+//! built-in tool can write them, so only `ring0 approve-tool` moves a pin. Files written here are
+//! private (0600).
 
 use ring0_core::canonical::canonicalize;
 use serde::{Deserialize, Serialize};
@@ -144,12 +146,20 @@ fn write_atomic(path: &Path, text: &str) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    // ring0's own files are private to the user running it.
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options
+        .open(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 impl PinBook {
-    /// Opens the book: `ring0.lock` in `workspace`, state under `state_dir` (`.ring0`).
+    /// Opens the book: `ring0.lock` in `workspace`, state under `state_dir`.
     pub fn open(workspace: &Path, state_dir: &Path) -> Result<Self, String> {
         let lock_path = workspace.join(LOCK_FILE);
         let lock = read_lock(&lock_path)?;

@@ -109,7 +109,12 @@ impl SpillStore {
         let path = self
             .dir
             .join(format!("{TEMP_PREFIX}{}-{n}", std::process::id()));
-        let file = File::create(&path).map_err(|source| SpillError::Io {
+        // Spilled output is the user's alone (0600).
+        let mut options = fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file = options.open(&path).map_err(|source| SpillError::Io {
             path: path.clone(),
             source,
         })?;

@@ -27,8 +27,16 @@ pub const WRITE_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Model-visible budget of the listing tools' results.
 const LISTING_BUDGET_BYTES: usize = 48 * 1024;
 
-fn sandbox_err(e: SandboxError) -> ToolError {
-    ToolError::not_applied(e.to_string())
+/// A sandbox refusal as a tool error; a protected path's carries its `kind` in a structured
+/// observation (`{"error": {"kind": "protected_path", ...}}`) for the caller to act on.
+pub(crate) fn sandbox_err(e: SandboxError) -> ToolError {
+    let message = e.to_string();
+    match e.code() {
+        Some(kind) => ToolError::not_applied(message.clone()).with_observation(Observation::json(
+            json!({"error": {"kind": kind, "message": message}}),
+        )),
+        None => ToolError::not_applied(message),
+    }
 }
 
 /// The longest prefix of `text` (ending on a character boundary) whose JSON string form takes at
@@ -98,6 +106,7 @@ impl ReadFile {
         let file = dir
             .open(&name)
             .map_err(|e| sandbox_err(SandboxError::io(path, e)))?;
+        located.check_file(&file).map_err(sandbox_err)?;
         let meta = file
             .metadata()
             .map_err(|e| sandbox_err(SandboxError::io(path, e)))?;
@@ -250,6 +259,7 @@ impl Tool for ListDir {
                     recursive: false,
                 },
                 after.as_deref(),
+                &ws.sandbox.guard().listing(),
                 |e| {
                     let size = json_len(e.name) + 64;
                     if entries.len() == limit || json_bytes + size > PAGE_JSON_BYTES_MAX {
@@ -368,6 +378,7 @@ impl Tool for Glob {
                     recursive: true,
                 },
                 after.as_deref(),
+                &ws.sandbox.guard().listing(),
                 |e| {
                     if e.kind == Kind::Dir || !matcher.is_match(e.rel) {
                         return Flow::Continue;

@@ -11,7 +11,9 @@
 //! | `job_cancel` | idempotent | A1 | probe (job finished) |
 //!
 //! Every file access goes through the [`sandbox`]: directory handles opened once at the roots
-//! the configuration grants, every path resolved beneath them by the kernel at the moment of use.
+//! the configuration grants, every path resolved beneath them by the kernel at the moment of use,
+//! and ring0's own files ([`sandbox::ProtectedPaths`]: its state directory, configuration and lock
+//! file) refused to every tool as `protected_path`, whatever the roots grant.
 //! Listings are paginated with signed cursors, at most [`page::PAGE_ENTRIES_MAX`] entries a page.
 //!
 //! ```no_run
@@ -20,7 +22,7 @@
 //! use ring0_tools::{ToolsConfig, builtin_tools};
 //! use std::sync::Arc;
 //!
-//! let config = ToolsConfig::new("/srv/project", "/srv/project/.ring0", vec![0x5a; 32]);
+//! let config = ToolsConfig::new("/srv/project", "/var/lib/ring0/project", vec![0x5a; 32]);
 //! let mut kernel = Kernel::builder();
 //! for (spec, tool) in builtin_tools(&config)? {
 //!     kernel = kernel.tool(spec, tool)?;
@@ -86,6 +88,9 @@ pub struct ToolsConfig {
     pub read_text_bytes_max: usize,
     pub search_workers: usize,
     pub shell: ShellConfig,
+    /// ring0's own paths no tool may touch, whatever the roots grant (by default the state
+    /// directory; a front end adds its configuration and lock files).
+    pub protected: sandbox::ProtectedPaths,
 }
 
 impl ToolsConfig {
@@ -96,7 +101,12 @@ impl ToolsConfig {
         cursor_key: Vec<u8>,
     ) -> Self {
         let state_dir = state_dir.into();
+        let protected = sandbox::ProtectedPaths {
+            files: Vec::new(),
+            dirs: vec![state_dir.clone()],
+        };
         Self {
+            protected,
             workspace: workspace.into(),
             read_roots: vec![PathBuf::from(".")],
             write_roots: vec![PathBuf::from(".")],
@@ -136,7 +146,8 @@ pub struct Workspace {
 impl Workspace {
     pub fn open(config: &ToolsConfig) -> Result<Self, ToolsError> {
         let sandbox = Sandbox::open(&config.workspace, &config.read_roots, &config.write_roots)
-            .map_err(ToolsError::Roots)?;
+            .map_err(ToolsError::Roots)?
+            .protect(config.protected.clone());
         let cursors = CursorSigner::new(&config.cursor_key, CURSOR_TTL_DEFAULT)
             .map_err(|e| ToolsError::Cursor(e.to_string()))?;
         Ok(Self {

@@ -84,13 +84,30 @@ enum Op {
     },
 }
 
-/// A patch that does not parse or does not apply. The text says where.
+/// A patch that does not parse or does not apply. The text says where; the kind, when there is
+/// one a caller may act on (`protected_path`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct PatchError(pub String);
+pub struct PatchError(pub String, pub Option<&'static str>);
 
 fn perr(msg: impl Into<String>) -> PatchError {
-    PatchError(msg.into())
+    PatchError(msg.into(), None)
+}
+
+fn sandbox_perr(e: SandboxError) -> PatchError {
+    PatchError(e.to_string(), e.code())
+}
+
+impl PatchError {
+    fn into_tool_error(self, suffix: &str) -> ToolError {
+        let message = format!("{}{suffix}", self.0);
+        match self.1 {
+            Some(kind) => ToolError::not_applied(message.clone()).with_observation(
+                Observation::json(json!({"error": {"kind": kind, "message": message}})),
+            ),
+            None => ToolError::not_applied(message),
+        }
+    }
 }
 
 fn parse(text: &str) -> Result<Vec<Op>, PatchError> {
@@ -413,13 +430,13 @@ impl Workspace {
         let located = self
             .sandbox
             .locate(path, Access::Write)
-            .map_err(|e| perr(e.to_string()))?;
+            .map_err(sandbox_perr)?;
         let shown = located.display(self.sandbox.workspace());
         let (dir, name) = located.open_parent(create).map_err(|e| match e {
             SandboxError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 perr(format!("{path}: its directory does not exist"))
             }
-            other => perr(other.to_string()),
+            other => sandbox_perr(other),
         })?;
         Ok((dir, name, shown))
     }
@@ -440,7 +457,7 @@ impl Workspace {
             match op {
                 Op::Add { path, content } => {
                     let (dir, name, shown) = match self.locate_parent(path, create_dirs) {
-                        Err(_) if !create_dirs => {
+                        Err(e) if !create_dirs && e.1.is_none() => {
                             // Dry run: the directory would be created.
                             let located = self
                                 .sandbox
@@ -503,7 +520,7 @@ impl Workspace {
                         Some(dest) => {
                             let (ddir, dname, dshown) = match self.locate_parent(dest, create_dirs)
                             {
-                                Err(_) if !create_dirs => {
+                                Err(e) if !create_dirs && e.1.is_none() => {
                                     let located = self
                                         .sandbox
                                         .locate(dest, Access::Write)
@@ -863,10 +880,10 @@ impl Tool for ApplyPatch {
         let ws = self.ws.clone();
         let fault = self.fault.clone();
         tokio::task::spawn_blocking(move || {
-            let ops = parse(&a.patch).map_err(|e| ToolError::not_applied(e.0))?;
+            let ops = parse(&a.patch).map_err(|e| e.into_tool_error(""))?;
             let plan = ws
                 .plan(&ops, !a.dry_run)
-                .map_err(|e| ToolError::not_applied(format!("{}; nothing was written", e.0)))?;
+                .map_err(|e| e.into_tool_error("; nothing was written"))?;
             let (files, files_omitted) = bounded_files(summary(&plan));
             let (diff, omitted) = bounded_diff(&plan.diff);
             if !a.dry_run {

@@ -145,6 +145,7 @@ pub fn search_dir(
     resume: Option<(String, u64)>,
     limit: usize,
     workers: usize,
+    protected: &crate::sandbox::Listing,
 ) -> SearchPage {
     let stop = AtomicBool::new(false);
     // How far results have been consumed in walk order. The walk stays at most
@@ -179,6 +180,7 @@ pub fn search_dir(
                     recursive: true,
                 },
                 None,
+                protected,
                 |e| {
                     if stop.load(Ordering::Relaxed) {
                         return Flow::Stop;
@@ -375,10 +377,8 @@ impl Tool for Search {
             let located = ws
                 .sandbox
                 .locate(&a.path, Access::Read)
-                .map_err(|e| ToolError::not_applied(e.to_string()))?;
-            let dir = located
-                .open_dir()
-                .map_err(|e| ToolError::not_applied(e.to_string()))?;
+                .map_err(crate::files::sandbox_err)?;
+            let dir = located.open_dir().map_err(crate::files::sandbox_err)?;
             let limit = ring0_shape::cursor::clamp_page_size(a.limit, PAGE_ENTRIES_MAX).size;
             let page = search_dir(
                 dir,
@@ -387,6 +387,7 @@ impl Tool for Search {
                 resume.map(|r| (r.after, r.line)),
                 limit,
                 ws.search_workers,
+                &ws.sandbox.guard().listing(),
             );
             let shown = located.display(ws.sandbox.workspace());
             let matches: Vec<Value> = page

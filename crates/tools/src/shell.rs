@@ -235,11 +235,10 @@ impl Shell {
                 .ws
                 .sandbox
                 .locate(cwd, crate::sandbox::Access::Write)
-                .map_err(|e| ToolError::not_applied(e.to_string()))?;
-            // Opened beneath the root first, so a cwd that escapes is refused here.
-            located
-                .open_dir()
-                .map_err(|e| ToolError::not_applied(e.to_string()))?;
+                .map_err(crate::files::sandbox_err)?;
+            // Opened beneath the root first, so a cwd that escapes, or lies in ring0's own
+            // state, is refused here.
+            located.open_dir().map_err(crate::files::sandbox_err)?;
             spec = spec.cwd(located.root.path().join(&located.rel));
         }
         for (k, v) in &a.env {

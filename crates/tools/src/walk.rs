@@ -6,8 +6,10 @@
 //! which refuses a symlink that leads out), never follows symlinks to directories, and takes only
 //! the rule matching from `ignore` (`.gitignore` and `.ignore` files, read through the same
 //! handles). Children are visited in byte order of their names, so a walk is deterministic and a
-//! page can resume after a path.
+//! page can resume after a path. ring0's protected paths ([`Listing`]) are left out silently:
+//! never visited, never entered.
 
+use crate::sandbox::{FileId, Listing};
 use cap_std::fs::Dir;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use std::path::{Path, PathBuf};
@@ -67,6 +69,7 @@ pub struct WalkStats {
 
 struct Frame {
     dir: Dir,
+    id: Option<FileId>,
     rel: PathBuf,
     ignore: Option<Gitignore>,
     depth: usize,
@@ -125,6 +128,7 @@ pub fn walk(
     base: &Path,
     options: WalkOptions,
     resume_after: Option<&Path>,
+    protected: &Listing,
     mut visit: impl FnMut(&Entry<'_>) -> Flow,
 ) -> WalkStats {
     let mut stats = WalkStats::default();
@@ -136,19 +140,20 @@ pub fn walk(
         .then(|| read_ignore_rules(&start, base))
         .flatten();
     stack.push(Frame {
+        id: Listing::id_of(&start),
         dir: start,
         rel: PathBuf::new(),
         ignore: root_ignore,
         depth: 0,
     });
     // Depth-first with an explicit list of pending directories per level.
-    let mut pending: Vec<Vec<(String, Kind)>> = Vec::new();
+    let mut pending: Vec<Vec<(String, Kind, u64)>> = Vec::new();
     match list(&stack[0].dir, &mut stats) {
         Some(children) => pending.push(children),
         None => return stats,
     }
     while let Some(level) = pending.last_mut() {
-        let Some((name, kind)) = level.pop() else {
+        let Some((name, kind, ino)) = level.pop() else {
             pending.pop();
             stack.pop();
             continue;
@@ -159,6 +164,9 @@ pub fn walk(
             continue;
         }
         if options.gitignore && ignored(&stack, &base.join(&rel), kind == Kind::Dir) {
+            continue;
+        }
+        if protected.hides(&frame.dir, frame.id, &name, ino, kind == Kind::File) {
             continue;
         }
         let before_resume = resume_after.is_some_and(|after| rel.as_path() <= after);
@@ -194,6 +202,7 @@ pub fn walk(
             .flatten();
         let depth = frame.depth + 1;
         stack.push(Frame {
+            id: Listing::id_of(&child),
             dir: child,
             rel,
             ignore,
@@ -205,7 +214,8 @@ pub fn walk(
 }
 
 /// The entries of `dir`, sorted so that popping from the end yields them in ascending order.
-fn list(dir: &Dir, stats: &mut WalkStats) -> Option<Vec<(String, Kind)>> {
+fn list(dir: &Dir, stats: &mut WalkStats) -> Option<Vec<(String, Kind, u64)>> {
+    use std::os::unix::fs::DirEntryExt;
     let Ok(entries) = dir.entries() else {
         stats.dirs_unreadable += 1;
         return None;
@@ -228,7 +238,7 @@ fn list(dir: &Dir, stats: &mut WalkStats) -> Option<Vec<(String, Kind)>> {
             Ok(t) if t.is_file() => Kind::File,
             _ => Kind::Other,
         };
-        out.push((name, kind));
+        out.push((name, kind, entry.ino()));
     }
     out.sort_by(|a, b| b.0.cmp(&a.0));
     Some(out)

@@ -48,7 +48,9 @@ pub fn python(peers: &Path) -> PathBuf {
 /// Runs a Python client script (`cmd`, arguments included) to its end and returns what it
 /// reports: its last line of output, as JSON.
 pub fn python_report(cmd: &mut Command) -> Value {
-    let out = cmd.output().expect("python");
+    // A ring0 the client starts sees only the SDK's default environment (HOME among it): its
+    // default state directory then lies under the tests' own directory, never the user's.
+    let out = cmd.env("HOME", test_home()).output().expect("python");
     assert!(
         out.status.success(),
         "the Python client failed:\n{}\n{}",
@@ -57,6 +59,13 @@ pub fn python_report(cmd: &mut Command) -> Value {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("one JSON line")
+}
+
+/// A home directory for the processes the tests start, inside the build's temporary directory.
+pub fn test_home() -> PathBuf {
+    let home = Path::new(env!("CARGO_TARGET_TMPDIR")).join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    home
 }
 
 /// Waits (up to [`HTTP_WAIT`]) until the file at `path` contains `needle`; fails saying `what`
@@ -85,7 +94,8 @@ pub fn one_upstream_config(
     tool_tables: &str,
 ) -> String {
     format!(
-        "[[grants]]\nname = {grant:?}\ntools = {tools}\nceiling = {ceiling:?}\n\n\
+        "[workspace]\nstate_dir = \".ring0\"\n\n\
+         [[grants]]\nname = {grant:?}\ntools = {tools}\nceiling = {ceiling:?}\n\n\
          [[upstreams]]\nalias = {alias:?}\n{transport}\n\
          [upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\n\
          strategy = [\"exploration\"]\n{tool_tables}"
@@ -162,7 +172,8 @@ pub fn start_http(mut cmd: Command) -> HttpServer {
 pub fn serve_http_command(dir: &std::path::Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ring0"));
     cmd.args(["serve", "--http", "127.0.0.1:0"])
-        .current_dir(dir);
+        .current_dir(dir)
+        .env("RING0_STATE_DIR", dir.join(".ring0"));
     cmd
 }
 

@@ -7,9 +7,10 @@
 //! one, never half of either. The directory is created private (mode 0700): records hold handles.
 //!
 //! At startup every record still marked live belongs to a ring0 that died without finishing it:
-//! the processes it left are killed (found by process group, session and the environment token,
-//! and only if they started after the job under the same boot) and the record becomes KILLED,
-//! with a note and its log intact.
+//! the processes it left are killed (those carrying the job's environment token, and those
+//! sharing its process group or session with one that does; only if they started after the job
+//! under the same boot) and the record becomes KILLED, with a note and its log intact. An edited
+//! record cannot point the kill at an unrelated process: none carries the token.
 
 use crate::error::JobError;
 use crate::jobs::types::{JobHandle, JobState, SessionId};
@@ -151,20 +152,42 @@ impl Store {
     }
 }
 
-/// Live processes a job of a previous run left behind.
+/// Shortest supervision token a record may name; a shorter one (an edited record) identifies
+/// no process.
+const TOKEN_CHARS_MIN: usize = 16;
+
+/// Live processes a job of a previous run left behind. A record on disk is not trusted to name
+/// them: a process is the job's only if it carries the job's supervision token in its
+/// environment (set by ring0 when it started the job), or if it shares the job's process group
+/// or session with one that does — a pid, group or start time in the record alone never makes an
+/// unrelated process a target.
 fn leftovers(record: &JobRecord, boot_id: Option<&str>) -> Vec<ProcStatus> {
     if record.boot_id.as_deref() != boot_id || boot_id.is_none() {
         return Vec::new();
     }
+    if record.token.len() < TOKEN_CHARS_MIN {
+        return Vec::new();
+    }
     let me = rustix::process::getpid().as_raw_nonzero().get();
-    proc::all()
+    let candidates: Vec<ProcStatus> = proc::all()
         .into_values()
         .filter(|p| p.pid != me && !p.is_zombie() && p.start_ticks >= record.root_start_ticks)
+        .collect();
+    let marked: Vec<&ProcStatus> = candidates
+        .iter()
+        .filter(|p| proc::has_env_marker(p.pid, SUPERVISION_TOKEN_ENV, &record.token))
+        .collect();
+    let group_verified = marked
+        .iter()
+        .any(|p| p.pgrp == record.root_pid || p.session == record.root_pid);
+    let marked_pids: Vec<i32> = marked.iter().map(|p| p.pid).collect();
+    candidates
+        .iter()
         .filter(|p| {
-            p.pgrp == record.root_pid
-                || p.session == record.root_pid
-                || proc::has_env_marker(p.pid, SUPERVISION_TOKEN_ENV, &record.token)
+            marked_pids.contains(&p.pid)
+                || (group_verified && (p.pgrp == record.root_pid || p.session == record.root_pid))
         })
+        .copied()
         .collect()
 }
 

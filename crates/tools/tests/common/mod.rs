@@ -34,8 +34,13 @@ impl Env {
 
     pub fn with_workspace(dir: tempfile::TempDir, ws: PathBuf) -> Self {
         let cfg = config(&ws, &dir.path().join("state"));
+        Self::with_config(dir, ws, &cfg)
+    }
+
+    /// The tools as `cfg` configures them, over `ws`.
+    pub fn with_config(dir: tempfile::TempDir, ws: PathBuf, cfg: &ToolsConfig) -> Self {
         let mut builder = Kernel::builder();
-        for (spec, tool) in builtin_tools(&cfg).unwrap() {
+        for (spec, tool) in builtin_tools(cfg).unwrap() {
             builder = builder.tool(spec, tool).unwrap();
         }
         let kernel = builder
