@@ -98,6 +98,9 @@ pub struct Config {
     /// Checked here so every subcommand refuses the same invalid file.
     #[serde(default)]
     pub upstreams: Vec<ring0_mcp::UpstreamConfig>,
+    /// `[auth]`: who may call `ring0 serve --http` (see `ring0_mcp::auth::AuthConfig`).
+    #[serde(default)]
+    pub auth: ring0_mcp::auth::AuthConfig,
 }
 
 /// `[workspace]`
@@ -303,6 +306,9 @@ pub struct Loaded {
     pub workspace: PathBuf,
     /// The state directory, absolute.
     pub state_dir: PathBuf,
+    /// The directory of the configuration file (the current directory for the embedded
+    /// defaults): relative paths of the file are resolved against it.
+    pub config_dir: PathBuf,
 }
 
 impl Config {
@@ -365,6 +371,11 @@ impl Config {
         }
         ring0_mcp::config::validate(&self.upstreams)
             .map_err(|e| err("upstreams".into(), e.to_string()))?;
+        // Paths are only joined here; the key set is read when `serve --http` starts.
+        self.auth.validate(Path::new(".")).map_err(|why| {
+            let (key, why) = why.split_once(": ").unwrap_or(("auth", why.as_str()));
+            err(key.to_string(), why.to_string())
+        })?;
         if self.paths.read.is_empty() && self.paths.write.is_empty() {
             return Err(err("paths".into(), "grants no root at all".into()));
         }
@@ -442,11 +453,13 @@ impl Config {
             source,
             workspace,
             state_dir,
+            config_dir: base,
         })
     }
 }
 
-fn read_bounded(path: &Path) -> Result<String, String> {
+/// Reads a configuration file, refusing one beyond [`CONFIG_BYTES_MAX`].
+pub fn read_bounded(path: &Path) -> Result<String, String> {
     use std::io::Read;
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let mut text = String::new();

@@ -16,6 +16,7 @@ mod journal_cmd;
 mod run_cmd;
 mod serve_cmd;
 mod shape_cmd;
+mod token_cmd;
 mod turn_cmd;
 
 /// Where the embedded defaults keep state, relative to the workspace.
@@ -52,6 +53,8 @@ enum Command {
     Approve(approve_cmd::DecideArgs),
     /// Deny a call held for approval (`ring0 deny ap_… --reason TEXT`).
     Deny(approve_cmd::DecideArgs),
+    /// Manage the static bearer tokens of `serve --http` (`ring0 token add NAME`).
+    Token(token_cmd::TokenArgs),
 }
 
 #[derive(Args)]
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
         Command::Turn(args) => turn_cmd::run(args),
         Command::Approve(args) => approve_cmd::run(args, true),
         Command::Deny(args) => approve_cmd::run(args, false),
+        Command::Token(args) => token_cmd::run(args),
     };
     match result {
         Ok(output) => {

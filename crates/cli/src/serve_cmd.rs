@@ -38,7 +38,9 @@ pub struct ServeArgs {
     /// The TOML config (default: ./ring0.toml if present, else the embedded defaults).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Name of an environment variable holding the bearer token HTTP clients must send.
+    /// Name of an environment variable holding a bearer token that HTTP clients may send to
+    /// act as the local user (principal `local`). `[auth]` in the config adds tokens and JWTs
+    /// for other principals.
     #[arg(long, value_name = "VAR")]
     token_env: Option<String>,
     /// Accept this Host (and origin) besides loopback, for a non-loopback --http bind.
@@ -118,11 +120,18 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
     };
     if let Some(addr) = args.http
         && !addr.ip().is_loopback()
-        && args.allow_host.is_empty()
     {
-        return Err(format!(
-            "--http {addr} is not a loopback address: name the hosts clients will use with --allow-host"
-        ));
+        if token.is_none() && !loaded.config.auth.has_credentials() {
+            return Err(format!(
+                "--http {addr} is not a loopback address: serving beyond this machine needs \
+                 credentials ([auth] tokens or jwt in the config, or --token-env)"
+            ));
+        }
+        if args.allow_host.is_empty() {
+            return Err(format!(
+                "--http {addr} is not a loopback address: name the hosts clients will use with --allow-host"
+            ));
+        }
     }
     if args.scope.is_some() && args.http.is_some() {
         return Err(
@@ -234,7 +243,9 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
                 });
                 let options = HttpOptions {
                     addr,
-                    bearer_token: token,
+                    auth: loaded.config.auth.clone(),
+                    local_token: token,
+                    config_dir: loaded.config_dir.clone(),
                     extra_hosts: args.allow_host.clone(),
                     extra_origins: args
                         .allow_host
@@ -243,11 +254,18 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
                         .collect(),
                 };
                 let log2 = log.clone();
-                ring0_mcp::http::serve_http(gw, approvals, options, shutdown, move |bound| {
-                    if bound != addr {
-                        log2.line(&format!("listening on http://{bound}{MCP_PATH}"));
-                    }
-                })
+                ring0_mcp::http::serve_http(
+                    gw,
+                    approvals,
+                    options,
+                    log.clone(),
+                    shutdown,
+                    move |bound| {
+                        if bound != addr {
+                            log2.line(&format!("listening on http://{bound}{MCP_PATH}"));
+                        }
+                    },
+                )
                 .await
             }
         }
