@@ -27,8 +27,19 @@ struct Served {
 }
 
 impl Served {
+    /// Whether ring0 logs a line containing `needle` (waiting up to [`HTTP_WAIT`]: the line is
+    /// written before the response leaves, but read from the pipe by another thread).
     fn log_has(&self, needle: &str) -> bool {
-        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+        let deadline = std::time::Instant::now() + HTTP_WAIT;
+        loop {
+            if self.log.lock().unwrap().iter().any(|l| l.contains(needle)) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 }
 

@@ -131,10 +131,23 @@ struct Key {
     key: DecodingKey,
 }
 
-struct Cache {
-    keys: HashMap<String, Key>,
+/// The usable keys of a key set.
+#[derive(Default)]
+struct KeySet {
+    /// By `kid`.
+    named: HashMap<String, Key>,
     /// Keys without a `kid` (used only when the set has exactly one key).
     unnamed: Vec<Key>,
+}
+
+impl KeySet {
+    fn is_empty(&self) -> bool {
+        self.named.is_empty() && self.unnamed.is_empty()
+    }
+}
+
+struct Cache {
+    keys: KeySet,
     read_at: Instant,
     /// When an unknown `kid` last made ring0 read the set again.
     refreshed_at: Option<Instant>,
@@ -181,16 +194,15 @@ impl JwtVerifier {
             source,
             http,
             cache: tokio::sync::Mutex::new(Cache {
-                keys: HashMap::new(),
-                unnamed: Vec::new(),
+                keys: KeySet::default(),
                 read_at: Instant::now(),
                 refreshed_at: None,
             }),
             reading: tokio::sync::Mutex::new(()),
             problems: Mutex::new(Vec::new()),
         };
-        let (keys, unnamed) = verifier.read().await?;
-        if keys.is_empty() && unnamed.is_empty() {
+        let keys = verifier.read().await?;
+        if keys.is_empty() {
             return Err(format!(
                 "auth.jwt: the key set {} holds no RS256, ES256 or EdDSA signing key",
                 verifier.describe_source()
@@ -198,7 +210,6 @@ impl JwtVerifier {
         }
         *verifier.cache.lock().await = Cache {
             keys,
-            unnamed,
             read_at: Instant::now(),
             refreshed_at: None,
         };
@@ -319,20 +330,20 @@ impl JwtVerifier {
             if fresh && let Some(found) = pick(&cache, kid) {
                 return Ok(found);
             }
-            if fresh
-                && cache
-                    .refreshed_at
-                    .is_some_and(|t| t.elapsed() < JWKS_REFRESH_INTERVAL_MIN)
+            // At most one read per interval, whether for an unknown `kid` or a stale set (an
+            // issuer that is down is not asked again on every request).
+            if cache
+                .refreshed_at
+                .is_some_and(|t| t.elapsed() < JWKS_REFRESH_INTERVAL_MIN)
             {
-                return Err(unknown_key(kid));
+                return pick(&cache, kid).ok_or_else(|| unknown_key(kid));
             }
             cache.refreshed_at = Some(Instant::now());
         }
         match self.read().await {
-            Ok((keys, unnamed)) => {
+            Ok(keys) => {
                 let mut cache = self.cache.lock().await;
                 cache.keys = keys;
-                cache.unnamed = unnamed;
                 cache.read_at = Instant::now();
                 pick(&cache, kid).ok_or_else(|| unknown_key(kid))
             }
@@ -349,17 +360,17 @@ impl JwtVerifier {
     }
 
     /// Reads and parses the key set.
-    async fn read(&self) -> Result<(HashMap<String, Key>, Vec<Key>), String> {
+    async fn read(&self) -> Result<KeySet, String> {
         let text = match (&self.source, &self.http) {
             (JwksSource::File(path), _) => read_file_bounded(path)?,
             (JwksSource::Url(url), Some(http)) => fetch_bounded(http, url).await?,
             (JwksSource::Url(_), None) => return Err("no HTTP client".into()),
         };
-        let (keys, unnamed, skipped) = parse_key_set(&text)?;
+        let (keys, skipped) = parse_key_set(&text)?;
         if !skipped.is_empty() {
             self.problems.lock().expect("problems").extend(skipped);
         }
-        Ok((keys, unnamed))
+        Ok(keys)
     }
 }
 
@@ -371,10 +382,11 @@ fn unknown_key(kid: Option<&str>) -> Refused {
 }
 
 fn pick(cache: &Cache, kid: Option<&str>) -> Option<(Algorithm, DecodingKey)> {
+    let set = &cache.keys;
     let key = match kid {
-        Some(k) => cache.keys.get(k)?,
-        None if cache.keys.len() + cache.unnamed.len() == 1 => {
-            cache.keys.values().chain(cache.unnamed.iter()).next()?
+        Some(k) => set.named.get(k)?,
+        None if set.named.len() + set.unnamed.len() == 1 => {
+            set.named.values().chain(set.unnamed.iter()).next()?
         }
         None => return None,
     };
@@ -422,7 +434,7 @@ fn key_algorithm(jwk: &Jwk) -> Result<Algorithm, String> {
 }
 
 /// Parses a key set: the usable keys by `kid`, those without one, and what was skipped.
-fn parse_key_set(text: &str) -> Result<(HashMap<String, Key>, Vec<Key>, Vec<String>), String> {
+fn parse_key_set(text: &str) -> Result<(KeySet, Vec<String>), String> {
     #[derive(Deserialize)]
     struct Set {
         keys: Vec<Value>,
@@ -434,6 +446,7 @@ fn parse_key_set(text: &str) -> Result<(HashMap<String, Key>, Vec<Key>, Vec<Stri
     let mut keys = HashMap::new();
     let mut unnamed = Vec::new();
     let mut skipped = Vec::new();
+    let mut ambiguous = std::collections::BTreeSet::new();
     for (i, raw) in set.keys.into_iter().enumerate() {
         let parsed = serde_json::from_value::<Jwk>(raw)
             .map_err(|e| e.to_string())
@@ -443,8 +456,12 @@ fn parse_key_set(text: &str) -> Result<(HashMap<String, Key>, Vec<Key>, Vec<Stri
                 Ok((jwk.common.key_id.clone(), Key { algorithm, key }))
             });
         match parsed {
+            Ok((Some(kid), _)) if ambiguous.contains(&kid) => {
+                skipped.push(format!("key {i}: the kid {kid:?} is used more than once"));
+            }
             Ok((Some(kid), key)) => {
                 if keys.insert(kid.clone(), key).is_some() {
+                    ambiguous.insert(kid.clone());
                     // Two keys under one id: neither can be told apart, so neither is used.
                     keys.remove(&kid);
                     skipped.push(format!("key {i}: the kid {kid:?} is used twice"));
@@ -454,7 +471,13 @@ fn parse_key_set(text: &str) -> Result<(HashMap<String, Key>, Vec<Key>, Vec<Stri
             Err(why) => skipped.push(format!("key {i} skipped: {why}")),
         }
     }
-    Ok((keys, unnamed, skipped))
+    Ok((
+        KeySet {
+            named: keys,
+            unnamed,
+        },
+        skipped,
+    ))
 }
 
 fn read_file_bounded(path: &std::path::Path) -> Result<String, String> {
