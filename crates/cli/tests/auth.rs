@@ -573,3 +573,97 @@ fn header_of(head: &str) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+// ---- upstreams ----
+
+/// The header recorder upstream, killed when dropped.
+struct Recorder {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_recorder(record: &Path) -> Recorder {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/header_recorder.py");
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .arg(record)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("the recorder's address")
+        .to_string();
+    Recorder { child, url }
+}
+
+#[test]
+fn a_clients_token_never_reaches_an_upstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("upstream-requests.jsonl");
+    let recorder = start_recorder(&record);
+    let config = one_upstream_config(
+        "rec",
+        "[\"rec__*\"]",
+        "A0",
+        "rec",
+        &format!(
+            "url = {:?}\nheaders = {{ X-Upstream-Key = \"configured\" }}",
+            recorder.url
+        ),
+        "",
+    );
+    std::fs::write(
+        dir.path().join("ring0.toml"),
+        format!(
+            "{config}\n[[auth.tokens]]\nname = \"alice\"\nsha256 = {:?}\n",
+            sha256_hex("alice-client-secret")
+        ),
+    )
+    .unwrap();
+    let s = serve(dir.path(), &[], &[]);
+    let auth = bearer("alice-client-secret");
+    let (head, _) = post_raw(&s.server.addr, &[("Authorization", &auth)], &init_body());
+    assert_eq!(status(&head), 200, "{head}");
+    let session = header(&head, "mcp-session-id").unwrap().to_string();
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                      "params": {"name": "rec__ping", "arguments": {}}});
+    let (head, reply) = post(
+        &s.server.addr,
+        &[
+            ("Authorization", &auth),
+            ("Mcp-Session-Id", &session),
+            ("MCP-Protocol-Version", "2025-06-18"),
+        ],
+        &call,
+    );
+    assert!(head.contains(" 200 "), "{head}");
+    assert_eq!(reply["result"]["content"][0]["text"], "pong", "{reply}");
+    let requests: Vec<Value> = std::fs::read_to_string(&record)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let forwarded = requests
+        .iter()
+        .find(|r| r["method"] == "tools/call")
+        .expect("the call reached the upstream");
+    assert_eq!(forwarded["headers"]["x-upstream-key"], "configured");
+    for r in &requests {
+        assert!(r["headers"].get("authorization").is_none(), "{r}");
+        assert!(!r.to_string().contains("alice-client-secret"), "{r}");
+    }
+}
