@@ -7,6 +7,10 @@
 //! goes under `.ring0/spill`. Where it serves, the workspace, the journal and the grants in effect
 //! are printed to stderr at start; stdout carries the stdio transport and nothing else.
 //!
+//! Over HTTP, `[auth]` in the config (static tokens, JWTs; see `docs/config.md`) and
+//! `--token-env` name who may call and as which principal; without any credential, only loopback
+//! addresses are served and every client is the local user.
+//!
 //! Calls held for approval are asked over MCP (elicitation), or with a confirmation code printed
 //! here for the person when the client cannot be asked.
 //!
@@ -43,7 +47,8 @@ pub struct ServeArgs {
     /// for other principals.
     #[arg(long, value_name = "VAR")]
     token_env: Option<String>,
-    /// Accept this Host (and origin) besides loopback, for a non-loopback --http bind.
+    /// Accept this Host (and origin) besides loopback, for a non-loopback --http bind (which
+    /// needs credentials: `[auth]` or --token-env).
     #[arg(long, value_name = "HOST")]
     allow_host: Vec<String>,
     /// The user-intent scope of the stdio session (part of every call's identity). By default

@@ -328,3 +328,32 @@ pub async fn serve_http(
         .await
         .map_err(|e| format!("serving HTTP: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_owners_are_bounded_forgetting_the_oldest_first() {
+        let owners = SessionOwners::default();
+        for i in 0..SESSION_OWNERS_MAX + 2 {
+            owners.bind(&format!("s{i}"), "alice");
+        }
+        assert_eq!(owners.owner("s0"), None);
+        assert_eq!(owners.owner("s1"), None);
+        assert_eq!(owners.owner("s2").as_deref(), Some("alice"));
+        let last = format!("s{}", SESSION_OWNERS_MAX + 1);
+        assert_eq!(owners.owner(&last).as_deref(), Some("alice"));
+        owners.forget(&last);
+        assert_eq!(owners.owner(&last), None);
+    }
+
+    #[test]
+    fn a_session_keeps_the_principal_that_opened_it() {
+        let owners = SessionOwners::default();
+        owners.bind("s", "alice");
+        owners.bind("s", "alice");
+        assert_eq!(owners.owner("s").as_deref(), Some("alice"));
+        assert_eq!(owners.owners.lock().unwrap().1.len(), 1);
+    }
+}

@@ -159,7 +159,7 @@ struct Cache {
 pub struct Refused(pub String);
 
 /// Verifies JWTs against one issuer's key set.
-pub struct JwtVerifier {
+pub struct JwtIssuer {
     config: JwtConfig,
     audience: Vec<String>,
     source: JwksSource,
@@ -170,7 +170,7 @@ pub struct JwtVerifier {
     problems: Mutex<Vec<String>>,
 }
 
-impl JwtVerifier {
+impl JwtIssuer {
     /// Reads the key set once (failing if it cannot be read or holds no usable key).
     /// `resource` is the default audience.
     pub async fn new(

@@ -113,7 +113,7 @@ pub struct Authenticator {
     resource: String,
     authorization_servers: Vec<String>,
     tokens: token::StaticTokens,
-    jwt: Option<jwt::JwtVerifier>,
+    jwt: Option<jwt::JwtIssuer>,
 }
 
 impl Authenticator {
@@ -137,7 +137,7 @@ impl Authenticator {
             .collect();
         let tokens = token::StaticTokens::new(&config.tokens, extra);
         let jwt = match &config.jwt {
-            Some(j) => Some(jwt::JwtVerifier::new(j.clone(), base, &resource).await?),
+            Some(j) => Some(jwt::JwtIssuer::new(j.clone(), base, &resource).await?),
             None => None,
         };
         Ok(Self {
@@ -157,7 +157,7 @@ impl Authenticator {
     pub fn take_problems(&self) -> Vec<String> {
         self.jwt
             .as_ref()
-            .map(jwt::JwtVerifier::take_problems)
+            .map(jwt::JwtIssuer::take_problems)
             .unwrap_or_default()
     }
 
