@@ -453,3 +453,60 @@ fn key_set_urls_must_be_https_or_loopback() {
     assert!(jwt::check_jwks_url("http://id.test/jwks").is_err());
     assert!(jwt::check_jwks_url("file:///etc/jwks").is_err());
 }
+
+/// Serves `body` as the answer to every request on a loopback port; returns the URL.
+async fn serve_once_per_request(body: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = tcp.read(&mut buf).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tcp.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{addr}/jwks")
+}
+
+#[tokio::test]
+async fn a_key_set_url_on_loopback_is_fetched_and_used() {
+    let k = TestKey::ed25519();
+    let url = serve_once_per_request(json!({"keys": [k.jwk("k")]}).to_string()).await;
+    let text = format!("[jwt]\nissuer = {ISSUER:?}\njwks_url = {url:?}\n");
+    let config: AuthConfig = toml::from_str(&text).unwrap();
+    let auth = Authenticator::new(&config, None, std::path::Path::new("/"), RESOURCE)
+        .await
+        .unwrap();
+    let p = check(&auth, &k.token("k", json!({}), &claims()))
+        .await
+        .unwrap();
+    assert_eq!(p.id, "alice");
+}
+
+#[tokio::test]
+async fn a_key_set_without_a_usable_key_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("jwks.json"),
+        json!({"keys": [{"kty": "oct", "kid": "h", "k": "c2VjcmV0"}]}).to_string(),
+    )
+    .unwrap();
+    let text = format!("[jwt]\nissuer = {ISSUER:?}\njwks_file = \"jwks.json\"\n");
+    let config: AuthConfig = toml::from_str(&text).unwrap();
+    let e = Authenticator::new(&config, None, dir.path(), RESOURCE)
+        .await
+        .err()
+        .expect("an HMAC secret is no signing key ring0 accepts");
+    assert!(
+        e.contains("holds no RS256, ES256 or EdDSA signing key"),
+        "{e}"
+    );
+}
