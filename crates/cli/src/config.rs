@@ -680,6 +680,25 @@ mod tests {
     }
 
     #[test]
+    fn auth_mistakes_are_named_by_key() {
+        let e = Config::parse(
+            "[[auth.tokens]]\nname = \"ci\"\nsha256 = \"not-hex\"\n",
+            "t.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "auth.tokens[0].sha256");
+        let e = Config::parse(
+            "[auth.jwt]\nissuer = \"https://id.test\"\njwks_url = \"http://id.test/jwks\"\n",
+            "t.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "auth.jwt.jwks_url");
+        assert!(e.why.contains("loopback"), "{e}");
+        let e = Config::parse("[auth]\nresorce = \"x\"\n", "t.toml").unwrap_err();
+        assert!(e.why.contains("unknown field"), "{e}");
+    }
+
+    #[test]
     fn bad_ceiling_and_rate_are_refused() {
         let e = Config::parse(
             "[[grants]]\nname = \"g\"\ntools = [\"*\"]\nceiling = \"A9\"\n",
