@@ -284,6 +284,7 @@ async fn mediated(
     let generation = server.gateway().generation();
     let session = generation.kernel.open_session(
         SessionConfig::new(scope.to_string())
+            .principal(server.principal().clone())
             .authorizer(generation.gate.clone())
             .max_concurrent_tools(1),
     );
