@@ -97,6 +97,9 @@ pub struct Config {
     /// Checked here so every subcommand refuses the same invalid file.
     #[serde(default)]
     pub upstreams: Vec<ring0_mcp::UpstreamConfig>,
+    /// `[auth]`: who may call `ring0 serve --http` (see `ring0_mcp::auth::AuthConfig`).
+    #[serde(default)]
+    pub auth: ring0_mcp::auth::AuthConfig,
 }
 
 /// `[workspace]`
@@ -307,6 +310,9 @@ pub struct Loaded {
     pub config_default: PathBuf,
     /// The state directory is the legacy `.ring0` inside the workspace.
     pub legacy_state: bool,
+    /// The directory of the configuration file (the current directory for the embedded
+    /// defaults): relative paths of the file are resolved against it.
+    pub config_dir: PathBuf,
 }
 
 impl Loaded {
@@ -387,6 +393,11 @@ impl Config {
         }
         ring0_mcp::config::validate(&self.upstreams)
             .map_err(|e| err("upstreams".into(), e.to_string()))?;
+        // Paths are only joined here; the key set is read when `serve --http` starts.
+        self.auth.validate(Path::new(".")).map_err(|why| {
+            let (key, why) = why.split_once(": ").unwrap_or(("auth", why.as_str()));
+            err(key.to_string(), why.to_string())
+        })?;
         if self.paths.read.is_empty() && self.paths.write.is_empty() {
             return Err(err("paths".into(), "grants no root at all".into()));
         }
@@ -489,11 +500,13 @@ impl Config {
             config_file,
             config_default,
             legacy_state: choice.legacy,
+            config_dir: base,
         })
     }
 }
 
-fn read_bounded(path: &Path) -> Result<String, String> {
+/// Reads a configuration file, refusing one beyond [`CONFIG_BYTES_MAX`].
+pub fn read_bounded(path: &Path) -> Result<String, String> {
     use std::io::Read;
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let mut text = String::new();
@@ -726,6 +739,25 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.key, "grants[0].rules[1]");
+    }
+
+    #[test]
+    fn auth_mistakes_are_named_by_key() {
+        let e = Config::parse(
+            "[[auth.tokens]]\nname = \"ci\"\nsha256 = \"not-hex\"\n",
+            "t.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "auth.tokens[0].sha256");
+        let e = Config::parse(
+            "[auth.jwt]\nissuer = \"https://id.test\"\njwks_url = \"http://id.test/jwks\"\n",
+            "t.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "auth.jwt.jwks_url");
+        assert!(e.why.contains("loopback"), "{e}");
+        let e = Config::parse("[auth]\nresorce = \"x\"\n", "t.toml").unwrap_err();
+        assert!(e.why.contains("unknown field"), "{e}");
     }
 
     #[test]

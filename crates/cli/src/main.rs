@@ -17,6 +17,7 @@ mod run_cmd;
 mod serve_cmd;
 mod shape_cmd;
 mod state;
+mod token_cmd;
 mod turn_cmd;
 
 #[derive(Parser)]
@@ -55,6 +56,8 @@ enum Command {
     Approve(approve_cmd::DecideArgs),
     /// Deny a call held for approval (`ring0 deny ap_… --reason TEXT`).
     Deny(approve_cmd::DecideArgs),
+    /// Manage the static bearer tokens of `serve --http` (`ring0 token add NAME`).
+    Token(token_cmd::TokenArgs),
 }
 
 #[derive(Args)]
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
         Command::Turn(args) => turn_cmd::run(args, state),
         Command::Approve(args) => approve_cmd::run(args, true, state),
         Command::Deny(args) => approve_cmd::run(args, false, state),
+        Command::Token(args) => token_cmd::run(args),
     };
     match result {
         Ok(output) => {

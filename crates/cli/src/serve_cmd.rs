@@ -8,6 +8,10 @@
 //! `spill/`. Where it serves, the workspace, the state directory, the journal and the grants in
 //! effect are printed to stderr at start; stdout carries the stdio transport and nothing else.
 //!
+//! Over HTTP, `[auth]` in the config (static tokens, JWTs; see `docs/config.md`) and
+//! `--token-env` name who may call and as which principal; without any credential, only loopback
+//! addresses are served and every client is the local user.
+//!
 //! Calls held for approval are asked over MCP (elicitation), or with a confirmation code printed
 //! here for the person when the client cannot be asked.
 //!
@@ -39,10 +43,13 @@ pub struct ServeArgs {
     /// The TOML config (default: ./ring0.toml if present, else the embedded defaults).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Name of an environment variable holding the bearer token HTTP clients must send.
+    /// Name of an environment variable holding a bearer token that HTTP clients may send to
+    /// act as the local user (principal `local`). `[auth]` in the config adds tokens and JWTs
+    /// for other principals.
     #[arg(long, value_name = "VAR")]
     token_env: Option<String>,
-    /// Accept this Host (and origin) besides loopback, for a non-loopback --http bind.
+    /// Accept this Host (and origin) besides loopback, for a non-loopback --http bind (which
+    /// needs credentials: `[auth]` or --token-env).
     #[arg(long, value_name = "HOST")]
     allow_host: Vec<String>,
     /// The user-intent scope of the stdio session (part of every call's identity). By default
@@ -120,11 +127,18 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
     };
     if let Some(addr) = args.http
         && !addr.ip().is_loopback()
-        && args.allow_host.is_empty()
     {
-        return Err(format!(
-            "--http {addr} is not a loopback address: name the hosts clients will use with --allow-host"
-        ));
+        if token.is_none() && !loaded.config.auth.has_credentials() {
+            return Err(format!(
+                "--http {addr} is not a loopback address: serving beyond this machine needs \
+                 credentials ([auth] tokens or jwt in the config, or --token-env)"
+            ));
+        }
+        if args.allow_host.is_empty() {
+            return Err(format!(
+                "--http {addr} is not a loopback address: name the hosts clients will use with --allow-host"
+            ));
+        }
     }
     if args.scope.is_some() && args.http.is_some() {
         return Err(
@@ -237,7 +251,9 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
                 });
                 let options = HttpOptions {
                     addr,
-                    bearer_token: token,
+                    auth: loaded.config.auth.clone(),
+                    local_token: token,
+                    config_dir: loaded.config_dir.clone(),
                     extra_hosts: args.allow_host.clone(),
                     extra_origins: args
                         .allow_host
@@ -246,11 +262,18 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
                         .collect(),
                 };
                 let log2 = log.clone();
-                ring0_mcp::http::serve_http(gw, approvals, options, shutdown, move |bound| {
-                    if bound != addr {
-                        log2.line(&format!("listening on http://{bound}{MCP_PATH}"));
-                    }
-                })
+                ring0_mcp::http::serve_http(
+                    gw,
+                    approvals,
+                    options,
+                    log.clone(),
+                    shutdown,
+                    move |bound| {
+                        if bound != addr {
+                            log2.line(&format!("listening on http://{bound}{MCP_PATH}"));
+                        }
+                    },
+                )
                 .await
             }
         }

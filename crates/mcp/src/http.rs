@@ -6,70 +6,209 @@
 //! checks `Host` against DNS rebinding. ring0 configures it explicitly rather than trusting its
 //! defaults: loopback hosts only unless configured, browser `Origin`s checked against the allowed
 //! list (loopback origins by default; requests without an `Origin`, as non-browser clients send,
-//! pass), and an optional bearer token checked here before the request reaches the service.
+//! pass). With credentials configured (see [`crate::auth`]), a gate in front of the service
+//! authenticates every request and serves it as its principal: the session a request creates
+//! acts for that principal, and a sessionful session answers only requests of the principal
+//! that opened it (any other gets 404, as for a session that does not exist). Stateless
+//! 2026-07-28 requests each act for their own credential's principal. Without credentials,
+//! only loopback addresses are served and every client is `local`.
 //! Tool listings and results leave as the raw JSON ring0 built: a response layer replaces the
 //! typed stand-ins rmcp serializes (see [`crate::lossless`]).
 
 use crate::approval::Approvals;
+use crate::auth::{AuthConfig, Authenticator, METADATA_PATH, Unauthenticated};
 use crate::gateway::Gateway;
+use crate::log::Log;
 use crate::lossless::RawStash;
 use crate::server::GatewayServer;
 use crate::tasks::TaskTable;
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use ring0_core::Principal;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 /// The path the MCP endpoint is served at.
 pub const MCP_PATH: &str = "/mcp";
+/// Most sessionful sessions whose owner is remembered; the oldest is forgotten beyond (its
+/// client then gets 404 and initializes again, as the protocol has it).
+pub const SESSION_OWNERS_MAX: usize = 4096;
+/// The session header of the sessionful protocol.
+const SESSION_HEADER: &str = "mcp-session-id";
 
 /// How the HTTP endpoint is exposed.
 #[derive(Debug, Clone)]
 pub struct HttpOptions {
     pub addr: SocketAddr,
-    /// Required `Authorization: Bearer` token, if any.
-    pub bearer_token: Option<String>,
+    /// `[auth]`: static tokens, JWTs, the resource and its authorization servers.
+    pub auth: AuthConfig,
+    /// A bearer token (from `--token-env`) that authenticates as the local user.
+    pub local_token: Option<String>,
+    /// The directory relative paths of `auth` are resolved against (the config file's).
+    pub config_dir: PathBuf,
     /// Accepted `Host` values besides the loopback names (for a non-loopback bind).
     pub extra_hosts: Vec<String>,
     /// Accepted browser origins besides loopback ones.
     pub extra_origins: Vec<String>,
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
+impl HttpOptions {
+    /// Whether any credential is configured (without one, only loopback binds are served).
+    pub fn has_credentials(&self) -> bool {
+        self.local_token.is_some() || self.auth.has_credentials()
     }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn check_bearer(token: Arc<String>, request: Request, next: Next) -> Response {
-    let given = request
+tokio::task_local! {
+    /// The principal of the HTTP request being served: set by [`gate`] around the MCP service,
+    /// read where that service creates the request's session.
+    static CALLER: Principal;
+}
+
+/// Which principal opened each sessionful session: a request naming a session must carry a
+/// credential of the same principal.
+#[derive(Default)]
+struct SessionOwners {
+    owners: Mutex<(HashMap<String, String>, VecDeque<String>)>,
+}
+
+impl SessionOwners {
+    fn owner(&self, session: &str) -> Option<String> {
+        self.owners.lock().expect("owners").0.get(session).cloned()
+    }
+
+    fn bind(&self, session: &str, principal: &str) {
+        let mut guard = self.owners.lock().expect("owners");
+        let (map, order) = &mut *guard;
+        if map
+            .insert(session.to_string(), principal.to_string())
+            .is_none()
+        {
+            order.push_back(session.to_string());
+        }
+        while map.len() > SESSION_OWNERS_MAX {
+            let Some(oldest) = order.pop_front() else {
+                break;
+            };
+            map.remove(&oldest);
+        }
+    }
+
+    fn forget(&self, session: &str) {
+        let mut guard = self.owners.lock().expect("owners");
+        let (map, order) = &mut *guard;
+        if map.remove(session).is_some() {
+            order.retain(|s| s != session);
+        }
+    }
+}
+
+/// What the gate in front of `/mcp` needs.
+struct Gate {
+    auth: Option<Arc<Authenticator>>,
+    owners: SessionOwners,
+    log: Log,
+}
+
+fn unauthorized(auth: &Authenticator, why: &Unauthenticated) -> Response {
+    let text = match why {
+        Unauthenticated::Missing => "ring0: a bearer credential is required\n".to_string(),
+        Unauthenticated::Invalid(w) => format!("ring0: the bearer credential is not valid: {w}\n"),
+    };
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, auth.challenge(why))],
+        Body::from(text),
+    )
+        .into_response()
+}
+
+fn unknown_session() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Body::from("ring0: unknown session; initialize a new one\n"),
+    )
+        .into_response()
+}
+
+/// Authenticates a request to `/mcp`, binds sessionful sessions to the principal that opened
+/// them, and serves the request as that principal.
+async fn gate(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
+    let principal = match &gate.auth {
+        None => Principal::local(),
+        Some(auth) => {
+            let header = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .map(|v| v.as_bytes());
+            let result = auth.authenticate(header).await;
+            for problem in auth.take_problems() {
+                gate.log.line(&format!("auth: {problem}"));
+            }
+            match result {
+                Ok(p) => p,
+                Err(why) => return unauthorized(auth, &why),
+            }
+        }
+    };
+    let session = request
         .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        Some(t) if constant_time_eq(t.as_bytes(), token.as_bytes()) => next.run(request).await,
-        _ => (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            Body::from("ring0: a valid bearer token is required\n"),
-        )
-            .into_response(),
+        .get(SESSION_HEADER)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    if let Some(id) = &session {
+        match gate.owners.owner(id) {
+            Some(owner) if owner == principal.id => {}
+            Some(_) => {
+                gate.log.line(&format!(
+                    "refused a request of principal {} for another principal's session",
+                    principal.id
+                ));
+                return unknown_session();
+            }
+            None => return unknown_session(),
+        }
     }
+    let deleting = request.method() == Method::DELETE;
+    let id = principal.id.clone();
+    request.extensions_mut().insert(principal.clone());
+    let response = CALLER.scope(principal, next.run(request)).await;
+    match &session {
+        None => {
+            if let Some(opened) = response.headers().get(SESSION_HEADER)
+                && let Ok(opened) = opened.to_str()
+            {
+                gate.owners.bind(opened, &id);
+                gate.log
+                    .line(&format!("HTTP session opened for principal {id}"));
+            }
+        }
+        Some(old) => {
+            if response.status() == StatusCode::NOT_FOUND
+                || (deleting && response.status().is_success())
+            {
+                gate.owners.forget(old);
+            }
+        }
+    }
+    response
 }
 
-/// The axum router serving `/mcp`.
+/// The axum router serving `/mcp` (and, with credentials, the protected-resource metadata).
+/// `auth`: the credentials every request must carry; `None` serves everyone as `local`.
 pub fn router(
     gw: Gateway,
     approvals: Arc<Approvals>,
     options: &HttpOptions,
+    auth: Option<Arc<Authenticator>>,
+    log: Log,
     shutdown: CancellationToken,
 ) -> axum::Router {
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
@@ -92,41 +231,92 @@ pub fn router(
     let tasks = TaskTable::new();
     let service = StreamableHttpService::new(
         move || {
+            // Every request reaches the service through the gate, which names its principal;
+            // a session without one is never created.
+            let principal = CALLER.try_with(Principal::clone).map_err(|_| {
+                std::io::Error::other("a session was requested without an authenticated principal")
+            })?;
             Ok(GatewayServer::new_session(gw.clone(), approvals.clone())
+                .with_principal(principal)
                 .with_raw_stash(sessions_stash.clone())
                 .with_task_table(tasks.clone()))
         },
         Arc::new(LocalSessionManager::default()),
         config,
     );
+    let gate_state = Arc::new(Gate {
+        auth: auth.clone(),
+        owners: SessionOwners::default(),
+        log,
+    });
     let mut app = axum::Router::new()
         .route_service(MCP_PATH, service)
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             crate::lossless::rewrite_response(stash.clone(), req, next)
+        }))
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            gate(gate_state.clone(), req, next)
         }));
-    if let Some(token) = &options.bearer_token {
-        let token = Arc::new(token.clone());
-        app = app.layer(middleware::from_fn(move |req: Request, next: Next| {
-            check_bearer(token.clone(), req, next)
-        }));
+    if let Some(auth) = auth {
+        let document = auth.metadata().to_string();
+        let serve = move || {
+            let document = document.clone();
+            async move { ([(header::CONTENT_TYPE, "application/json")], document) }
+        };
+        app = app
+            .route(METADATA_PATH, axum::routing::get(serve.clone()))
+            .route(
+                &format!("{METADATA_PATH}{MCP_PATH}"),
+                axum::routing::get(serve),
+            );
     }
     app
 }
 
 /// Binds and serves until `shutdown` is cancelled. Returns the bound address through `bound`.
+/// Without any credential, only a loopback address is served.
 pub async fn serve_http(
     gw: Gateway,
     approvals: Arc<Approvals>,
     options: HttpOptions,
+    log: Log,
     shutdown: CancellationToken,
     bound: impl FnOnce(SocketAddr),
 ) -> Result<(), String> {
+    if !options.addr.ip().is_loopback() && !options.has_credentials() {
+        return Err(format!(
+            "{} is not a loopback address: serving beyond this machine needs credentials \
+             ([auth] tokens or jwt, or --token-env)",
+            options.addr
+        ));
+    }
     let listener = tokio::net::TcpListener::bind(options.addr)
         .await
         .map_err(|e| format!("binding {}: {e}", options.addr))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let auth = if options.has_credentials() {
+        let default_resource = format!("http://{addr}{MCP_PATH}");
+        let auth = Authenticator::new(
+            &options.auth,
+            options.local_token.clone(),
+            &options.config_dir,
+            &default_resource,
+        )
+        .await?;
+        for problem in auth.take_problems() {
+            log.line(&format!("auth: {problem}"));
+        }
+        log.line(&format!(
+            "HTTP clients must authenticate; resource {} (metadata at {})",
+            auth.resource(),
+            auth.metadata_url()
+        ));
+        Some(Arc::new(auth))
+    } else {
+        None
+    };
     bound(addr);
-    let app = router(gw, approvals, &options, shutdown.clone());
+    let app = router(gw, approvals, &options, auth, log, shutdown.clone());
     // Without TCP_NODELAY, Nagle's algorithm and the peer's delayed ACK hold small responses
     // back by tens of milliseconds.
     use axum::serve::ListenerExt;
@@ -137,4 +327,33 @@ pub async fn serve_http(
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
         .map_err(|e| format!("serving HTTP: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_owners_are_bounded_forgetting_the_oldest_first() {
+        let owners = SessionOwners::default();
+        for i in 0..SESSION_OWNERS_MAX + 2 {
+            owners.bind(&format!("s{i}"), "alice");
+        }
+        assert_eq!(owners.owner("s0"), None);
+        assert_eq!(owners.owner("s1"), None);
+        assert_eq!(owners.owner("s2").as_deref(), Some("alice"));
+        let last = format!("s{}", SESSION_OWNERS_MAX + 1);
+        assert_eq!(owners.owner(&last).as_deref(), Some("alice"));
+        owners.forget(&last);
+        assert_eq!(owners.owner(&last), None);
+    }
+
+    #[test]
+    fn a_session_keeps_the_principal_that_opened_it() {
+        let owners = SessionOwners::default();
+        owners.bind("s", "alice");
+        owners.bind("s", "alice");
+        assert_eq!(owners.owner("s").as_deref(), Some("alice"));
+        assert_eq!(owners.owners.lock().unwrap().1.len(), 1);
+    }
 }

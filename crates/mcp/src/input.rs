@@ -116,7 +116,7 @@ pub fn channel() -> (Asker, mpsc::Receiver<Question>) {
 }
 
 /// What binds a `requestState` to one call of one client: the tool, its arguments and who
-/// asked (`principal`: the HTTP `Authorization` value, or the stdio session's scope).
+/// asked (`principal`: the HTTP request's principal, or the stdio session's scope).
 pub fn binding(tool: &str, arguments: Option<&Map<String, Value>>, principal: &str) -> String {
     let args = arguments
         .map(|a| Value::Object(a.clone()))

@@ -19,9 +19,11 @@
 //! - [`pin`]: pins, the lock file, quarantine and approval;
 //! - [`lossless`]: tool listings and results as raw JSON past rmcp's typed model, over stdio and
 //!   HTTP in both eras;
-//! - [`tasks`]: background shell jobs and long upstream calls as MCP tasks.
+//! - [`tasks`]: background shell jobs and long upstream calls as MCP tasks;
+//! - [`auth`]: who is calling over HTTP (static tokens, JWTs, protected-resource metadata).
 
 pub mod approval;
+pub mod auth;
 pub mod config;
 pub mod forward;
 pub mod gateway;

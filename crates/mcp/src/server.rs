@@ -203,6 +203,8 @@ pub struct GatewayServer {
     instructions: Option<String>,
     raw: Arc<RawStash>,
     tasks: Arc<TaskTable>,
+    /// Who the session acts for: every kernel session it opens carries it to policy.
+    principal: ring0_core::Principal,
 }
 
 impl GatewayServer {
@@ -217,6 +219,7 @@ impl GatewayServer {
             listening: Arc::new(AtomicBool::new(false)),
             raw: RawStash::new(),
             tasks: TaskTable::new(),
+            principal: ring0_core::Principal::local(),
             instructions: Some(
                 "Tools are mediated by ring0: arguments are validated against each tool's schema, \
                  calls are authorized by the session's grants and recorded in a journal, and output \
@@ -234,6 +237,17 @@ impl GatewayServer {
             approvals,
             format!("mcp-session-{n}-{}", uuid::Uuid::new_v4().simple()),
         )
+    }
+
+    /// The principal the session acts for (default `local`).
+    pub fn with_principal(mut self, principal: ring0_core::Principal) -> Self {
+        self.principal = principal;
+        self
+    }
+
+    /// The principal the session acts for.
+    pub fn principal(&self) -> &ring0_core::Principal {
+        &self.principal
     }
 
     /// Shares `stash` for raw results (the HTTP endpoint's response layer reads the same one).
@@ -278,6 +292,7 @@ impl GatewayServer {
         Arc::new(
             generation.kernel.open_session(
                 SessionConfig::new(self.scope.clone())
+                    .principal(self.principal.clone())
                     .authorizer(authorizer)
                     .max_concurrent_tools(self.gw.max_concurrent_tools()),
             ),
@@ -410,13 +425,10 @@ impl GatewayServer {
         }
         // 2026-07-28: the call runs in the background so that a question can go back to the
         // client as an `input_required` result while the call waits for the answer.
+        // A parked call is resumed only by a retry of the same principal (the HTTP gate
+        // authenticated it) or, over stdio, of the same session.
         let principal = match context.extensions.get::<http::request::Parts>() {
-            Some(parts) => parts
-                .headers
-                .get(http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .map(|v| format!("http:{v}"))
-                .unwrap_or_else(|| "http".into()),
+            Some(_) => format!("http:{}", self.principal.id),
             None => self.scope.clone(),
         };
         let binding = crate::input::binding(&request.name, request.arguments.as_ref(), &principal);

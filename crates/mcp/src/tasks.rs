@@ -241,11 +241,13 @@ impl TaskTable {
     }
 }
 
-/// Who a request's tasks belong to: its session, or every stateless request.
+/// Who a request's tasks belong to: its session, or the stateless requests of its principal.
 fn owner_of(server: &GatewayServer, context: &RequestContext<RoleServer>) -> String {
     let http = context.extensions.get::<http::request::Parts>();
     match http {
-        Some(parts) if !parts.headers.contains_key("mcp-session-id") => STATELESS_OWNER.into(),
+        Some(parts) if !parts.headers.contains_key("mcp-session-id") => {
+            format!("{STATELESS_OWNER}:{}", server.principal().id)
+        }
         _ => server.scope().to_string(),
     }
 }
@@ -282,6 +284,7 @@ async fn mediated(
     let generation = server.gateway().generation();
     let session = generation.kernel.open_session(
         SessionConfig::new(scope.to_string())
+            .principal(server.principal().clone())
             .authorizer(generation.gate.clone())
             .max_concurrent_tools(1),
     );
@@ -464,7 +467,9 @@ pub(crate) async fn offer(
         // A job task is followed and cancelled with the job tools: where the grants do not
         // allow them, the job handle is answered the ordinary way.
         let session = generation.kernel.open_session(
-            SessionConfig::new(server.scope().to_string()).authorizer(generation.gate.clone()),
+            SessionConfig::new(server.scope().to_string())
+                .principal(server.principal().clone())
+                .authorizer(generation.gate.clone()),
         );
         let catalog = session.catalog();
         let granted = |name: &str| catalog.iter().any(|spec| spec.name == name);
