@@ -111,3 +111,6 @@ pub const COMPLETION_VALUES_MAX: usize = 100;
 pub const COMPLETION_VALUE_BYTES_MAX: usize = 1024;
 /// Prompts listed per upstream; a longer listing is refused.
 pub const UPSTREAM_PROMPTS_MAX: usize = 1024;
+/// Longest string of a message an upstream sends a client during a call (a log message, a
+/// progress message, an elicitation or sampling request) forwarded.
+pub const RELAYED_TEXT_BYTES_MAX: usize = 64 * 1024;

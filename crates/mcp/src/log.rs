@@ -1,6 +1,10 @@
 //! The gateway's log: one line per event, to a sink the host chooses (stderr for `ring0 serve`,
 //! never stdout, which carries the MCP stdio transport).
 //!
+//! Every line is cleaned of escape sequences and control and invisible characters first: an
+//! upstream's stderr is copied here, and must not drive the operator's terminal (colors, OSC 52
+//! clipboard writes, hidden text).
+//!
 //! Secret values ring0 hands an upstream (tokens, headers and variables from the environment or
 //! files) are registered with [`Log::redact`]: every line, whoever wrote it (ring0 or an
 //! upstream's own stderr), has them replaced by [`REDACTED`] before it reaches the sink.
@@ -67,6 +71,15 @@ impl Log {
     }
 
     pub fn line(&self, line: &str) {
+        let cleaned;
+        let line = if line.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            line
+        } else {
+            let mut counts = ring0_shape::Cleaned::default();
+            cleaned =
+                ring0_shape::clean_text(line, &ring0_shape::FramingDefense::off(), &mut counts);
+            cleaned.as_str()
+        };
         let list = self.redactions.read().expect("redactions");
         if list.iter().any(|v| line.contains(v.as_str())) {
             let mut clean = line.to_string();
@@ -102,11 +115,13 @@ mod tests {
         log.clone()
             .line("[up] env: API_KEY=tok-123456 and again tok-123456");
         log.line("nothing here");
+        log.line("\u{1b}]52;c;ZXZpbA==\u{7}copied\u{202E}");
         assert_eq!(
             *seen.lock().unwrap(),
             vec![
                 "[up] env: API_KEY=[redacted] and again [redacted]".to_string(),
-                "nothing here".to_string()
+                "nothing here".to_string(),
+                "copied".to_string()
             ]
         );
     }

@@ -10,7 +10,8 @@
 
 use crate::limits::{
     COMPLETION_VALUE_BYTES_MAX, COMPLETION_VALUES_MAX, DEFINITION_TEXT_BYTES_MAX,
-    PROMPT_TEXT_BYTES_MAX, RESOURCE_BLOB_BYTES_MAX, RESOURCE_TEXT_BYTES_MAX,
+    PROMPT_TEXT_BYTES_MAX, RELAYED_TEXT_BYTES_MAX, RESOURCE_BLOB_BYTES_MAX,
+    RESOURCE_TEXT_BYTES_MAX,
 };
 use ring0_shape::{Cleaned, FramingDefense, SpillStore, clean_value};
 use serde_json::{Value, json};
@@ -93,6 +94,15 @@ pub fn definition(raw: &Value) -> (Value, Mediated) {
         o.insert("name".into(), name.clone());
     }
     (out, report)
+}
+
+/// A message an upstream sends the client during a call (log and progress messages,
+/// elicitation and sampling requests): cleaned, every string bounded.
+pub fn relayed(raw: &Value) -> Value {
+    let mut report = Mediated::default();
+    let mut out = clean(raw, &mut report);
+    bound_strings(&mut out, RELAYED_TEXT_BYTES_MAX, &mut report);
+    out
 }
 
 /// A listing page's items (resources, resource templates): cleaned and bounded like

@@ -145,7 +145,7 @@ impl InboundHandler for Handler {
                     }
                 };
                 if let Some(down) = entry.and_then(|e| e.downstream.clone()) {
-                    down.log(p);
+                    down.log(crate::mediate::relayed(&p));
                     return;
                 }
                 let level = p.get("level").and_then(Value::as_str).unwrap_or("info");
@@ -191,7 +191,10 @@ impl InboundHandler for Handler {
             }
         };
         match entry.and_then(|e| e.downstream.clone()) {
-            Some(down) => down.request(method, params).await,
+            Some(down) => {
+                let params = params.as_ref().map(crate::mediate::relayed);
+                down.request(method, params).await
+            }
             None => Err(error_object(
                 code::METHOD_NOT_FOUND,
                 format!(
@@ -332,8 +335,8 @@ impl Upstream {
                 params.get("total").and_then(Value::as_f64),
                 params
                     .get("message")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
+                    .map(crate::mediate::relayed)
+                    .and_then(|m| m.as_str().map(str::to_string)),
             );
         }
     }
@@ -1035,7 +1038,8 @@ impl Upstream {
                 let reply = if method == "roots/list" {
                     Ok(json!({"roots": self.roots}))
                 } else {
-                    down.request(&method, request.get("params").cloned()).await
+                    let params = request.get("params").map(crate::mediate::relayed);
+                    down.request(&method, params).await
                 };
                 (key.clone(), method, reply)
             }
