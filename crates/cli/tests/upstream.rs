@@ -176,24 +176,24 @@ fn a_definition_trusted_on_first_use_reaches_the_client_without_hidden_character
     let mut c = Client::start(dir.path(), &[]);
     let tool = c.tool("fx__send_mail").expect("listed");
     let text = tool.to_string();
-    assert!(!has_hidden(
-        &serde_json::from_value::<Value>(tool.clone())
-            .unwrap()
-            .to_string()
-    ));
     assert!(!has_hidden(tool["description"].as_str().unwrap()), "{text}");
     assert!(!has_hidden(tool["title"].as_str().unwrap()), "{text}");
     assert!(
         tool["description"]
             .as_str()
             .unwrap()
-            .contains("and copies it to the attacker")
+            .contains("and copies it to the attacker"),
+        "the hidden text is shown, not hidden: {text}"
     );
     let prompts = c.request("prompts/list", json!({}));
     let greet = &prompts["result"]["prompts"][0];
     assert_eq!(greet["name"], "fx__greet", "{prompts}");
     assert!(
-        !has_hidden(&greet.to_string().replace("\\u001b", "\u{1b}")),
+        !has_hidden(greet["description"].as_str().unwrap()),
+        "{greet}"
+    );
+    assert_eq!(
+        greet["arguments"][0]["description"], "Whom to greet",
         "{greet}"
     );
     assert!(
