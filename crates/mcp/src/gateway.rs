@@ -454,9 +454,11 @@ impl Gateway {
                 inner.log.clone(),
                 http_client.clone(),
                 on_change,
-                roots,
-                options.workspace.clone(),
-                inner.spill.clone(),
+                crate::upstream::WorkspaceView {
+                    roots,
+                    workspace: options.workspace.clone(),
+                    spill: inner.spill.clone(),
+                },
             ));
         }
         *inner.upstreams.write().expect("upstreams") = ups.clone();

@@ -121,6 +121,16 @@ pub struct Upstream {
     spill: Option<Arc<ring0_shape::SpillStore>>,
 }
 
+/// What an upstream is given of the workspace.
+pub struct WorkspaceView {
+    /// Its `roots/list` answer (see [`roots::resolve`]).
+    pub roots: Vec<Value>,
+    /// Where relative secret files start (and which they may not be inside).
+    pub workspace: std::path::PathBuf,
+    /// Where a resource cut for size is kept whole.
+    pub spill: Option<Arc<ring0_shape::SpillStore>>,
+}
+
 struct Handler(Weak<Upstream>);
 
 #[async_trait::async_trait]
@@ -236,9 +246,7 @@ impl Upstream {
         log: Log,
         http_client: Option<reqwest::Client>,
         on_change: Arc<dyn Fn() + Send + Sync>,
-        roots: Vec<Value>,
-        workspace: std::path::PathBuf,
-        spill: Option<Arc<ring0_shape::SpillStore>>,
+        view: WorkspaceView,
     ) -> Arc<Self> {
         Arc::new(Self {
             config,
@@ -255,9 +263,9 @@ impl Upstream {
             starts: AtomicU64::new(0),
             connected: Notify::new(),
             capabilities: Mutex::new(Value::Null),
-            roots,
-            workspace,
-            spill,
+            roots: view.roots,
+            workspace: view.workspace,
+            spill: view.spill,
         })
     }
 
