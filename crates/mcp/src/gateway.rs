@@ -445,9 +445,11 @@ impl Gateway {
                 &options.protected_paths,
             )
             .map_err(|e| format!("upstream {alias:?}: {e}"))?;
-            // Fail at start, not at the first connection, when a secret cannot be read.
-            crate::upstream::secrets::resolve(&config, &options.workspace)
+            // Fail at start, not at the first connection, when a secret cannot be read; and
+            // hide the values from the log before anything can print them.
+            let secrets = crate::upstream::secrets::resolve(&config, &options.workspace)
                 .map_err(|e| format!("upstream {alias:?}: {e}"))?;
+            crate::upstream::secrets::register(&secrets, &options.log);
             ups.push(Upstream::new(
                 config,
                 inner.pins.clone(),
