@@ -347,7 +347,13 @@ fn a_secret_from_the_environment_reaches_the_upstream_and_never_the_log_or_the_s
         dir.path(),
         "env_from_env = { API_KEY = \"RING0_TEST_API_KEY\" }",
     );
-    let mut c = Client::start(dir.path(), &[("RING0_TEST_API_KEY", secret)]);
+    // Wherever ring0 keeps its state, it is under the directory searched below.
+    let xdg = dir.path().join("xdg-state");
+    let xdg = xdg.to_str().unwrap();
+    let mut c = Client::start(
+        dir.path(),
+        &[("RING0_TEST_API_KEY", secret), ("XDG_STATE_HOME", xdg)],
+    );
     let digest = text_of(&c.call("fx__secret_digest", json!({})));
     // sha256("tok-9f8e7d6c5b4a-secret")
     let expected = "c8755779b4813af3cc956f41a34522cf57b2b51125b60ceb278674f0c451fde7";
@@ -359,7 +365,6 @@ fn a_secret_from_the_environment_reaches_the_upstream_and_never_the_log_or_the_s
         stderr.contains("API_KEY=[redacted]"),
         "the upstream's own print is masked: {stderr}"
     );
-    std::fs::remove_file(dir.path().join("serve.stderr")).unwrap();
     assert_eq!(files_holding(dir.path(), secret), Vec::<PathBuf>::new());
 }
 
@@ -431,12 +436,14 @@ fn an_http_upstream_gets_its_bearer_token_from_a_file_outside_the_workspace_and_
         "",
     );
     std::fs::write(dir.path().join("ring0.toml"), text).unwrap();
-    let mut c = Client::start(dir.path(), &[]);
+    let xdg = dir.path().join("xdg-state");
+    let mut c = Client::start(dir.path(), &[("XDG_STATE_HOME", xdg.to_str().unwrap())]);
     assert_eq!(text_of(&c.call("fx__whoami", json!({}))), "authorized");
     drop(c);
     let _ = server.kill();
     let _ = server.wait();
-    std::fs::remove_file(dir.path().join("serve.stderr")).ok();
+    let stderr = std::fs::read_to_string(dir.path().join("serve.stderr")).unwrap();
+    assert!(stderr.contains("serving MCP"), "{stderr}");
     assert_eq!(files_holding(dir.path(), token), Vec::<PathBuf>::new());
 }
 
@@ -530,5 +537,33 @@ fn a_root_that_would_hand_an_upstream_ring0_toml_is_refused_at_start() {
     assert!(
         stderr.contains("root .") && stderr.contains("ring0's own"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn an_upstream_asking_for_roots_is_told_its_configured_roots_not_the_clients() {
+    let Some((node, script)) = filesystem_server() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ws = std::fs::canonicalize(dir.path()).unwrap();
+    std::fs::create_dir_all(ws.join("data/inner")).unwrap();
+    filesystem_config(&ws, &node, &script, "roots = [\"data/inner\"]");
+    let mut c = Client::start(&ws, &[]);
+    let deadline = Instant::now() + WAIT;
+    while !c.stderr_text().contains("from MCP roots") {
+        assert!(
+            Instant::now() < deadline,
+            "the server never took its roots:\n{}",
+            c.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let allowed = text_of(&c.call("fs__list_allowed_directories", json!({})));
+    let dirs: Vec<&str> = allowed.lines().skip(1).collect();
+    assert_eq!(
+        dirs,
+        vec![ws.join("data/inner").display().to_string()],
+        "{allowed}"
     );
 }
