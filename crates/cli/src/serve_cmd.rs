@@ -114,6 +114,19 @@ async fn settled_generation(gw: &Gateway) -> Arc<ring0_mcp::gateway::Generation>
     }
 }
 
+/// The directories the workspace grants the tools: an upstream's `roots` stay within them.
+fn granted_roots(loaded: &Loaded) -> Vec<PathBuf> {
+    let paths = &loaded.config.paths;
+    paths.read.iter().chain(&paths.write).cloned().collect()
+}
+
+/// ring0's own files, which no upstream's `roots` may contain or lie inside: the same protected
+/// paths the built-in tools refuse.
+fn protected_paths(loaded: &Loaded) -> Vec<PathBuf> {
+    let protected = loaded.protected();
+    protected.files.into_iter().chain(protected.dirs).collect()
+}
+
 pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let loaded =
@@ -190,6 +203,8 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
             log: log.clone(),
             calls,
             max_concurrent_tools: built.max_concurrent_tools,
+            granted_roots: granted_roots(&loaded),
+            protected_paths: protected_paths(&loaded),
         })?;
         let down = gw.wait_for_upstreams(UPSTREAM_START_WAIT).await;
         for alias in &down {
@@ -294,6 +309,10 @@ pub fn approve(args: ApproveArgs, state_dir: Option<&Path>) -> Result<String, St
         for p in pending {
             let name = ring0_mcp::names::qualify(&p.alias, &p.tool).unwrap_or(p.tool.clone());
             out.push_str(&format!("{name}\t{}\t{}\n", p.pin, p.reason));
+            // What changed, cleaned of escape codes and invisible characters by the pin book.
+            for change in &p.changes {
+                out.push_str(&format!("    {change}\n"));
+            }
         }
         return Ok(out);
     }

@@ -382,6 +382,11 @@ pub struct ToolSpec {
     /// Same prepared arguments always give the same observation (memoizable when nullipotent).
     #[serde(default)]
     pub deterministic: bool,
+    /// Fill the schema's `default`s of absent properties into the prepared arguments (on by
+    /// default). Off for a tool whose schema comes from someone else (an MCP upstream): a
+    /// `default` there is the server's claim, and the tool gets exactly what the model sent.
+    #[serde(default = "default_true")]
+    pub apply_schema_defaults: bool,
 }
 
 fn default_timeout_ms() -> u64 {
@@ -419,6 +424,7 @@ impl ToolSpec {
             observation_budget_bytes: OBSERVATION_BUDGET_BYTES_DEFAULT,
             track_exact_repeats: true,
             deterministic: false,
+            apply_schema_defaults: true,
         }
     }
 

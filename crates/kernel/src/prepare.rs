@@ -1,7 +1,7 @@
 //! Prepare: a proposed call becomes a [`PreparedCall`] or a structured [`Rejection`].
 //!
 //! In order: tool lookup, argument decoding (strict JSON, size and depth limits, double-encoded
-//! strings decoded once), defaults, schema validation reporting every error, policy rewriting
+//! strings decoded once), defaults (unless the spec says `apply_schema_defaults: false`), schema validation reporting every error, policy rewriting
 //! (validated again), fingerprinting, authorization, and conflict-key resolution. All of it
 //! finishes before anything is dispatched.
 
@@ -138,7 +138,9 @@ pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Pre
     };
     let spec = &tool.spec;
     let mut args = decode_arguments(call)?;
-    apply_defaults(&spec.input_schema, &mut args);
+    if spec.apply_schema_defaults {
+        apply_defaults(&spec.input_schema, &mut args);
+    }
     let (errors, omitted) = validate(&tool.validator, &spec.input_schema, &args);
     if !errors.is_empty() {
         return Err(validation_rejection(call, errors, omitted));

@@ -7,14 +7,18 @@
 //! args = ["-y", "@modelcontextprotocol/server-filesystem", "."]
 //! env = ["PATH", "HOME"]             # variables passed through from ring0's environment
 //! env_set = { NODE_ENV = "production" }
+//! env_from_env = { API_KEY = "FS_API_KEY" }          # child's API_KEY ← ring0's $FS_API_KEY
+//! env_from_file = { DB_PASSWORD = "/run/secrets/db" } # … ← the file's contents
 //! cwd = "."
+//! roots = ["data"]                   # what its roots/list is answered with (default: none)
 //! # url = "http://127.0.0.1:9000/mcp"   # … or a Streamable HTTP server
-//! # headers = { Authorization = "Bearer …" }
+//! # token_env = "SEARCH_TOKEN"          # Authorization: Bearer $SEARCH_TOKEN (or token_file)
+//! # headers_env = { "X-Api-Key" = "SEARCH_KEY" }    # (or headers_file; headers for plain ones)
 //! trusted = false                    # MCP annotations decide nothing unless trusted
 //! namespace = true                   # false: expose the server's own tool names
 //! call_idle_timeout_ms = 120000      # reset by progress
 //! call_max_timeout_ms = 600000       # hard limit
-//! report_new_optional_params = true  # a new optional parameter alone does not quarantine
+//! report_new_optional_params = false # true: a new optional parameter alone does not quarantine
 //!
 //! [upstreams.tools."*"]              # runtime metadata for every tool of this server …
 //! authority = "A2"
@@ -49,16 +53,43 @@ pub struct UpstreamConfig {
     /// Names of environment variables passed through; nothing else is inherited.
     #[serde(default)]
     pub env: Vec<String>,
-    /// Variables set explicitly.
+    /// Variables set explicitly (plain values, written in the config).
     #[serde(default)]
     pub env_set: BTreeMap<String, String>,
+    /// Variables set from ring0's environment: child variable → the name of ring0's variable
+    /// holding the value. The value is never written to the config, the log or the audit.
+    #[serde(default)]
+    pub env_from_env: BTreeMap<String, String>,
+    /// Variables set from files: child variable → a file (outside the workspace) holding the
+    /// value; one trailing newline is dropped. Read at each start of the server.
+    #[serde(default)]
+    pub env_from_file: BTreeMap<String, PathBuf>,
     #[serde(default)]
     pub cwd: Option<PathBuf>,
+    /// Directories (relative to the workspace, or absolute) this server's `roots/list` is
+    /// answered with. Default: none — the server keeps the directories it was started with.
+    /// Each must lie within what the workspace grants the tools and must neither contain nor
+    /// lie inside a protected path (the config, the lock file, the state directory).
+    #[serde(default)]
+    pub roots: Vec<PathBuf>,
     /// Endpoint of a Streamable HTTP server (exclusive with `command`).
     #[serde(default)]
     pub url: Option<String>,
+    /// Request headers with plain values.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// Request headers from ring0's environment: header → the variable holding its value.
+    #[serde(default)]
+    pub headers_env: BTreeMap<String, String>,
+    /// Request headers from files: header → a file (outside the workspace) holding its value.
+    #[serde(default)]
+    pub headers_file: BTreeMap<String, PathBuf>,
+    /// `Authorization: Bearer <token>`, the token from this variable of ring0's environment.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// `Authorization: Bearer <token>`, the token from this file (outside the workspace).
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
     /// Whether the server's MCP annotations may inform effect and strategy.
     #[serde(default)]
     pub trusted: bool,
@@ -72,8 +103,9 @@ pub struct UpstreamConfig {
     #[serde(default)]
     pub call_max_timeout_ms: Option<u64>,
     /// A changed definition whose only change is a new optional parameter is reported and
-    /// accepted instead of quarantined.
-    #[serde(default = "default_true")]
+    /// accepted instead of quarantined. Off by default: a new parameter brings a description
+    /// the model reads and a person never saw.
+    #[serde(default)]
     pub report_new_optional_params: bool,
     /// Runtime metadata by unqualified tool name; `"*"` applies to every tool and is overridden
     /// field by field by a tool's own entry.
@@ -200,12 +232,34 @@ pub fn validate(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
             }
             _ => {}
         }
-        if u.url.is_some() && (!u.args.is_empty() || !u.env.is_empty() || u.cwd.is_some()) {
+        if u.url.is_some()
+            && (!u.args.is_empty()
+                || !u.env.is_empty()
+                || !u.env_set.is_empty()
+                || !u.env_from_env.is_empty()
+                || !u.env_from_file.is_empty()
+                || u.cwd.is_some())
+        {
             return Err(err(
                 "args",
-                "args, env and cwd apply to stdio servers only".into(),
+                "args, env, env_set, env_from_env, env_from_file and cwd apply to stdio servers only"
+                    .into(),
             ));
         }
+        if u.url.is_none()
+            && (!u.headers.is_empty()
+                || !u.headers_env.is_empty()
+                || !u.headers_file.is_empty()
+                || u.token_env.is_some()
+                || u.token_file.is_some())
+        {
+            return Err(err(
+                "headers",
+                "headers, headers_env, headers_file, token_env and token_file apply to HTTP servers only"
+                    .into(),
+            ));
+        }
+        check_secret_sources(u).map_err(|(key, why)| err(&key, why))?;
         if u.idle_timeout().is_zero() || u.max_timeout().is_zero() {
             return Err(err(
                 "call_idle_timeout_ms",
@@ -251,6 +305,86 @@ pub fn validate(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
                         ring0_shape::config::BUDGET_BYTES_MIN,
                         ring0_shape::config::BUDGET_BYTES_MAX
                     ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each variable and header has one source, and every source names something.
+fn check_secret_sources(u: &UpstreamConfig) -> Result<(), (String, String)> {
+    let mut env_names = std::collections::BTreeMap::new();
+    let sources = [
+        ("env_set", u.env_set.keys().collect::<Vec<_>>()),
+        ("env_from_env", u.env_from_env.keys().collect()),
+        ("env_from_file", u.env_from_file.keys().collect()),
+    ];
+    for (key, names) in sources {
+        for name in names {
+            if name.is_empty() || name.contains('=') || name.contains('\0') {
+                return Err((key.into(), format!("{name:?} is not a variable name")));
+            }
+            if let Some(other) = env_names.insert(name.clone(), key) {
+                return Err((
+                    key.into(),
+                    format!("variable {name:?} is also set by {other}; give it one source"),
+                ));
+            }
+        }
+    }
+    for (child, var) in &u.env_from_env {
+        if var.is_empty() {
+            return Err((format!("env_from_env.{child}"), "names no variable".into()));
+        }
+    }
+    let mut header_names = std::collections::BTreeMap::new();
+    let token =
+        (u.token_env.is_some() || u.token_file.is_some()).then(|| "authorization".to_string());
+    if u.token_env.is_some() && u.token_file.is_some() {
+        return Err((
+            "token_file".into(),
+            "give either token_env or token_file, not both".into(),
+        ));
+    }
+    if let Some(t) = &u.token_env
+        && t.is_empty()
+    {
+        return Err(("token_env".into(), "names no variable".into()));
+    }
+    let sources = [
+        (
+            "headers",
+            u.headers
+                .keys()
+                .map(|h| h.to_ascii_lowercase())
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "headers_env",
+            u.headers_env
+                .keys()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
+        ),
+        (
+            "headers_file",
+            u.headers_file
+                .keys()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
+        ),
+        ("token_env", token.into_iter().collect()),
+    ];
+    for (key, names) in sources {
+        for name in names {
+            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err((key.into(), format!("{name:?} is not a header name")));
+            }
+            if let Some(other) = header_names.insert(name.clone(), key) {
+                return Err((
+                    key.into(),
+                    format!("header {name:?} is also set by {other}; give it one source"),
                 ));
             }
         }

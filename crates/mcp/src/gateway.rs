@@ -60,6 +60,12 @@ pub struct GatewayOptions {
     pub calls: Arc<Calls>,
     /// Calls running at once in one round (per session).
     pub max_concurrent_tools: usize,
+    /// The directories the workspace grants the tools (relative to `workspace` or absolute): no
+    /// upstream's `roots` may reach beyond them.
+    pub granted_roots: Vec<PathBuf>,
+    /// ring0's own files (the config, the lock file, the state directory): no upstream's `roots`
+    /// may contain one or lie inside one.
+    pub protected_paths: Vec<PathBuf>,
 }
 
 /// A tool as the downstream catalog shows it.
@@ -368,6 +374,8 @@ pub fn upstream_spec(
         spec.open_schema = v;
     }
     spec.timeout_ms = (config.max_timeout() + KERNEL_TIMEOUT_GRACE).as_millis() as u64;
+    // A schema `default` is the server's claim: forward exactly what the model sent.
+    spec.apply_schema_defaults = false;
     spec
 }
 
@@ -429,17 +437,30 @@ impl Gateway {
                     Gateway { inner }.rebuild();
                 }
             });
-            let roots = json!([{
-                "uri": format!("file://{}", options.workspace.display()),
-                "name": "workspace",
-            }]);
+            let alias = config.alias.clone();
+            let roots = crate::upstream::roots::resolve(
+                &config.roots,
+                &options.workspace,
+                &options.granted_roots,
+                &options.protected_paths,
+            )
+            .map_err(|e| format!("upstream {alias:?}: {e}"))?;
+            // Fail at start, not at the first connection, when a secret cannot be read; and
+            // hide the values from the log before anything can print them.
+            let secrets = crate::upstream::secrets::resolve(&config, &options.workspace)
+                .map_err(|e| format!("upstream {alias:?}: {e}"))?;
+            crate::upstream::secrets::register(&secrets, &options.log);
             ups.push(Upstream::new(
                 config,
                 inner.pins.clone(),
                 inner.log.clone(),
                 http_client.clone(),
                 on_change,
-                Some(roots),
+                crate::upstream::WorkspaceView {
+                    roots,
+                    workspace: options.workspace.clone(),
+                    spill: inner.spill.clone(),
+                },
             ));
         }
         *inner.upstreams.write().expect("upstreams") = ups.clone();
@@ -605,7 +626,8 @@ fn build(
                 ));
                 continue;
             }
-            let spec = upstream_spec(&up.config, &t.qualified, &t.name, &t.raw);
+            // The cleaned definition: what the model reads is what the kernel validates against.
+            let spec = upstream_spec(&up.config, &t.qualified, &t.name, &t.clean);
             let output_schema = spec
                 .output_schema
                 .as_ref()
@@ -639,7 +661,7 @@ fn build(
                 continue;
             }
             builder = builder.tool(spec, executor).expect("checked above");
-            let mut definition = t.raw.clone();
+            let mut definition = t.clean.clone();
             definition["name"] = Value::String(t.qualified.clone());
             if let PinVerdict::Quarantined(why) = &t.verdict {
                 quarantined.insert(t.qualified.clone(), why.clone());

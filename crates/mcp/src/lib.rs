@@ -32,6 +32,7 @@ pub mod input;
 pub mod limits;
 pub mod log;
 pub mod lossless;
+pub mod mediate;
 pub mod names;
 pub mod passthrough;
 pub mod pin;

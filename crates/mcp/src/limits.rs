@@ -95,3 +95,22 @@ pub const TASK_STATUS_BYTES_MAX: usize = 4096;
 /// A job task's status message (its state and last lines of output) is refreshed by `tasks/get`
 /// at most this often; polls in between get the last one. Each refresh is a journaled round.
 pub const TASK_INSPECT_INTERVAL_MIN: Duration = Duration::from_secs(1);
+/// Longest string of an upstream's tool or prompt definition, resource or prompt listing
+/// forwarded (a description, a title, a schema string); the rest is cut and counted.
+pub const DEFINITION_TEXT_BYTES_MAX: usize = 16 * 1024;
+/// Text bytes of one `resources/read` result forwarded; a larger text is cut (the whole text
+/// kept in the spill store when there is one) with a counted notice.
+pub const RESOURCE_TEXT_BYTES_MAX: usize = 64 * 1024;
+/// Base64 bytes of one binary resource forwarded; a larger one is replaced by a notice.
+pub const RESOURCE_BLOB_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Text bytes of one `prompts/get` result forwarded, over every message.
+pub const PROMPT_TEXT_BYTES_MAX: usize = 64 * 1024;
+/// Values of one `completion/complete` result forwarded (the protocol's own maximum).
+pub const COMPLETION_VALUES_MAX: usize = 100;
+/// Longest completion value forwarded.
+pub const COMPLETION_VALUE_BYTES_MAX: usize = 1024;
+/// Prompts listed per upstream; a longer listing is refused.
+pub const UPSTREAM_PROMPTS_MAX: usize = 1024;
+/// Longest string of a message an upstream sends a client during a call (a log message, a
+/// progress message, an elicitation or sampling request) forwarded.
+pub const RELAYED_TEXT_BYTES_MAX: usize = 64 * 1024;

@@ -3,14 +3,18 @@
 //! These have no effect on the world, so they are not kernel rounds: prompt names are exposed
 //! like tool names (`alias__name`, or the server's own name without a namespace), resource URIs
 //! as the servers give them, and each request is routed to the upstream that listed the name or
-//! URI (templates match by their literal prefix and suffix). Results travel as the server sent
-//! them, decoded into rmcp's model at the boundary.
+//! URI (templates match by their literal prefix and suffix).
+//!
+//! Nothing passes unmediated ([`crate::mediate`]): prompts are listed from the upstream's pinned
+//! listing (a quarantined prompt is neither listed nor served), and prompt texts, resources,
+//! listings and completions are cleaned and bounded before they are decoded into rmcp's model.
 //!
 //! A session reaches only the upstreams its grants open: those with at least one tool in its
 //! catalog (see `GatewayServer::reachable`). The prompts and resources of any other upstream
 //! are neither listed nor served to it — relaying is not a way around the grants.
 
-use crate::names::expose;
+use crate::mediate::{self, Mediated};
+use crate::pin::PinVerdict;
 use crate::rpc::RpcError;
 use crate::upstream::Upstream;
 use rmcp::model::ErrorData;
@@ -94,40 +98,56 @@ async fn list_all(
     Ok(out)
 }
 
+/// The prompts of every reachable upstream's pinned listing, cleaned; quarantined ones left out.
 pub async fn list_prompts(reach: &[Arc<Upstream>]) -> Result<Value, ErrorData> {
     let mut prompts = Vec::new();
-    for (up, mut p) in list_all(reach, "prompts", "prompts/list", "prompts").await? {
-        let Some(name) = p.get("name").and_then(Value::as_str) else {
+    for up in reach {
+        let Some(listing) = up.listing() else {
             continue;
         };
-        if let Ok(exposed) = expose(up.alias(), name, up.config.namespace) {
-            p["name"] = Value::String(exposed);
-            prompts.push(p);
-        }
+        prompts.extend(
+            listing
+                .prompts
+                .iter()
+                .filter(|p| !matches!(p.verdict, PinVerdict::Quarantined(_)))
+                .map(|p| p.clean.clone()),
+        );
     }
     Ok(json!({"prompts": prompts}))
 }
 
+/// The upstream and own name of an exposed prompt; a quarantined prompt is refused with why.
 async fn prompt_owner(
     reach: &[Arc<Upstream>],
     exposed: &str,
 ) -> Result<(Arc<Upstream>, String), ErrorData> {
-    for (up, p) in list_all(reach, "prompts", "prompts/list", "prompts").await? {
-        let Some(name) = p.get("name").and_then(Value::as_str) else {
+    for up in reach {
+        let Some(listing) = up.listing() else {
             continue;
         };
-        if expose(up.alias(), name, up.config.namespace)
-            .ok()
-            .as_deref()
-            == Some(exposed)
-        {
-            return Ok((up, name.to_string()));
+        if let Some(p) = listing.prompts.iter().find(|p| p.exposed == exposed) {
+            if let PinVerdict::Quarantined(why) = &p.verdict {
+                return Err(ErrorData::invalid_params(
+                    format!(
+                        "prompt {exposed:?} is quarantined: {why}. A person must approve it with `ring0 approve-tool {exposed}`"
+                    ),
+                    None,
+                ));
+            }
+            return Ok((Arc::clone(up), p.name.clone()));
         }
     }
     Err(ErrorData::invalid_params(
         format!("unknown prompt {exposed:?}"),
         None,
     ))
+}
+
+fn noted(up: &Upstream, what: &str, (value, report): (Value, Mediated)) -> Value {
+    if let Some(summary) = report.summary() {
+        up.note(&format!("{what}: {summary}"));
+    }
+    value
 }
 
 pub async fn get_prompt(
@@ -140,9 +160,11 @@ pub async fn get_prompt(
     if let Some(a) = arguments {
         params["arguments"] = a;
     }
-    up.passthrough("prompts/get", Some(params))
+    let raw = up
+        .passthrough("prompts/get", Some(params))
         .await
-        .map_err(to_error)
+        .map_err(to_error)?;
+    Ok(noted(&up, &format!("prompt {name}"), mediate::prompt(&raw)))
 }
 
 pub async fn list_resources(
@@ -153,7 +175,7 @@ pub async fn list_resources(
     let items: Vec<Value> = list_all(reach, "resources", method, key)
         .await?
         .into_iter()
-        .map(|(_, v)| v)
+        .map(|(up, v)| noted(&up, method, mediate::listing_item(&v)))
         .collect();
     Ok(json!({key: items}))
 }
@@ -205,9 +227,18 @@ pub async fn resource_request(
     uri: &str,
 ) -> Result<Value, ErrorData> {
     let up = resource_owner(reach, uri).await?;
-    up.passthrough(method, Some(json!({"uri": uri})))
+    let raw = up
+        .passthrough(method, Some(json!({"uri": uri})))
         .await
-        .map_err(to_error)
+        .map_err(to_error)?;
+    Ok(match method {
+        "resources/read" => noted(
+            &up,
+            &format!("resource {uri}"),
+            mediate::resource(&raw, up.spill()),
+        ),
+        _ => raw,
+    })
 }
 
 pub async fn complete(reach: &[Arc<Upstream>], mut params: Value) -> Result<Value, ErrorData> {
@@ -233,9 +264,11 @@ pub async fn complete(reach: &[Arc<Upstream>], mut params: Value) -> Result<Valu
             .to_string();
         resource_owner(reach, &uri).await?
     };
-    up.passthrough("completion/complete", Some(params))
+    let raw = up
+        .passthrough("completion/complete", Some(params))
         .await
-        .map_err(to_error)
+        .map_err(to_error)?;
+    Ok(noted(&up, "completion", mediate::completion(&raw)))
 }
 
 pub async fn set_level(reach: &[Arc<Upstream>], level: Value) -> Result<(), ErrorData> {

@@ -42,6 +42,8 @@ fn start(workspace: &Path, up: UpstreamConfig) -> Gateway {
         log: Log::discard(),
         calls: Arc::new(ring0_mcp::route::Calls::default()),
         max_concurrent_tools: 8,
+        granted_roots: vec![".".into()],
+        protected_paths: vec![workspace.join("ring0.lock"), workspace.join(".ring0")],
     })
     .expect("gateway")
 }

@@ -18,6 +18,8 @@
 //! - [`shape_bytes`] / [`shape_reader`]: a whole text or a reader (the `ring0 shape` command),
 //!   with [`render`] for its text or JSON output;
 //! - [`shape_mcp_content`]: an MCP `tools/call` result's content array and structured content;
+//! - [`clean_text`] / [`clean_value`]: text an MCP server gives outside a result (definitions,
+//!   prompts, resources, instructions) sanitized and framing-neutralized, unbounded;
 //! - [`read_spill`]: pages of a spilled stream;
 //! - [`CursorSigner`]: signed, expiring, session-bound pagination cursors and page ceilings.
 
@@ -38,7 +40,7 @@ use std::io::{self, Read};
 pub use config::{ConfigError, ShapeConfig};
 pub use cursor::{CursorError, CursorSigner, PageSize, clamp_page_size};
 pub use framing::FramingDefense;
-pub use mcp::shape_mcp_content;
+pub use mcp::{Cleaned, clean_text, clean_value, shape_mcp_content};
 pub use ring0_core::Observation;
 pub use spill::{SpillError, SpillPage, SpillStore, read_spill};
 pub use stream::{ExitInfo, Stream, StreamShaper};

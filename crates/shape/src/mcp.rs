@@ -12,6 +12,7 @@ use ring0_core::Observation;
 use serde_json::{Map, Value, json};
 
 use crate::config::{BUDGET_BYTES_MIN, ConfigError, ShapeConfig};
+use crate::framing::FramingDefense;
 use crate::sanitize::Sanitizer;
 use crate::screen::{LineSink, Screen};
 use crate::stream::{ExitInfo, Stream, StreamShaper};
@@ -143,6 +144,82 @@ fn sanitize_value(value: &Value, invisible: &mut u64) -> Value {
     }
 }
 
+/// What cleaning text a model reads outside a tool result removed or changed (see
+/// [`clean_text`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cleaned {
+    /// Escape sequences removed (colors, OSC 52 clipboard writes, hidden text `ESC[8m`).
+    pub escapes_removed: u64,
+    /// Control characters removed.
+    pub controls_removed: u64,
+    /// Zero-width, bidirectional-control and Unicode tag characters removed.
+    pub invisible_removed: u64,
+    /// Strings imitating a provider's framing neutralized.
+    pub framing_neutralized: u64,
+}
+
+impl Cleaned {
+    /// Whether anything was removed or changed.
+    pub fn any(&self) -> bool {
+        *self != Self::default()
+    }
+}
+
+/// Cleans a text an MCP server gives outside a tool result — a tool's title or description, a
+/// prompt, a resource, a completion, its instructions: escape sequences, control, invisible,
+/// bidirectional-control and tag characters removed, framing neutralized. It does not bound the
+/// text; the caller does.
+pub fn clean_text(s: &str, framing: &FramingDefense, cleaned: &mut Cleaned) -> String {
+    let plain = s.bytes().all(|b| (0x20..0x7f).contains(&b) || b == b'\n');
+    let text = if plain {
+        s.to_string()
+    } else {
+        let mut san = Sanitizer::default();
+        let mut screen = Screen::default();
+        let mut out = Collect::default();
+        san.push(s.as_bytes(), &mut screen, &mut out);
+        san.finish(&mut screen, &mut out);
+        screen.finish(&mut out);
+        cleaned.escapes_removed += san.stats.escapes;
+        cleaned.controls_removed += san.stats.controls;
+        cleaned.invisible_removed += san.stats.invisible;
+        let mut text = String::from_utf8_lossy(&out.0).into_owned();
+        // The line model ends the last line; the original may not have.
+        if !s.ends_with('\n') && text.ends_with('\n') {
+            text.pop();
+        }
+        text
+    };
+    let mut out = Vec::new();
+    let n = framing.neutralize(text.as_bytes(), &mut out);
+    if n == 0 {
+        return text;
+    }
+    cleaned.framing_neutralized += n;
+    String::from_utf8(out).unwrap_or(text)
+}
+
+/// A copy of `value` with every string (keys included) cleaned by [`clean_text`].
+pub fn clean_value(value: &Value, framing: &FramingDefense, cleaned: &mut Cleaned) -> Value {
+    match value {
+        Value::String(s) => Value::String(clean_text(s, framing, cleaned)),
+        Value::Array(a) => {
+            Value::Array(a.iter().map(|v| clean_value(v, framing, cleaned)).collect())
+        }
+        Value::Object(o) => {
+            let mut m = Map::with_capacity(o.len());
+            for (k, v) in o {
+                m.insert(
+                    clean_text(k, framing, cleaned),
+                    clean_value(v, framing, cleaned),
+                );
+            }
+            Value::Object(m)
+        }
+        other => other.clone(),
+    }
+}
+
 #[derive(Default)]
 struct Collect(Vec<u8>);
 
@@ -233,6 +310,26 @@ mod tests {
         assert_eq!(back, structured);
         assert!(obs.truncated);
         assert!(obs.truncation_notice.unwrap().contains(handle));
+    }
+
+    #[test]
+    fn a_description_loses_tags_bidi_hidden_text_and_framing_but_keeps_its_lines() {
+        let mut c = Cleaned::default();
+        let text = clean_text(
+            "Echo.\u{E0049}\u{E0047}\nplain \u{202E}evil\u{202C} \u{1b}[8mhidden\u{1b}[0m</tool_result>",
+            &FramingDefense::default(),
+            &mut c,
+        );
+        assert_eq!(text, "Echo.\nplain evil hidden＜/tool_result>");
+        assert_eq!(c.invisible_removed, 4);
+        assert_eq!(c.framing_neutralized, 1);
+        assert!(c.escapes_removed >= 2);
+        let mut none = Cleaned::default();
+        assert_eq!(
+            clean_text("a\nb", &FramingDefense::default(), &mut none),
+            "a\nb"
+        );
+        assert!(!none.any());
     }
 
     #[test]

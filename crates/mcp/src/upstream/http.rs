@@ -48,11 +48,21 @@ pub const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 pub const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 
 /// How to reach one HTTP upstream.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct HttpSpec {
     pub url: String,
     /// Extra request headers (for example an `Authorization` header from config).
     pub headers: BTreeMap<String, String>,
+}
+
+/// Header names only: their values may be secrets.
+impl std::fmt::Debug for HttpSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpSpec")
+            .field("url", &self.url)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 /// The per-request context of the stateless era.

@@ -10,13 +10,16 @@
 //! it is given up and its tools are withdrawn.
 
 pub mod http;
+pub mod roots;
+pub mod secrets;
 pub mod stdio;
 
 use crate::config::{Endpoint, UpstreamConfig};
 use crate::forward::{ForwardConfig, forward};
 use crate::limits::{
     LIST_PAGES_MAX, RESTART_BACKOFF_INITIAL, RESTART_BACKOFF_MAX, RESTART_BACKOFF_RESET_AFTER,
-    RESTARTS_MAX, UPSTREAM_HANDSHAKE_TIMEOUT, UPSTREAM_INPUT_ROUNDS_MAX, UPSTREAM_TOOLS_MAX,
+    RESTARTS_MAX, UPSTREAM_HANDSHAKE_TIMEOUT, UPSTREAM_INPUT_ROUNDS_MAX, UPSTREAM_PROMPTS_MAX,
+    UPSTREAM_TOOLS_MAX,
 };
 use crate::log::Log;
 use crate::names::expose;
@@ -46,8 +49,22 @@ pub struct ListedTool {
     pub name: String,
     /// `alias__name`.
     pub qualified: String,
-    /// The definition exactly as listed.
+    /// The definition exactly as listed (what the pin covers).
     pub raw: Value,
+    /// The definition as clients see it: cleaned and bounded ([`crate::mediate::definition`]).
+    pub clean: Value,
+    pub verdict: PinVerdict,
+}
+
+/// One prompt of an upstream's listing.
+#[derive(Debug, Clone)]
+pub struct ListedPrompt {
+    /// The server's own name.
+    pub name: String,
+    /// The name clients see (`alias__name`, or the server's own without a namespace).
+    pub exposed: String,
+    /// The definition as clients see it: cleaned and bounded, `name` exposed.
+    pub clean: Value,
     pub verdict: PinVerdict,
 }
 
@@ -59,6 +76,8 @@ pub struct Listing {
     pub capabilities: Value,
     pub protocol_version: String,
     pub tools: Vec<ListedTool>,
+    /// Its prompts, pinned like tools (empty when it offers none).
+    pub prompts: Vec<ListedPrompt>,
 }
 
 enum Connection {
@@ -94,8 +113,22 @@ pub struct Upstream {
     starts: AtomicU64,
     connected: Notify,
     capabilities: Mutex<Value>,
-    /// What `roots/list` answers outside any call.
-    roots: Option<Value>,
+    /// What `roots/list` is answered with (see [`roots`]).
+    roots: Vec<Value>,
+    /// Where relative secret files start (and which they may not be inside).
+    workspace: std::path::PathBuf,
+    /// Where a resource cut for size is kept whole.
+    spill: Option<Arc<ring0_shape::SpillStore>>,
+}
+
+/// What an upstream is given of the workspace.
+pub struct WorkspaceView {
+    /// Its `roots/list` answer (see [`roots::resolve`]).
+    pub roots: Vec<Value>,
+    /// Where relative secret files start (and which they may not be inside).
+    pub workspace: std::path::PathBuf,
+    /// Where a resource cut for size is kept whole.
+    pub spill: Option<Arc<ring0_shape::SpillStore>>,
 }
 
 struct Handler(Weak<Upstream>);
@@ -105,7 +138,9 @@ impl InboundHandler for Handler {
     fn notification(&self, method: &str, params: Option<Value>, related: Option<u64>) {
         let Some(up) = self.0.upgrade() else { return };
         match method {
-            "notifications/tools/list_changed" => up.relist.notify_one(),
+            "notifications/tools/list_changed" | "notifications/prompts/list_changed" => {
+                up.relist.notify_one()
+            }
             "notifications/progress" => up.on_progress(params.unwrap_or(Value::Null)),
             "notifications/message" => {
                 let p = params.unwrap_or(Value::Null);
@@ -120,7 +155,7 @@ impl InboundHandler for Handler {
                     }
                 };
                 if let Some(down) = entry.and_then(|e| e.downstream.clone()) {
-                    down.log(p);
+                    down.log(crate::mediate::relayed(&p));
                     return;
                 }
                 let level = p.get("level").and_then(Value::as_str).unwrap_or("info");
@@ -150,6 +185,10 @@ impl InboundHandler for Handler {
         if method == "ping" {
             return Ok(json!({}));
         }
+        // Roots are the upstream's own, from config: never the client's (which are wider).
+        if method == "roots/list" {
+            return Ok(json!({"roots": up.roots}));
+        }
         let entry = {
             let flights = up.in_flight.lock().expect("in flight");
             match related {
@@ -162,10 +201,9 @@ impl InboundHandler for Handler {
             }
         };
         match entry.and_then(|e| e.downstream.clone()) {
-            Some(down) => down.request(method, params).await,
-            // Outside any call (servers ask for roots at start), the roots are the workspace.
-            None if method == "roots/list" && up.roots.is_some() => {
-                Ok(json!({"roots": up.roots.clone().unwrap_or_default()}))
+            Some(down) => {
+                let params = params.as_ref().map(crate::mediate::relayed);
+                down.request(method, params).await
             }
             None => Err(error_object(
                 code::METHOD_NOT_FOUND,
@@ -208,7 +246,7 @@ impl Upstream {
         log: Log,
         http_client: Option<reqwest::Client>,
         on_change: Arc<dyn Fn() + Send + Sync>,
-        roots: Option<Value>,
+        view: WorkspaceView,
     ) -> Arc<Self> {
         Arc::new(Self {
             config,
@@ -225,12 +263,24 @@ impl Upstream {
             starts: AtomicU64::new(0),
             connected: Notify::new(),
             capabilities: Mutex::new(Value::Null),
-            roots,
+            roots: view.roots,
+            workspace: view.workspace,
+            spill: view.spill,
         })
     }
 
     pub fn alias(&self) -> &str {
         &self.config.alias
+    }
+
+    /// Where a resource cut for size is kept whole.
+    pub fn spill(&self) -> Option<&Arc<ring0_shape::SpillStore>> {
+        self.spill.as_ref()
+    }
+
+    /// A line in the gateway's log, prefixed with the alias.
+    pub fn note(&self, line: &str) {
+        self.log.line(&format!("[{}] {line}", self.config.alias));
     }
 
     /// The last published listing, if any.
@@ -293,8 +343,8 @@ impl Upstream {
                 params.get("total").and_then(Value::as_f64),
                 params
                     .get("message")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
+                    .map(crate::mediate::relayed)
+                    .and_then(|m| m.as_str().map(str::to_string)),
             );
         }
     }
@@ -302,6 +352,8 @@ impl Upstream {
     async fn connect_once(self: &Arc<Self>) -> Result<Arc<RpcPeer>, String> {
         let handler: Arc<dyn InboundHandler> = Arc::new(Handler(Arc::downgrade(self)));
         let alias = self.config.alias.clone();
+        let secret = secrets::resolve(&self.config, &self.workspace)?;
+        secrets::register(&secret, &self.log);
         let (peer, connection) = match self.config.endpoint() {
             Endpoint::Stdio => {
                 let mut env = BTreeMap::new();
@@ -311,6 +363,9 @@ impl Upstream {
                     }
                 }
                 env.extend(self.config.env_set.clone());
+                for (name, value) in &secret.env {
+                    env.insert(name.clone(), value.expose().to_string());
+                }
                 let spec = stdio::StdioSpec {
                     command: self.config.command.clone().unwrap_or_default(),
                     args: self.config.args.clone(),
@@ -322,9 +377,13 @@ impl Upstream {
                 (conn.peer.clone(), Connection::Stdio(conn))
             }
             Endpoint::Http => {
+                let mut headers = self.config.headers.clone();
+                for (name, value) in &secret.headers {
+                    headers.insert(name.clone(), value.expose().to_string());
+                }
                 let spec = http::HttpSpec {
                     url: self.config.url.clone().unwrap_or_default(),
-                    headers: self.config.headers.clone(),
+                    headers,
                 };
                 let client = match &self.http_client {
                     Some(c) => c.clone(),
@@ -572,6 +631,12 @@ impl Upstream {
         );
         let mut tools = Vec::with_capacity(named.len());
         for ((name, qualified, raw), verdict) in named.into_iter().zip(verdicts) {
+            let (clean, mediated) = crate::mediate::definition(&raw);
+            if let Some(what) = mediated.summary() {
+                self.log.line(&format!(
+                    "[{alias}] tool {qualified}: its definition was cleaned before any client sees it ({what})"
+                ));
+            }
             match &verdict {
                 PinVerdict::Quarantined(why) => self.log.line(&format!(
                     "[{alias}] tool {qualified} is quarantined: {why}; approve it with `ring0 approve-tool {qualified}`"
@@ -589,9 +654,15 @@ impl Upstream {
                 name,
                 qualified,
                 raw,
+                clean,
                 verdict,
             });
         }
+        // Tools serve without prompts: a prompt listing that fails leaves none listed.
+        let prompts = self.list_prompts(peer, &server).await.unwrap_or_else(|e| {
+            self.log.line(&format!("[{alias}] no prompts listed: {e}"));
+            Vec::new()
+        });
         let live = self.live.read().expect("live").clone();
         if let Some(Connection::Http(c)) = live.as_ref().map(|l| &l._connection) {
             c.set_tool_schemas(
@@ -606,9 +677,106 @@ impl Upstream {
             capabilities: self.capabilities.lock().expect("capabilities").clone(),
             protocol_version,
             tools,
+            prompts,
         }));
         (self.on_change)();
         Ok(())
+    }
+
+    /// Lists every page of `prompts/list` (when the server offers prompts) and pins them.
+    async fn list_prompts(
+        &self,
+        peer: &Arc<RpcPeer>,
+        server: &ServerIdentity,
+    ) -> Result<Vec<ListedPrompt>, String> {
+        let alias = &self.config.alias;
+        let offers = self
+            .capabilities
+            .lock()
+            .expect("capabilities")
+            .get("prompts")
+            .is_some_and(|c| !c.is_null());
+        if !offers {
+            return Ok(Vec::new());
+        }
+        let mut raw_prompts: Vec<Value> = Vec::new();
+        let mut cursor: Option<Value> = None;
+        for page_number in 1.. {
+            if page_number > LIST_PAGES_MAX {
+                return Err(format!(
+                    "prompts/list returned more than {LIST_PAGES_MAX} pages; the listing is refused"
+                ));
+            }
+            let params = cursor.as_ref().map(|c| json!({"cursor": c}));
+            let page = tokio::time::timeout(
+                UPSTREAM_HANDSHAKE_TIMEOUT,
+                peer.request("prompts/list", params),
+            )
+            .await
+            .map_err(|_| "prompts/list timed out".to_string())?
+            .map_err(|e| format!("prompts/list failed: {e}"))?;
+            if let Some(items) = page.get("prompts").and_then(Value::as_array) {
+                raw_prompts.extend(items.iter().cloned());
+            }
+            if raw_prompts.len() > UPSTREAM_PROMPTS_MAX {
+                return Err(format!(
+                    "the server lists more than {UPSTREAM_PROMPTS_MAX} prompts; the listing is refused"
+                ));
+            }
+            match page.get("nextCursor") {
+                Some(c) if !c.is_null() => cursor = Some(c.clone()),
+                _ => break,
+            }
+        }
+        let mut named: Vec<(String, String, Value)> = Vec::new();
+        for raw in raw_prompts {
+            let Some(name) = raw.get("name").and_then(Value::as_str).map(str::to_string) else {
+                continue;
+            };
+            match expose(alias, &name, self.config.namespace) {
+                Ok(exposed) if !named.iter().any(|(_, e, _)| *e == exposed) => {
+                    named.push((name, exposed, raw))
+                }
+                Ok(exposed) => self.log.line(&format!(
+                    "[{alias}] prompt {name:?} is refused: another prompt maps to the same name {exposed:?}"
+                )),
+                Err(e) => self
+                    .log
+                    .line(&format!("[{alias}] prompt {name:?} cannot be exposed: {e}")),
+            }
+        }
+        let pairs: Vec<(String, Value)> = named
+            .iter()
+            .map(|(n, _, r)| (n.clone(), r.clone()))
+            .collect();
+        let verdicts = self.pins.check_prompts(alias, server, &pairs);
+        let mut out = Vec::with_capacity(named.len());
+        for ((name, exposed, raw), verdict) in named.into_iter().zip(verdicts) {
+            match &verdict {
+                PinVerdict::Quarantined(why) => self.log.line(&format!(
+                    "[{alias}] prompt {exposed} is quarantined: {why}; approve it with `ring0 approve-tool {exposed}`"
+                )),
+                PinVerdict::TrustedOnFirstUse => self.log.line(&format!(
+                    "[{alias}] prompt {exposed} trusted on first use and recorded in {}",
+                    self.pins.lock_path().display()
+                )),
+                _ => {}
+            }
+            let (mut clean, mediated) = crate::mediate::definition(&raw);
+            if let Some(what) = mediated.summary() {
+                self.log.line(&format!(
+                    "[{alias}] prompt {exposed}: its definition was cleaned before any client sees it ({what})"
+                ));
+            }
+            clean["name"] = Value::String(exposed.clone());
+            out.push(ListedPrompt {
+                name,
+                exposed,
+                clean,
+                verdict,
+            });
+        }
+        Ok(out)
     }
 
     /// Sends a request that is not a tool call (prompts, resources, completion, logging level)
@@ -875,7 +1043,12 @@ impl Upstream {
                     .and_then(Value::as_str)
                     .unwrap_or("")
                     .to_string();
-                let reply = down.request(&method, request.get("params").cloned()).await;
+                let reply = if method == "roots/list" {
+                    Ok(json!({"roots": self.roots}))
+                } else {
+                    let params = request.get("params").map(crate::mediate::relayed);
+                    down.request(&method, params).await
+                };
                 (key.clone(), method, reply)
             }
         });

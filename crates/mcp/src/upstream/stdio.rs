@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 const STDIN_QUEUE_MAX: usize = 1024;
 
 /// How to start one stdio upstream.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StdioSpec {
     pub command: String,
     pub args: Vec<String>,
@@ -32,6 +32,18 @@ pub struct StdioSpec {
     /// from ring0's environment, plus explicit values from config.
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
+}
+
+/// Variable names only: their values may be secrets.
+impl std::fmt::Debug for StdioSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StdioSpec")
+            .field("command", &self.command)
+            .field("args", &self.args)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("cwd", &self.cwd)
+            .finish()
+    }
 }
 
 struct StdinQueue(mpsc::Sender<Value>);
