@@ -75,18 +75,25 @@
 mod approval;
 mod audit;
 mod engine;
+mod inline;
 mod rate;
 mod rules;
+mod show;
 
 pub use approval::{
     APPROVAL_ID_BYTES_MAX, APPROVAL_POLL_INTERVAL, APPROVAL_TIMEOUT_DEFAULT, APPROVAL_TIMEOUT_MAX,
-    ApprovalDecisionFile, ApprovalError, ApprovalOutcome, ApprovalRequest, Approver,
-    DirectoryApprover, SUMMARY_BYTES_MAX, decide_pending, list_pending, valid_approval_id,
+    ApprovalDecisionFile, ApprovalError, ApprovalOutcome, ApprovalRequest, Approver, Decision,
+    DirectoryApprover, SUMMARY_BYTES_MAX, decide_pending, list_pending, read_pending,
+    valid_approval_id,
 };
 pub use audit::{
-    AUDIT_LINE_BYTES_MAX, AuditDecision, AuditEntry, AuditSink, JsonlAudit,
-    MEMORY_AUDIT_ENTRIES_MAX, MemoryAudit,
+    AUDIT_GENESIS, AUDIT_LINE_BYTES_MAX, AuditDecision, AuditEntry, AuditSink, ChainBreak,
+    ChainReport, Head, JsonlAudit, MEMORY_AUDIT_ENTRIES_MAX, MemoryAudit, head_path, verify_chain,
 };
-pub use engine::{APPROVALS_REMEMBERED_MAX, GRANTS_MAX, Grant, Policy, PolicyBuilder, ShellArg};
+pub use engine::{
+    APPROVAL_SCOPE_MAX, APPROVALS_REMEMBERED_MAX, ApprovalScope, GRANT_PRINCIPALS_MAX, GRANTS_MAX,
+    Grant, Policy, PolicyBuilder, RATE_BUCKETS_MAX, ShellArg,
+};
 pub use rate::{RATE_PERIOD_MAX, RateLimit, RateLimitError};
 pub use rules::{ArgRule, RULE_SOURCE_BYTES_MAX, RULES_PER_GRANT_MAX, RuleError};
+pub use show::{ARGS_SHOWN_BYTES_MAX, SPACE_RUN_MARKED_MIN, render_args, shown_args};
