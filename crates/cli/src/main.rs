@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod approve_cmd;
+mod audit_cmd;
 mod call_cmd;
 mod config;
 mod journal_cmd;
@@ -52,6 +53,11 @@ enum Command {
     Approve(approve_cmd::DecideArgs),
     /// Deny a call held for approval (`ring0 deny ap_… --reason TEXT`).
     Deny(approve_cmd::DecideArgs),
+    /// Check the audit log (`ring0 audit verify`).
+    Audit {
+        #[command(subcommand)]
+        command: audit_cmd::AuditCommand,
+    },
 }
 
 #[derive(Args)]
@@ -75,6 +81,7 @@ fn main() -> ExitCode {
         Command::Turn(args) => turn_cmd::run(args),
         Command::Approve(args) => approve_cmd::run(args, true),
         Command::Deny(args) => approve_cmd::run(args, false),
+        Command::Audit { command } => audit_cmd::run(command),
     };
     match result {
         Ok(output) => {

@@ -349,11 +349,10 @@ pub fn verify_chain(path: &Path) -> Result<ChainReport, ChainBreak> {
     let head = read_head(path).map_err(io)?;
     let file = std::fs::File::open(path).map_err(io)?;
     let mut reader = std::io::BufReader::new(file);
-    let (mut number, mut prev, mut bytes) = (0u64, AUDIT_GENESIS.to_string(), 0u64);
+    let (mut number, mut prev) = (0u64, AUDIT_GENESIS.to_string());
     let mut line = Vec::new();
     while reader.read_until(b'\n', &mut line).map_err(io)? > 0 {
         number += 1;
-        bytes += line.len() as u64;
         if line.pop() != Some(b'\n') {
             return Err(ChainBreak {
                 line: number,
@@ -363,7 +362,7 @@ pub fn verify_chain(path: &Path) -> Result<ChainReport, ChainBreak> {
         check_link(&line, &prev).map_err(|why| ChainBreak { line: number, why })?;
         if head
             .as_ref()
-            .is_some_and(|h| h.bytes == bytes && h.last != line_hash(&line))
+            .is_some_and(|h| h.lines == number && h.last != line_hash(&line))
         {
             return Err(ChainBreak {
                 line: number,
@@ -374,7 +373,7 @@ pub fn verify_chain(path: &Path) -> Result<ChainReport, ChainBreak> {
         line.clear();
     }
     if let Some(h) = &head
-        && (h.lines > number || h.bytes > bytes)
+        && h.lines > number
     {
         return Err(ChainBreak {
             line: number + 1,
