@@ -341,3 +341,60 @@ fn after_a_crash_an_unsent_call_the_grants_still_allow_is_dispatched() {
         "written at recovery"
     );
 }
+
+#[path = "common/mod.rs"]
+mod common;
+
+#[test]
+fn an_approval_for_one_http_session_never_releases_the_identical_call_in_another() {
+    let Some(peers) = common::peers() else {
+        return;
+    };
+    let dir = workspace(&READS_AND_WRITES.replace(
+        "approval = true",
+        "approval = true\napproval_scope = \"session\"",
+    ));
+    let server = common::start_http(common::serve_http_command(dir.path()));
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/py_client_two_sessions.py");
+    let seen = common::python_report(
+        Command::new(common::python(&peers))
+            .arg(&script)
+            .arg(server.url())
+            .arg(dir.path()),
+    );
+    assert_eq!(seen["a_first"]["ran"], true, "{seen}");
+    assert_eq!(seen["a_again"]["is_error"], false, "{seen}");
+    let asked = seen["asked"].as_array().unwrap();
+    assert_eq!(
+        asked.len(),
+        1,
+        "the session's second identical call was not asked: {seen}"
+    );
+    assert!(
+        asked[0]["schema"]["properties"]["scope"].is_object(),
+        "the prompt offers \"allow for this session\": {seen}"
+    );
+    assert!(
+        asked[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("[\"touch\",\"marker\"]"),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["b"]["ran"], false,
+        "the other session's call did not run: {seen}"
+    );
+    assert_eq!(seen["b"]["is_error"], true, "{seen}");
+    let b: Value = serde_json::from_str(seen["b"]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(b["status"], "approval_required", "{b}");
+    assert!(
+        !b["advice"].as_str().unwrap().contains("do not retry"),
+        "{b}"
+    );
+    assert!(
+        b["message"].as_str().unwrap().contains("io.ring0/confirm"),
+        "{b}"
+    );
+}
