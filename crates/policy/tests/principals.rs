@@ -532,3 +532,57 @@ async fn arguments_too_long_to_show_point_to_where_they_are_shown_whole() {
         "the request holds them whole"
     );
 }
+
+#[tokio::test]
+async fn a_terminal_session_approval_is_remembered_only_where_offered() {
+    use ring0_policy::{ApprovalError, Decision, DirectoryApprover, decide_pending, list_pending};
+    let dir = tempfile::tempdir().unwrap();
+    let approvals = dir.path().join("approvals");
+    let policy = Policy::builder()
+        .grant(Grant::new("pay", &["pay"], Authority::A3).approval_scope(ApprovalScope::Session))
+        .unwrap()
+        .grant(Grant::new("shell", &["shell"], Authority::A2).approval(true))
+        .unwrap()
+        .approver(Arc::new(DirectoryApprover::new(&approvals)))
+        .approval_timeout(Duration::from_secs(30));
+    let w = world(vec![pay_spec(), shell_spec()], policy);
+    let s = w.session(alice());
+    let decide = |remember: bool| {
+        let approvals = approvals.clone();
+        tokio::spawn(async move {
+            for _ in 0..600 {
+                if let Some(pending) = list_pending(&approvals).first() {
+                    let d = Decision {
+                        approve: true,
+                        remember,
+                        reason: String::new(),
+                    };
+                    return decide_pending(&approvals, &pending.id, &d);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("no pending request appeared");
+        })
+    };
+    let args = json!({"to": "bob", "amount": 5});
+    let person = decide(true);
+    assert_eq!(status(&call(&s, "pay", args.clone()).await), "ran");
+    assert!(person.await.unwrap().unwrap().remember.is_some());
+    assert_eq!(
+        status(&call(&s, "pay", args).await),
+        "ran",
+        "remembered: nobody asked"
+    );
+    // A grant with approval_scope once refuses "--session" and the call waits on.
+    let refused = decide(true);
+    let held = tokio::spawn({
+        let s = w.session(alice());
+        async move { call(&s, "shell", json!({"argv": ["ls"]})).await }
+    });
+    assert!(matches!(
+        refused.await.unwrap(),
+        Err(ApprovalError::RememberNotOffered { .. })
+    ));
+    decide(false).await.unwrap().unwrap();
+    assert_eq!(status(&held.await.unwrap()), "ran");
+}
