@@ -118,9 +118,9 @@ impl RejectionKind {
             Self::UnknownTool => "call one of the listed tools instead",
             Self::InvalidJson | Self::ValidationError => "correct the arguments and call again",
             Self::LimitExceeded => "send smaller arguments",
-            Self::PolicyDenied => "the grants do not allow this call; do not retry it unchanged",
+            Self::PolicyDenied => "this call is not allowed as it is; do not retry it unchanged",
             Self::ApprovalDenied => {
-                "a person declined this call; do not retry it unless the user asks"
+                "the call was not approved; do not retry it unless the user asks"
             }
             Self::ApprovalRequired => {
                 "nothing ran yet: a person must approve this call first; do what the message says, then call again with the same arguments"

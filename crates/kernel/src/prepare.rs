@@ -193,7 +193,7 @@ pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Pre
                 RejectionKind::ApprovalDenied,
                 &call.tool,
                 &call.call_id,
-                format!("a person denied this call ({rule}): {reason}"),
+                format!("not approved ({rule}): {reason}"),
             ));
         }
         AuthDecision::ApprovalTimeout { rule } => {
