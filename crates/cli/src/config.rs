@@ -14,7 +14,9 @@
 use ring0_core::Authority;
 use ring0_journal::SqliteJournal;
 use ring0_kernel::{Authorizer, Kernel, SessionConfig};
-use ring0_policy::{APPROVAL_TIMEOUT_MAX, Approver, Grant, JsonlAudit, Policy, RateLimit};
+use ring0_policy::{
+    APPROVAL_TIMEOUT_MAX, ApprovalScope, Approver, Grant, JsonlAudit, Policy, RateLimit,
+};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -161,26 +163,43 @@ pub struct GrantSection {
     /// Hold every call of this grant for a person's approval. Default `false`.
     #[serde(default)]
     pub approval: bool,
-    /// Allow `shell`'s `command` string (run by `/bin/sh -c`); otherwise only `argv`.
-    /// Default `false`.
+    /// Allow `shell`'s `command` string (run by `/bin/sh -c`) and an `argv` that starts a shell
+    /// or interpreter with an inline script (`sh -c`, `python -c`, `node -e`, …); otherwise only
+    /// plain `argv`. Default `false`.
     #[serde(default)]
     pub shell: bool,
-    /// CEL expressions over `args`, `session` and `tool`; all must be true. A rule that errors
-    /// (including one naming an absent argument) denies. Default none.
+    /// CEL expressions over `args`, `session`, `principal` and `tool`; all must be true. A rule
+    /// that errors (including one naming an absent argument) denies. Default none.
     #[serde(default)]
     pub rules: Vec<String>,
-    /// Calls per tool under this grant: `"N/s"`, `"N/min"`, `"N/h"` or `"N/day"`. Default none.
+    /// Calls per tool under this grant, per principal: `"N/s"`, `"N/min"`, `"N/h"` or
+    /// `"N/day"`. Default none.
     #[serde(default)]
     pub rate: Option<String>,
+    /// The grant applies only to these principal ids (and to `groups`). Default: everyone.
+    #[serde(default)]
+    pub principals: Vec<String>,
+    /// The grant applies only to principals in these groups (and to `principals`). Default:
+    /// everyone.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// What one approval may cover: `"once"` (the approved call only), `"session"` (the person
+    /// may also allow identical calls for the rest of the session) or a duration such as
+    /// `"30m"` (the same, lapsing after that long; s, m, h; at most 24h). Default `"once"`.
+    #[serde(default)]
+    pub approval_scope: Option<String>,
 }
 
 /// `[limits]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsSection {
-    /// Calls per session, all tools together (`"N/min"` …). Default none.
+    /// Calls per session of one principal, all tools together (`"N/min"` …). Default none.
     #[serde(default)]
     pub session_rate: Option<String>,
+    /// Calls per principal across all its sessions, all tools together. Default none.
+    #[serde(default)]
+    pub principal_rate: Option<String>,
     /// Calls running at once in one round. Default 8.
     #[serde(default = "concurrency_default")]
     pub max_concurrent_tools: usize,
@@ -196,6 +215,7 @@ impl Default for LimitsSection {
     fn default() -> Self {
         Self {
             session_rate: None,
+            principal_rate: None,
             max_concurrent_tools: concurrency_default(),
             read_text_bytes: read_text_default(),
             search_workers: search_workers_default(),
@@ -362,6 +382,10 @@ impl Config {
         for (i, g) in self.grants.iter().enumerate() {
             self.grant(i, g).map_err(|(key, why)| err(key, why))?;
         }
+        if let Some(rate) = &self.limits.principal_rate {
+            RateLimit::parse(rate)
+                .map_err(|e| err("limits.principal_rate".into(), e.to_string()))?;
+        }
         if let Some(rate) = &self.limits.session_rate {
             RateLimit::parse(rate).map_err(|e| err("limits.session_rate".into(), e.to_string()))?;
         }
@@ -409,7 +433,14 @@ impl Config {
         let patterns: Vec<&str> = g.tools.iter().map(String::as_str).collect();
         let mut grant = Grant::new(&g.name, &patterns, g.ceiling)
             .approval(g.approval)
-            .shell(g.shell);
+            .shell(g.shell)
+            .principals(g.principals.iter().cloned())
+            .groups(g.groups.iter().cloned());
+        if let Some(scope) = &g.approval_scope {
+            grant = grant.approval_scope(
+                ApprovalScope::parse(scope).map_err(|why| (key("approval_scope"), why))?,
+            );
+        }
         for (j, rule) in g.rules.iter().enumerate() {
             grant = grant
                 .rule(rule)
@@ -421,6 +452,8 @@ impl Config {
         grant.validate().map_err(|why| {
             let k = if why.contains("pattern") || why.contains("tools") {
                 "tools"
+            } else if why.contains("principal") {
+                "principals"
             } else if why.contains("name") {
                 "name"
             } else {
@@ -547,8 +580,8 @@ fn key_near(text: &str, at: usize) -> String {
 pub struct Built {
     pub kernel: Kernel,
     pub authorizer: Arc<dyn Authorizer>,
-    /// The policy behind `authorizer` (for a front end that opens more sessions:
-    /// `policy.for_new_session()`).
+    /// The policy behind `authorizer` (its state is keyed by principal and session, so every
+    /// session of a front end shares it).
     #[allow(dead_code)] // read by front ends that serve several sessions
     pub policy: Policy,
     pub max_concurrent_tools: usize,
@@ -665,7 +698,9 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         .shell_arg(
             ring0_tools::SHELL_STRING_ARG.0,
             ring0_tools::SHELL_STRING_ARG.1,
-        );
+        )
+        // The same tool's explicit argv: an inline script there is a command string too.
+        .argv_arg(ring0_tools::SHELL_STRING_ARG.0, "argv");
     for (i, g) in config.grants.iter().enumerate() {
         let grant = config.grant(i, g).map_err(|(key, why)| err(&key, why))?;
         policy = policy
@@ -675,6 +710,11 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
     if let Some(rate) = &config.limits.session_rate {
         policy = policy.session_rate(
             RateLimit::parse(rate).map_err(|e| err("limits.session_rate", e.to_string()))?,
+        );
+    }
+    if let Some(rate) = &config.limits.principal_rate {
+        policy = policy.principal_rate(
+            RateLimit::parse(rate).map_err(|e| err("limits.principal_rate", e.to_string()))?,
         );
     }
     Ok(Parts {

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod approve_cmd;
+mod audit_cmd;
 mod call_cmd;
 mod config;
 mod journal_cmd;
@@ -58,6 +59,11 @@ enum Command {
     Deny(approve_cmd::DecideArgs),
     /// Manage the static bearer tokens of `serve --http` (`ring0 token add NAME`).
     Token(token_cmd::TokenArgs),
+    /// Check the audit log (`ring0 audit verify`).
+    Audit {
+        #[command(subcommand)]
+        command: audit_cmd::AuditCommand,
+    },
 }
 
 #[derive(Args)]
@@ -83,6 +89,7 @@ fn main() -> ExitCode {
         Command::Approve(args) => approve_cmd::run(args, true, state),
         Command::Deny(args) => approve_cmd::run(args, false, state),
         Command::Token(args) => token_cmd::run(args),
+        Command::Audit { command } => audit_cmd::run(command, state),
     };
     match result {
         Ok(output) => {

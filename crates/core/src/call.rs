@@ -64,6 +64,8 @@ pub enum RejectionKind {
     ApprovalRequired,
     ApprovalDenied,
     ApprovalTimeout,
+    /// Over a rate limit; `retry_after_ms` says when a call would be accepted again.
+    RateLimited,
     /// Refused by the round overseer; call again next round.
     StrategyConflict,
     RunsAlone,
@@ -94,6 +96,7 @@ impl RejectionKind {
             Self::ApprovalRequired => "approval_required",
             Self::ApprovalDenied => "approval_denied",
             Self::ApprovalTimeout => "approval_timeout",
+            Self::RateLimited => "rate_limited",
             Self::StrategyConflict => "strategy_conflict",
             Self::RunsAlone => "runs_alone",
             Self::RepeatTerminated => "repeat_terminated",
@@ -115,8 +118,14 @@ impl RejectionKind {
             Self::UnknownTool => "call one of the listed tools instead",
             Self::InvalidJson | Self::ValidationError => "correct the arguments and call again",
             Self::LimitExceeded => "send smaller arguments",
-            Self::PolicyDenied | Self::ApprovalDenied => "do not retry this call",
-            Self::ApprovalRequired => "wait for a person's decision",
+            Self::PolicyDenied => "this call is not allowed as it is; do not retry it unchanged",
+            Self::ApprovalDenied => {
+                "the call was not approved; do not retry it unless the user asks"
+            }
+            Self::ApprovalRequired => {
+                "nothing ran yet: a person must approve this call first; do what the message says, then call again with the same arguments"
+            }
+            Self::RateLimited => "wait retry_after_ms milliseconds, then call again",
             Self::ApprovalTimeout => "no decision was made in time; ask the user before retrying",
             Self::StrategyConflict | Self::RunsAlone => "call it again in the next round",
             Self::RepeatTerminated => "stop repeating this call",
@@ -165,6 +174,9 @@ pub struct Rejection {
     /// Closest known tool names, for `unknown_tool`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub suggestions: Vec<String>,
+    /// For `rate_limited`: how long until the same call would be accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
     pub advice: String,
 }
 
@@ -187,6 +199,7 @@ impl Rejection {
             errors: Vec::new(),
             errors_omitted: 0,
             suggestions: Vec::new(),
+            retry_after_ms: None,
             advice: status.advice().to_string(),
         }
     }
@@ -199,6 +212,11 @@ impl Rejection {
 
     pub fn with_suggestions(mut self, suggestions: Vec<String>) -> Self {
         self.suggestions = suggestions;
+        self
+    }
+
+    pub fn with_retry_after_ms(mut self, retry_after_ms: u64) -> Self {
+        self.retry_after_ms = Some(retry_after_ms);
         self
     }
 
@@ -223,6 +241,7 @@ mod tests {
             ApprovalRequired,
             ApprovalDenied,
             ApprovalTimeout,
+            RateLimited,
             StrategyConflict,
             RunsAlone,
             RepeatTerminated,

@@ -51,12 +51,33 @@ pub enum AuthDecision {
         rule: String,
         reason: String,
     },
+    /// Waiting for a person: nothing ran and nobody refused. `next` says what to do (e.g. call
+    /// again with the confirmation code the person holds).
+    ApprovalRequired {
+        rule: String,
+        reason: String,
+        next: String,
+    },
+    /// Over a rate limit: the same call is accepted again after `retry_after_ms`.
+    RateLimited {
+        rule: String,
+        reason: String,
+        retry_after_ms: u64,
+    },
 }
 
 /// Decides whether a call runs. Must fail closed: an error is a denial.
 #[async_trait]
 pub trait Authorizer: Send + Sync {
     async fn authorize(&self, request: &AuthRequest<'_>) -> AuthDecision;
+
+    /// The same question asked again at recovery, for a call committed before a crash and never
+    /// sent. Nobody is waiting for that call, so an implementation that would hold it for a
+    /// person should refuse it instead; anything but `Allow` settles the record without
+    /// dispatching it. The default asks [`Authorizer::authorize`].
+    async fn recheck(&self, request: &AuthRequest<'_>) -> AuthDecision {
+        self.authorize(request).await
+    }
 
     /// Whether the session may see the tool at all. A tool it may not call is never listed.
     fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool;

@@ -195,7 +195,7 @@ pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Pre
                 RejectionKind::ApprovalDenied,
                 &call.tool,
                 &call.call_id,
-                format!("a person denied this call ({rule}): {reason}"),
+                format!("not approved ({rule}): {reason}"),
             ));
         }
         AuthDecision::ApprovalTimeout { rule } => {
@@ -205,6 +205,27 @@ pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Pre
                 &call.call_id,
                 format!("no approval arrived in time ({rule})"),
             ));
+        }
+        AuthDecision::ApprovalRequired { rule, reason, next } => {
+            return Err(Rejection::new(
+                RejectionKind::ApprovalRequired,
+                &call.tool,
+                &call.call_id,
+                format!("waiting for a person's approval ({rule}): {reason}. Next: {next}"),
+            ));
+        }
+        AuthDecision::RateLimited {
+            rule,
+            reason,
+            retry_after_ms,
+        } => {
+            return Err(Rejection::new(
+                RejectionKind::RateLimited,
+                &call.tool,
+                &call.call_id,
+                format!("rate limited ({rule}): {reason}"),
+            )
+            .with_retry_after_ms(retry_after_ms));
         }
     }
     let conflict_key = match &spec.conflict_key {

@@ -3,19 +3,24 @@
 //!
 //! A record left DISPATCHED by a crash goes to UNKNOWN and is reconciled by its tool's declared
 //! settlement (idempotency key, probe, or DEAD_LETTER for a person) — never dispatched again
-//! blindly. A record left RECORDED was authorized and committed but never sent; by default it is
-//! dispatched now. Call [`crate::Kernel::recover`] once when a process opens a durable journal,
-//! before serving.
+//! blindly. A record left RECORDED was authorized and committed but never sent: it is authorized
+//! again against the current policy ([`Authorizer::recheck`], see [`recheck_recorded`]) and
+//! dispatched only if that allows it; a refusal settles it REJECTED_CONFLICT (the journal's
+//! terminal state for "cancelled before dispatch, nothing was sent") with the rule in its
+//! timeline. Call [`crate::Kernel::recover`] once when a process opens a durable journal, before
+//! serving.
 
+use crate::policy::{AuthDecision, AuthRequest, Authorizer, SessionInfo};
 use crate::registry::Registry;
 use crate::settle::{ReceiptOrigin, dispatch_outcome, ms, probe, run_tool, snapshot};
 use crate::tool::{CallContext, EventSink, ToolError};
 use async_trait::async_trait;
-use ring0_core::Settlement;
 use ring0_core::receipt::{Disposition, Timing};
-use ring0_journal::IntentRecord;
+use ring0_core::{Fingerprint, IntentState, Principal, Settlement};
+use ring0_journal::record::Transition;
 use ring0_journal::recovery::Executor;
 use ring0_journal::settle::{DispatchOutcome, ErrorClass, ProbeVerdict};
+use ring0_journal::{IntentRecord, Journal, JournalError};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
@@ -113,5 +118,86 @@ impl Executor for RegistryExecutor<'_> {
             tool.spec.observation_budget_bytes,
         )
         .await
+    }
+}
+
+/// Session id recovery's re-check presents to policy.
+pub const RECOVERY_SESSION_ID: &str = "recovery";
+
+/// Authorizes every RECORDED record an earlier process left behind against the current policy,
+/// and settles each one it refuses (RECORDED → REJECTED_CONFLICT, the rule and reason noted),
+/// so that recovery never dispatches a call today's grants would not allow. Returns the settled
+/// records. The journal does not record principals, so the re-check asks as
+/// [`Principal::local`] in the record's scope: a grant limited to other principals refuses.
+pub(crate) async fn recheck_recorded(
+    journal: &dyn Journal,
+    registry: &Registry,
+    authorizer: &dyn Authorizer,
+) -> Result<Vec<IntentRecord>, JournalError> {
+    let me = journal.incarnation();
+    let mut refused = Vec::new();
+    for record in journal.open_records().await? {
+        // A record of this very incarnation belongs to a live round of this process.
+        if record.state != IntentState::Recorded || Some(record.owner) == me {
+            continue;
+        }
+        let Some(tool) = registry.get(&record.tool) else {
+            continue;
+        };
+        let Some((rule, reason)) = refusal(authorizer, &tool.spec, &record).await else {
+            continue;
+        };
+        let t = Transition::to(&record, IntentState::RejectedConflict).note(format!(
+            "refused at recovery by the current policy ({rule}): {reason}; nothing was sent"
+        ));
+        match journal.transition(t).await {
+            Ok(settled) => refused.push(settled),
+            // Another writer moved it first: it is no longer this recovery's to settle.
+            Err(JournalError::StaleFence { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(refused)
+}
+
+/// The rule and reason the current policy refuses `record` with, or `None` when it allows it.
+async fn refusal(
+    authorizer: &dyn Authorizer,
+    spec: &ring0_core::ToolSpec,
+    record: &IntentRecord,
+) -> Option<(String, String)> {
+    let args = args_of(record);
+    let args_hash = match Fingerprint::from_canonical_args(&spec.name, &record.canonical_args) {
+        Ok(f) => f.encode(),
+        Err(e) => {
+            return Some((
+                "recovery:invalid_arguments".into(),
+                format!("the recorded arguments cannot be fingerprinted: {e}"),
+            ));
+        }
+    };
+    let session = SessionInfo {
+        scope: record.scope.clone(),
+        session_id: RECOVERY_SESSION_ID.into(),
+        principal: Principal::local(),
+    };
+    let call_id = record.last_call_id();
+    let request = AuthRequest {
+        session: &session,
+        spec,
+        call_id,
+        args: &args,
+        args_hash: &args_hash,
+        events: None,
+    };
+    match authorizer.recheck(&request).await {
+        AuthDecision::Allow { .. } => None,
+        AuthDecision::Deny { rule, reason }
+        | AuthDecision::ApprovalDenied { rule, reason }
+        | AuthDecision::ApprovalRequired { rule, reason, .. }
+        | AuthDecision::RateLimited { rule, reason, .. } => Some((rule, reason)),
+        AuthDecision::ApprovalTimeout { rule } => {
+            Some((rule, "no approval arrived in time".into()))
+        }
     }
 }

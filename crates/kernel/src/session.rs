@@ -143,6 +143,10 @@ pub struct SessionConfig {
     pub memo_ttl_ms: u64,
     /// Who the session acts for. Default [`Principal::local`].
     pub principal: Principal,
+    /// The session's id as policy sees it (approvals and per-session limits are bound to it);
+    /// a fresh one per session when absent. A host whose one conversation spans several kernel
+    /// sessions (an MCP connection across catalog generations) names it once for all of them.
+    pub session_id: Option<String>,
 }
 
 impl SessionConfig {
@@ -158,7 +162,13 @@ impl SessionConfig {
             journal_reads: false,
             memo_ttl_ms: 0,
             principal: Principal::local(),
+            session_id: None,
         }
+    }
+
+    pub fn session_id(mut self, id: impl Into<String>) -> Self {
+        self.session_id = Some(id.into());
+        self
     }
 
     pub fn principal(mut self, principal: Principal) -> Self {
@@ -304,19 +314,32 @@ impl Kernel {
 
     /// Settles what a previous process left open in the journal, from the log alone, using the
     /// registered tools: in-flight calls are reconciled (never re-sent blindly), committed but
-    /// unsent calls are dispatched. Call once at start, before serving.
+    /// unsent calls are authorized again against the kernel's authorizer and dispatched only if
+    /// it allows them (a refusal settles them REJECTED_CONFLICT with the rule, counted in the
+    /// report's `cancelled`). Call once at start, before serving.
     pub async fn recover(
         &self,
     ) -> Result<ring0_journal::RecoveryReport, ring0_journal::JournalError> {
+        let refused = crate::recover::recheck_recorded(
+            self.inner.journal.as_ref(),
+            &self.inner.registry,
+            self.inner.authorizer.as_ref(),
+        )
+        .await?;
         let exec = crate::recover::RegistryExecutor {
             registry: &self.inner.registry,
         };
-        ring0_journal::recover(
+        let mut report = ring0_journal::recover(
             self.inner.journal.as_ref(),
             &exec,
             ring0_journal::RecoveryPolicy::default(),
         )
-        .await
+        .await?;
+        // Settled before dispatch by the policy's re-check: counted as cancelled.
+        report.examined += refused.len();
+        report.cancelled += refused.len();
+        report.settled.extend(refused);
+        Ok(report)
     }
 
     pub fn open_session(&self, config: SessionConfig) -> Session {
@@ -330,7 +353,10 @@ impl Kernel {
             kernel: self.inner.clone(),
             info: SessionInfo {
                 scope: config.scope.clone(),
-                session_id: format!("s{n}-{}", uuid::Uuid::new_v4().simple()),
+                session_id: config
+                    .session_id
+                    .clone()
+                    .unwrap_or_else(|| format!("s{n}-{}", uuid::Uuid::new_v4().simple())),
                 principal: config.principal.clone(),
             },
             state: Mutex::new(SessionState {

@@ -1,13 +1,19 @@
 //! Approvals over MCP: how a call held for a person's decision reaches the person.
 //!
 //! - A client that declared the elicitation capability is asked, through `elicitation/create`
-//!   during the `tools/call` it made, whether to run the call (tool and prepared arguments shown,
-//!   the argument hash quoted). Accept with `approve: true` approves; anything else declines.
-//! - A client without elicitation gets a refusal that asks the model to obtain a confirmation
-//!   code from the user; the code itself is printed to ring0's log for the person, never sent to
-//!   the model. The same call made again with the code in `_meta["io.ring0/confirm"]` is
-//!   approved. A code binds to the tool and the prepared arguments' hash, is used once, and
-//!   expires after [`CONFIRM_TOKEN_TTL`].
+//!   during the `tools/call` it made, whether to run the call: the tool, the prepared arguments
+//!   as a person must see them (escaped, whole or — when too long — cut with a pointer to
+//!   ring0's log, which shows them whole), and the argument digest the approval binds to. Accept
+//!   with `approve: true` approves; anything else declines. Where the grant's `approval_scope`
+//!   offers it, the form has a `scope` field: `"session"` allows identical calls for the rest
+//!   of the session.
+//! - A client without elicitation gets an `approval_required` refusal that tells the model to
+//!   obtain a confirmation code from the user; the code itself is printed to ring0's log for
+//!   the person (with the whole arguments), never sent to the model. The same call made again
+//!   with the code in `_meta["io.ring0/confirm"]` is approved; the code followed by
+//!   [`SESSION_CODE_SUFFIX`] approves it for the session where that is offered. A code binds to
+//!   the principal and session it was minted for, the tool and the prepared arguments' hash,
+//!   is used once, and expires after [`CONFIRM_TOKEN_TTL`].
 //!
 //! [`McpApprover`] plugs this into the policy engine's `Approver` (grants with `approval = true`,
 //! anything A3); without a policy engine, the downstream session applies it to A3 calls itself.
@@ -19,7 +25,7 @@ use crate::limits::{CONFIRM_TOKEN_TTL, CONFIRM_TOKENS_MAX};
 use crate::log::Log;
 use crate::route::Calls;
 use async_trait::async_trait;
-use ring0_policy::{ApprovalOutcome, ApprovalRequest, Approver};
+use ring0_policy::{ApprovalOutcome, ApprovalRequest, Approver, render_args, shown_args};
 use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -27,23 +33,57 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// `_meta` key of a tools/call carrying a confirmation code a person gave.
 pub const CONFIRM_META_KEY: &str = "io.ring0/confirm";
+/// Appended to a confirmation code, approves identical calls for the rest of the session (where
+/// the grant offers it).
+pub const SESSION_CODE_SUFFIX: &str = "+session";
+
+/// One question to a person about one held call.
+pub struct Question<'a> {
+    pub call_id: &'a str,
+    pub tool: &'a str,
+    /// The whole prepared arguments.
+    pub args: &'a Value,
+    pub args_hash: &'a str,
+    /// Who asks, and in which session: a confirmation code answers only there.
+    pub principal: &'a str,
+    pub session_id: &'a str,
+    /// The approval id, named where the whole arguments are shown.
+    pub approval_id: &'a str,
+    /// What "allow for this session" would allow, when the grant offers it.
+    pub remember: Option<&'a str>,
+    pub wait: Duration,
+}
 
 /// What asking produced.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Answer {
-    /// Approved, and how (`elicitation`, `confirmation-code`).
+    /// Approved, and how (`elicitation`, `confirmation-code`); for this call only.
     Approved(&'static str),
+    /// Approved for identical calls for the rest of the session.
+    ApprovedForSession(&'static str),
     Declined(String),
     TimedOut,
-    /// Refused for now: the model must obtain the code from the user (the reason says how).
+    /// Not decided yet: the model must obtain the code from the user (the text says how).
     NeedsCode(String),
     /// The question could not be asked.
     Failed(String),
 }
 
+/// A minted confirmation code and what it answers.
+struct Code {
+    code: String,
+    /// Principal and session the code was minted for.
+    binding: String,
+    tool: String,
+    args_hash: String,
+    /// Whether `code` + [`SESSION_CODE_SUFFIX`] may approve for the session.
+    remember: bool,
+    minted: Instant,
+}
+
 /// Confirmation codes and the call registry they are checked against.
 pub struct Approvals {
-    codes: Mutex<VecDeque<(String, String, String, Instant)>>,
+    codes: Mutex<VecDeque<Code>>,
     calls: Arc<Calls>,
     log: Log,
     /// Whether the downstream session gates A3 calls itself (no policy engine approves them).
@@ -69,71 +109,72 @@ impl Approvals {
         self.gate_a3
     }
 
-    fn mint(&self, tool: &str, args_hash: &str) -> String {
+    fn mint(&self, q: &Question<'_>) -> String {
         let code = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
         let mut codes = self.codes.lock().expect("codes");
         if codes.len() >= CONFIRM_TOKENS_MAX {
             codes.pop_front();
         }
-        codes.push_back((code.clone(), tool.into(), args_hash.into(), Instant::now()));
+        codes.push_back(Code {
+            code: code.clone(),
+            binding: binding(q.principal, q.session_id),
+            tool: q.tool.into(),
+            args_hash: q.args_hash.into(),
+            remember: q.remember.is_some(),
+            minted: Instant::now(),
+        });
         code
     }
 
-    fn redeem(&self, code: &str, tool: &str, args_hash: &str) -> bool {
+    /// Uses up the code `given` if it answers this question; says whether it approves for the
+    /// session.
+    fn redeem(&self, given: &str, q: &Question<'_>) -> Option<Answer> {
+        let (code, for_session) = match given.strip_suffix(SESSION_CODE_SUFFIX) {
+            Some(code) => (code, true),
+            None => (given, false),
+        };
+        let binding = binding(q.principal, q.session_id);
         let mut codes = self.codes.lock().expect("codes");
-        codes.retain(|(_, _, _, at)| at.elapsed() < CONFIRM_TOKEN_TTL);
-        match codes
-            .iter()
-            .position(|(c, t, h, _)| c == code && t == tool && h == args_hash)
-        {
-            Some(i) => {
-                codes.remove(i);
-                true
-            }
-            None => false,
-        }
+        codes.retain(|c| c.minted.elapsed() < CONFIRM_TOKEN_TTL);
+        let i = codes.iter().position(|c| {
+            c.code == code
+                && c.binding == binding
+                && c.tool == q.tool
+                && c.args_hash == q.args_hash
+                && (!for_session || c.remember)
+        })?;
+        codes.remove(i);
+        Some(if for_session {
+            Answer::ApprovedForSession("confirmation-code")
+        } else {
+            Answer::Approved("confirmation-code")
+        })
     }
 
     /// Asks the person about one call.
-    pub async fn ask(
-        &self,
-        call_id: &str,
-        tool: &str,
-        args: &Value,
-        args_hash: &str,
-        wait: Duration,
-    ) -> Answer {
-        let entry = self.calls.get(call_id);
+    pub async fn ask(&self, q: &Question<'_>) -> Answer {
+        let entry = self.calls.get(q.call_id);
         if let Some(code) = entry.as_ref().and_then(|e| e.confirm.clone())
-            && self.redeem(&code, tool, args_hash)
+            && let Some(answer) = self.redeem(&code, q)
         {
-            return Answer::Approved("confirmation-code");
+            return answer;
         }
-        let args_text = serde_json::to_string(args).unwrap_or_default();
-        let question = json!({
-            "mode": "form",
-            "message": format!(
-                "ring0: allow {tool} with arguments {args_text}? (argument hash {args_hash})"
-            ),
-            "requestedSchema": {
-                "type": "object",
-                "properties": {"approve": {"type": "boolean", "title": "Approve", "description": "Run this call"}},
-                "required": ["approve"]
-            }
-        });
+        let (shown, whole) = shown_args(q.args, q.approval_id, q.args_hash);
+        if !whole {
+            self.log.line(&format!(
+                "approval {}: the whole arguments of {} (digest {}): {}",
+                q.approval_id,
+                q.tool,
+                q.args_hash,
+                render_args(q.args)
+            ));
+        }
         if let Some(entry) = entry.filter(|e| e.elicitation)
             && let Some(down) = entry.downstream.clone()
         {
-            let mut params = question;
-            // The sessionful era's elicitation has no `mode`; the 2026-07-28 era's question
-            // (an `input_required` result) keeps it.
-            if !entry.modern
-                && let Some(o) = params.as_object_mut()
-            {
-                o.remove("mode");
-            }
+            let params = question(q, &shown, whole, entry.modern);
             return match tokio::time::timeout(
-                wait,
+                q.wait,
                 down.request("elicitation/create", Some(params)),
             )
             .await
@@ -142,26 +183,82 @@ impl Approvals {
                 Ok(Err(e)) => {
                     Answer::Failed(format!("the approval question could not be asked: {e}"))
                 }
-                Ok(Ok(answer)) if approved(&answer) => Answer::Approved("elicitation"),
-                Ok(Ok(_)) => Answer::Declined("the person declined this call".into()),
+                Ok(Ok(answer)) => match approved(&answer) {
+                    Some(true) if q.remember.is_some() => Answer::ApprovedForSession("elicitation"),
+                    Some(_) => Answer::Approved("elicitation"),
+                    None => Answer::Declined("the person declined this call".into()),
+                },
             };
         }
-        let code = self.mint(tool, args_hash);
+        let code = self.mint(q);
+        let session_variant = match q.remember {
+            Some(what) => {
+                format!("; or {code}{SESSION_CODE_SUFFIX} to also allow identical calls for {what}")
+            }
+            None => String::new(),
+        };
         self.log.line(&format!(
-            "approval needed: {tool} {args_text} (argument hash {args_hash}): confirmation code {code}"
+            "approval needed: {} {} (argument digest {}): confirmation code {code}{session_variant}",
+            q.tool,
+            if whole { shown.as_str() } else { "(arguments logged whole above)" },
+            q.args_hash
         ));
         Answer::NeedsCode(format!(
-            "{tool} needs a person's approval. ring0 showed the person a confirmation code; ask \
-             the user for it, then call again with the same arguments and _meta \
-             {{\"{CONFIRM_META_KEY}\": \"<code>\"}}"
+            "ask the user for the confirmation code ring0 showed them (never guess it), then \
+             call {} again with the same arguments and _meta {{\"{CONFIRM_META_KEY}\": \"<code>\"}}",
+            q.tool
         ))
     }
 }
 
-/// Whether an elicitation answer approves.
-fn approved(answer: &Value) -> bool {
-    answer.get("action").and_then(Value::as_str) == Some("accept")
-        && answer.pointer("/content/approve").and_then(Value::as_bool) == Some(true)
+/// A code answers only the principal and session it was minted for.
+fn binding(principal: &str, session_id: &str) -> String {
+    format!("{principal}\u{0}{session_id}")
+}
+
+/// The elicitation form for one question. The sessionful era's elicitation has no `mode`; the
+/// 2026-07-28 era's question (an `input_required` result) keeps it.
+fn question(q: &Question<'_>, shown: &str, whole: bool, modern: bool) -> Value {
+    let where_whole = if whole {
+        String::new()
+    } else {
+        format!(
+            " The arguments are too long to show here: ring0's log shows them whole under approval {}.",
+            q.approval_id
+        )
+    };
+    let mut properties = json!({
+        "approve": {"type": "boolean", "title": "Approve", "description": "Run this call"}
+    });
+    if let Some(what) = q.remember {
+        properties["scope"] = json!({
+            "type": "string",
+            "title": "Allow for",
+            "description": format!("\"session\": also run identical calls for {what} without asking"),
+            "enum": ["once", "session"],
+            "default": "once"
+        });
+    }
+    let mut params = json!({
+        "mode": "form",
+        "message": format!(
+            "ring0: allow {} with arguments {shown}? (argument digest {}){where_whole}",
+            q.tool, q.args_hash
+        ),
+        "requestedSchema": {"type": "object", "properties": properties, "required": ["approve"]}
+    });
+    if !modern && let Some(o) = params.as_object_mut() {
+        o.remove("mode");
+    }
+    params
+}
+
+/// Whether an elicitation answer approves: `None` declines, `Some(true)` approves for the
+/// session, `Some(false)` approves this call.
+fn approved(answer: &Value) -> Option<bool> {
+    let yes = answer.get("action").and_then(Value::as_str) == Some("accept")
+        && answer.pointer("/content/approve").and_then(Value::as_bool) == Some(true);
+    yes.then(|| answer.pointer("/content/scope").and_then(Value::as_str) == Some("session"))
 }
 
 /// The policy engine's approver for calls made over MCP.
@@ -182,26 +279,23 @@ impl Approver for McpApprover {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        let wait = Duration::from_millis(request.deadline_ms.saturating_sub(now_ms));
-        // The policy's request carries a summary, not the arguments; the summary shows them.
-        let args = Value::String(request.summary.clone());
-        match self
-            .approvals
-            .ask(
-                &request.call_id,
-                &request.tool,
-                &args,
-                &request.args_hash,
-                wait,
-            )
-            .await
-        {
-            Answer::Approved(_) => ApprovalOutcome::Approved {
-                args_hash: request.args_hash.clone(),
-            },
-            Answer::Declined(reason) | Answer::NeedsCode(reason) | Answer::Failed(reason) => {
-                ApprovalOutcome::Denied { reason }
-            }
+        let question = Question {
+            call_id: &request.call_id,
+            tool: &request.tool,
+            args: &request.args,
+            args_hash: &request.args_hash,
+            principal: &request.principal,
+            session_id: &request.session_id,
+            approval_id: &request.id,
+            remember: request.remember.as_deref(),
+            wait: Duration::from_millis(request.deadline_ms.saturating_sub(now_ms)),
+        };
+        let args_hash = request.args_hash.clone();
+        match self.approvals.ask(&question).await {
+            Answer::Approved(_) => ApprovalOutcome::Approved { args_hash },
+            Answer::ApprovedForSession(_) => ApprovalOutcome::ApprovedForSession { args_hash },
+            Answer::NeedsCode(next) => ApprovalOutcome::Pending { next },
+            Answer::Declined(reason) | Answer::Failed(reason) => ApprovalOutcome::Denied { reason },
             Answer::TimedOut => ApprovalOutcome::TimedOut,
         }
     }

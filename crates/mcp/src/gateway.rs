@@ -114,19 +114,34 @@ struct QuarantineGate {
     quarantined: Arc<BTreeMap<String, String>>,
 }
 
+impl QuarantineGate {
+    fn refusal(&self, request: &AuthRequest<'_>) -> Option<AuthDecision> {
+        let reason = self.quarantined.get(&request.spec.name)?;
+        Some(AuthDecision::Deny {
+            rule: "pin:quarantined".into(),
+            reason: format!(
+                "tool {:?} is quarantined: {reason}. A person must approve it with `ring0 approve-tool {}`",
+                request.spec.name, request.spec.name
+            ),
+        })
+    }
+}
+
 #[async_trait]
 impl Authorizer for QuarantineGate {
     async fn authorize(&self, request: &AuthRequest<'_>) -> AuthDecision {
-        if let Some(reason) = self.quarantined.get(&request.spec.name) {
-            return AuthDecision::Deny {
-                rule: "pin:quarantined".into(),
-                reason: format!(
-                    "tool {:?} is quarantined: {reason}. A person must approve it with `ring0 approve-tool {}`",
-                    request.spec.name, request.spec.name
-                ),
-            };
+        match self.refusal(request) {
+            Some(refused) => refused,
+            None => self.inner.authorize(request).await,
         }
-        self.inner.authorize(request).await
+    }
+
+    // Recovery's re-check goes to the grants' own re-check, which asks nobody.
+    async fn recheck(&self, request: &AuthRequest<'_>) -> AuthDecision {
+        match self.refusal(request) {
+            Some(refused) => refused,
+            None => self.inner.recheck(request).await,
+        }
     }
 
     // Visible to the kernel so that a call is refused with its reason rather than reported as

@@ -65,18 +65,20 @@ impl Authorizer for SessionGate {
         if request.spec.authority < Authority::A3 {
             return AuthDecision::Allow { rule };
         }
-        match self
-            .approvals
-            .ask(
-                request.call_id,
-                &request.spec.name,
-                request.args,
-                request.args_hash,
-                APPROVAL_WAIT_DEFAULT,
-            )
-            .await
-        {
-            Answer::Approved(how) => AuthDecision::Allow {
+        let approval_id = format!("ap_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+        let question = crate::approval::Question {
+            call_id: request.call_id,
+            tool: &request.spec.name,
+            args: request.args,
+            args_hash: request.args_hash,
+            principal: &request.session.principal.id,
+            session_id: &request.session.session_id,
+            approval_id: &approval_id,
+            remember: None,
+            wait: APPROVAL_WAIT_DEFAULT,
+        };
+        match self.approvals.ask(&question).await {
+            Answer::Approved(how) | Answer::ApprovedForSession(how) => AuthDecision::Allow {
                 rule: format!("{rule}+approval:{how}"),
             },
             Answer::Declined(reason) => AuthDecision::ApprovalDenied {
@@ -86,7 +88,15 @@ impl Authorizer for SessionGate {
             Answer::TimedOut => AuthDecision::ApprovalTimeout {
                 rule: "approval:elicitation".into(),
             },
-            Answer::NeedsCode(reason) | Answer::Failed(reason) => AuthDecision::Deny {
+            Answer::NeedsCode(next) => AuthDecision::ApprovalRequired {
+                rule: "approval:required".into(),
+                reason: format!(
+                    "tool {:?} is A3: a person must approve it",
+                    request.spec.name
+                ),
+                next,
+            },
+            Answer::Failed(reason) => AuthDecision::Deny {
                 rule: "approval:required".into(),
                 reason,
             },
@@ -293,6 +303,9 @@ impl GatewayServer {
             generation.kernel.open_session(
                 SessionConfig::new(self.scope.clone())
                     .principal(self.principal.clone())
+                    // One id for every kernel session of this MCP session (overlapping calls,
+                    // catalog generations): approvals and session limits are bound to it.
+                    .session_id(self.scope.clone())
                     .authorizer(authorizer)
                     .max_concurrent_tools(self.gw.max_concurrent_tools()),
             ),

@@ -1,10 +1,14 @@
 //! Approvals: a person decides whether a held call runs.
 //!
-//! The policy builds an [`ApprovalRequest`] — a bounded, human-readable summary (tool, authority,
-//! arguments, why it is held) and the fingerprint of the exact prepared arguments — and asks its
-//! [`Approver`]. An approval names the fingerprint it approves; the policy runs the call only when
-//! that fingerprint is the call's own, so an approval can never be carried over to changed
-//! arguments. The policy bounds the wait by the approval timeout whatever the approver does.
+//! The policy builds an [`ApprovalRequest`] — the whole prepared arguments, their rendering for a
+//! person (escaped and bounded, see [`crate::render_args`]), a human-readable summary, why it is
+//! held, and the fingerprint of the exact prepared arguments — and asks its [`Approver`]. An
+//! approval names the fingerprint it approves; the policy runs the call only when that
+//! fingerprint is the call's own, so an approval can never be carried over to changed
+//! arguments. When the grant's `approval_scope` offers it ([`ApprovalRequest::remember`]), the
+//! person may answer "allow for this session" ([`ApprovalOutcome::ApprovedForSession`]): identical
+//! calls (same principal, session, tool and fingerprint) then run without asking again. The
+//! policy bounds the wait by the approval timeout whatever the approver does.
 //!
 //! [`DirectoryApprover`] is the terminal channel: one JSON file per pending request in a
 //! directory (`.ring0/approvals/<id>.request.json`); `ring0 approve <id>` / `ring0 deny <id>` from
@@ -14,6 +18,7 @@
 use async_trait::async_trait;
 use ring0_core::Authority;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -22,15 +27,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub const APPROVAL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
 /// Longest accepted approval timeout.
 pub const APPROVAL_TIMEOUT_MAX: Duration = Duration::from_secs(24 * 60 * 60);
-/// Longest human-readable summary of a held call.
-pub const SUMMARY_BYTES_MAX: usize = 2048;
+/// Longest human-readable summary of a held call: the arguments as shown, and room for the
+/// tool, the reason and the digest.
+pub const SUMMARY_BYTES_MAX: usize = crate::show::ARGS_SHOWN_BYTES_MAX + 1024;
 /// Longest approval id.
 pub const APPROVAL_ID_BYTES_MAX: usize = 64;
 /// How often [`DirectoryApprover`] looks for a decision file. A person's answer is not latency
 /// sensitive; the wait itself is bounded by the approval timeout.
 pub const APPROVAL_POLL_INTERVAL: Duration = Duration::from_millis(100);
-/// Largest request or decision file read.
-const APPROVAL_FILE_BYTES_MAX: u64 = 64 * 1024;
+/// Largest request or decision file read: a request holds the whole arguments (at most
+/// `ring0_core::limits` 256 KiB, up to six bytes per byte once escaped as JSON) and their
+/// bounded rendering.
+const APPROVAL_FILE_BYTES_MAX: u64 = 4 * 1024 * 1024;
 
 /// A call held for a person's decision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,14 +48,30 @@ pub struct ApprovalRequest {
     pub tool: String,
     pub authority: Authority,
     pub call_id: String,
+    /// The principal the call acts for.
+    #[serde(default)]
+    pub principal: String,
     pub scope: String,
     pub session_id: String,
     /// Fingerprint of the exact prepared arguments. An approval binds to it.
     pub args_hash: String,
+    /// The whole prepared arguments (`ring0 approve --show ID` renders them).
+    #[serde(default)]
+    pub args: Value,
+    /// The arguments as a person is shown them: escaped, and whole unless `args_whole` is false
+    /// (then cut at [`crate::ARGS_SHOWN_BYTES_MAX`], saying where the whole is shown).
+    #[serde(default)]
+    pub args_shown: String,
+    #[serde(default)]
+    pub args_whole: bool,
     /// Why the call is held (A3, or a grant that requires approval).
     pub reason: String,
-    /// At most [`SUMMARY_BYTES_MAX`] bytes: tool, authority, arguments (cut, saying so), reason.
+    /// At most [`SUMMARY_BYTES_MAX`] bytes: tool, authority, reason, digest, arguments as shown.
     pub summary: String,
+    /// Offered "allow for this session": how long identical calls would then run without
+    /// asking (`"this session"`, `"this session, for 30m"`). `None`: only this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remember: Option<String>,
     pub created_at_ms: u64,
     /// The request lapses at this time (Unix milliseconds).
     pub deadline_ms: u64,
@@ -61,8 +85,19 @@ pub enum ApprovalOutcome {
     Approved {
         args_hash: String,
     },
+    /// Approved for these arguments, and for identical calls for the rest of the session (or
+    /// the grant's duration). Counts as [`ApprovalOutcome::Approved`] when the request did not
+    /// offer it.
+    ApprovedForSession {
+        args_hash: String,
+    },
     Denied {
         reason: String,
+    },
+    /// Nobody decided here and now: the person answers out of band (a confirmation code given
+    /// to the model) and the call is made again. `next` says how.
+    Pending {
+        next: String,
     },
     /// No answer before the deadline.
     TimedOut,
@@ -86,6 +121,10 @@ pub enum ApprovalError {
     NotPending { id: String, dir: PathBuf },
     #[error("approval {id:?} was already decided")]
     AlreadyDecided { id: String },
+    #[error(
+        "approval {id:?} does not offer \"allow for this session\": its grant's approval_scope is \"once\""
+    )]
+    RememberNotOffered { id: String },
     #[error("{path}: {why}")]
     Io { path: PathBuf, why: String },
 }
@@ -133,6 +172,9 @@ pub struct ApprovalDecisionFile {
     pub approve: bool,
     /// The fingerprint the person approved (copied from the request they saw).
     pub args_hash: String,
+    /// "Allow for this session": identical calls run without asking again.
+    #[serde(default)]
+    pub remember: bool,
     #[serde(default)]
     pub reason: String,
     pub decided_at_ms: u64,
@@ -207,22 +249,38 @@ pub fn list_pending(dir: &Path) -> Vec<ApprovalRequest> {
     out
 }
 
+/// The pending request `id` in `dir` (for `ring0 approve --show`).
+pub fn read_pending(dir: &Path, id: &str) -> Result<ApprovalRequest, ApprovalError> {
+    if !valid_approval_id(id) {
+        return Err(ApprovalError::InvalidId(id.to_string()));
+    }
+    read_json(&request_path(dir, id)).ok_or_else(|| ApprovalError::NotPending {
+        id: id.to_string(),
+        dir: dir.to_path_buf(),
+    })
+}
+
+/// A person's answer to one pending request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub approve: bool,
+    /// "Allow for this session" (refused unless the request offers it).
+    pub remember: bool,
+    pub reason: String,
+}
+
 /// Records a person's decision on pending request `id` in `dir` and returns the request.
 /// The decision carries the fingerprint of the request it answers.
 pub fn decide_pending(
     dir: &Path,
     id: &str,
-    approve: bool,
-    reason: &str,
+    decision_made: &Decision,
 ) -> Result<ApprovalRequest, ApprovalError> {
-    if !valid_approval_id(id) {
-        return Err(ApprovalError::InvalidId(id.to_string()));
+    let request = read_pending(dir, id)?;
+    if decision_made.remember && request.remember.is_none() {
+        return Err(ApprovalError::RememberNotOffered { id: id.to_string() });
     }
-    let request: ApprovalRequest =
-        read_json(&request_path(dir, id)).ok_or_else(|| ApprovalError::NotPending {
-            id: id.to_string(),
-            dir: dir.to_path_buf(),
-        })?;
+    let (approve, reason) = (decision_made.approve, decision_made.reason.as_str());
     let decision = decision_path(dir, id);
     if decision.exists() {
         return Err(ApprovalError::AlreadyDecided { id: id.to_string() });
@@ -231,6 +289,7 @@ pub fn decide_pending(
         id: id.to_string(),
         approve,
         args_hash: request.args_hash.clone(),
+        remember: approve && decision_made.remember,
         reason: bounded(reason, SUMMARY_BYTES_MAX),
         decided_at_ms: now_ms(),
     };
@@ -310,6 +369,10 @@ impl Approver for DirectoryApprover {
                 break if d.id != request.id {
                     ApprovalOutcome::Denied {
                         reason: "the decision names another request".into(),
+                    }
+                } else if d.approve && d.remember {
+                    ApprovalOutcome::ApprovedForSession {
+                        args_hash: d.args_hash,
                     }
                 } else if d.approve {
                     ApprovalOutcome::Approved {

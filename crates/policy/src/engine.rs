@@ -5,21 +5,30 @@ use crate::approval::{
     SUMMARY_BYTES_MAX, bounded, new_approval_id, now_ms,
 };
 use crate::audit::{AuditDecision, AuditEntry, AuditSink};
+use crate::inline::inline_script;
 use crate::rate::{Limiter, RateLimit};
 use crate::rules::{ArgRule, RULES_PER_GRANT_MAX, RuleError};
+use crate::show::shown_args;
 use async_trait::async_trait;
-use ring0_core::canonical::canonical_string;
-use ring0_core::{Authority, Settlement, ToolSpec};
+use ring0_core::{Authority, Principal, Settlement, ToolSpec};
 use ring0_kernel::policy::ToolPattern;
 use ring0_kernel::{AuthDecision, AuthRequest, Authorizer, SessionInfo};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Most grants one policy holds.
 pub const GRANTS_MAX: usize = 256;
-/// Most approvals a session remembers (oldest forgotten first); a forgotten one is asked again.
-pub const APPROVALS_REMEMBERED_MAX: usize = 1024;
+/// Most "allow for this session" approvals one policy remembers across all principals and
+/// sessions (oldest forgotten first); a forgotten one is asked again.
+pub const APPROVALS_REMEMBERED_MAX: usize = 4096;
+/// Most rate buckets one policy keeps (per principal, per session); the least recently created
+/// is dropped first. Principals come from configured credentials, so this bounds sessions.
+pub const RATE_BUCKETS_MAX: usize = 65_536;
+/// Most principals or groups one grant names.
+pub const GRANT_PRINCIPALS_MAX: usize = 256;
+/// Longest `approval_scope` duration.
+pub const APPROVAL_SCOPE_MAX: Duration = Duration::from_secs(24 * 60 * 60);
 /// Longest tool-name pattern.
 const PATTERN_BYTES_MAX: usize = 256;
 
@@ -38,8 +47,68 @@ pub struct Grant {
     pub shell: bool,
     /// CEL rules; all must be true.
     pub rules: Vec<ArgRule>,
-    /// Limit per tool under this grant.
+    /// Limit per tool under this grant, per principal.
     pub rate: Option<RateLimit>,
+    /// Principal ids the grant applies to; empty (with `groups` empty): everyone.
+    pub principals: Vec<String>,
+    /// Groups the grant applies to (a principal in any of them matches).
+    pub groups: Vec<String>,
+    /// What a person's approval may cover.
+    pub approval_scope: ApprovalScope,
+}
+
+/// What one approval may cover: this call only, or — when the person chooses "allow for this
+/// session" — identical calls (same principal, session, tool and arguments) for the rest of the
+/// session, or for a while within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ApprovalScope {
+    /// Only the call that was approved (the default).
+    #[default]
+    Once,
+    /// The person may allow identical calls for the rest of the session.
+    Session,
+    /// The person may allow identical calls in the session for this long.
+    For(Duration),
+}
+
+impl ApprovalScope {
+    /// `once`, `session`, or a duration (`90s`, `30m`, `2h`; at most [`APPROVAL_SCOPE_MAX`]).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "once" => Ok(Self::Once),
+            "session" => Ok(Self::Session),
+            other => {
+                let bad = || {
+                    format!(
+                        "approval_scope {other:?}: write \"once\", \"session\" or a duration such as \"30m\" (s, m, h; at most 24h)"
+                    )
+                };
+                let split = other.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+                let (n, unit) = other.split_at(split);
+                let n: u64 = n.parse().map_err(|_| bad())?;
+                let secs = match unit {
+                    "s" => n,
+                    "m" => n.saturating_mul(60),
+                    "h" => n.saturating_mul(3600),
+                    _ => return Err(bad()),
+                };
+                let d = Duration::from_secs(secs);
+                if d.is_zero() || d > APPROVAL_SCOPE_MAX {
+                    return Err(bad());
+                }
+                Ok(Self::For(d))
+            }
+        }
+    }
+
+    /// What a person who allows the call for the session allows, or `None` for `once`.
+    fn offer(self) -> Option<String> {
+        match self {
+            Self::Once => None,
+            Self::Session => Some("this session".into()),
+            Self::For(d) => Some(format!("this session, for {} s", d.as_secs())),
+        }
+    }
 }
 
 impl Grant {
@@ -53,7 +122,42 @@ impl Grant {
             shell: false,
             rules: Vec::new(),
             rate: None,
+            principals: Vec::new(),
+            groups: Vec::new(),
+            approval_scope: ApprovalScope::Once,
         }
+    }
+
+    /// Limits the grant to these principal ids (in addition to any `groups`).
+    pub fn principals<I, S>(mut self, ids: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.principals.extend(ids.into_iter().map(Into::into));
+        self
+    }
+
+    /// Limits the grant to principals in these groups (in addition to any `principals`).
+    pub fn groups<I, S>(mut self, groups: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.groups.extend(groups.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn approval_scope(mut self, scope: ApprovalScope) -> Self {
+        self.approval_scope = scope;
+        self
+    }
+
+    /// Whether the grant applies to `principal`: it names none, or names its id or a group.
+    pub fn applies_to(&self, principal: &Principal) -> bool {
+        (self.principals.is_empty() && self.groups.is_empty())
+            || self.principals.contains(&principal.id)
+            || self.groups.iter().any(|g| principal.groups.contains(g))
     }
 
     pub fn approval(mut self, required: bool) -> Self {
@@ -94,6 +198,20 @@ impl Grant {
                 ));
             }
         }
+        if self.principals.len() > GRANT_PRINCIPALS_MAX || self.groups.len() > GRANT_PRINCIPALS_MAX
+        {
+            return Err(format!(
+                "names more than {GRANT_PRINCIPALS_MAX} principals or groups"
+            ));
+        }
+        if self
+            .principals
+            .iter()
+            .chain(&self.groups)
+            .any(String::is_empty)
+        {
+            return Err("an empty principal or group name matches nobody".into());
+        }
         if self.rules.len() > RULES_PER_GRANT_MAX {
             return Err(format!(
                 "{} rules; at most {RULES_PER_GRANT_MAX} are allowed",
@@ -119,25 +237,75 @@ pub struct ShellArg {
 struct Config {
     grants: Vec<Grant>,
     session_rate: Option<RateLimit>,
+    principal_rate: Option<RateLimit>,
     approver: Option<Arc<dyn Approver>>,
     approval_timeout: Duration,
     audit: Option<Arc<dyn AuditSink>>,
     audit_args: bool,
     sandboxed: BTreeSet<String>,
     shell_args: Vec<ShellArg>,
+    argv_args: Vec<ShellArg>,
+}
+
+/// Whose rate bucket: every key names the principal, so no principal spends another's quota,
+/// and none names a session object, so re-initializing a session resets only `Session` buckets.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum BucketKey {
+    /// A grant's per-tool limit, per principal.
+    Tool {
+        principal: String,
+        grant: usize,
+        tool: String,
+    },
+    /// `principal_rate`: every call of the principal.
+    Principal(String),
+    /// `session_rate`: every call of one session of the principal.
+    Session { principal: String, session: String },
+}
+
+/// An "allow for this session" approval: bound to principal, session, tool and fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct ApprovalKey {
+    principal: String,
+    session: String,
+    tool: String,
+    args_hash: String,
+}
+
+struct Remembered {
+    id: String,
+    /// Lapses at this instant (`approval_scope` duration); `None`: the session's lifetime.
+    until: Option<Instant>,
 }
 
 #[derive(Default)]
 struct State {
-    tool_limiters: HashMap<(usize, String), Arc<Limiter>>,
-    session_limiter: Option<Arc<Limiter>>,
-    /// Approved (tool, args fingerprint) → approval id, oldest first for eviction.
-    approvals: BTreeMap<(String, String), String>,
-    approval_order: VecDeque<(String, String)>,
+    buckets: HashMap<BucketKey, Arc<Limiter>>,
+    bucket_order: VecDeque<BucketKey>,
+    approvals: BTreeMap<ApprovalKey, Remembered>,
+    approval_order: VecDeque<ApprovalKey>,
 }
 
-/// A session's authorizer: compiled grants shared by every clone, and the session's own rate
-/// and approval state.
+impl State {
+    fn limiter(&mut self, key: BucketKey, limit: RateLimit) -> Arc<Limiter> {
+        if let Some(l) = self.buckets.get(&key) {
+            return l.clone();
+        }
+        while self.buckets.len() >= RATE_BUCKETS_MAX {
+            let Some(old) = self.bucket_order.pop_front() else {
+                break;
+            };
+            self.buckets.remove(&old);
+        }
+        let l = Arc::new(limit.limiter());
+        self.buckets.insert(key.clone(), l.clone());
+        self.bucket_order.push_back(key);
+        l
+    }
+}
+
+/// The authorizer: compiled grants, and the rate and approval state of every principal and
+/// session it serves (keyed by them, so one `Policy` is shared by all sessions safely).
 #[derive(Clone)]
 pub struct Policy {
     config: Arc<Config>,
@@ -155,12 +323,14 @@ impl Default for PolicyBuilder {
             config: Config {
                 grants: Vec::new(),
                 session_rate: None,
+                principal_rate: None,
                 approver: None,
                 approval_timeout: APPROVAL_TIMEOUT_DEFAULT,
                 audit: None,
                 audit_args: false,
                 sandboxed: BTreeSet::new(),
                 shell_args: Vec::new(),
+                argv_args: Vec::new(),
             },
         }
     }
@@ -180,9 +350,15 @@ impl PolicyBuilder {
         Ok(self)
     }
 
-    /// A limit over every call of the session.
+    /// A limit over every call of one session (of one principal).
     pub fn session_rate(mut self, limit: RateLimit) -> Self {
         self.config.session_rate = Some(limit);
+        self
+    }
+
+    /// A limit over every call of one principal, across all its sessions.
+    pub fn principal_rate(mut self, limit: RateLimit) -> Self {
+        self.config.principal_rate = Some(limit);
         self
     }
 
@@ -232,6 +408,17 @@ impl PolicyBuilder {
         self
     }
 
+    /// Declares that `tool` takes an argv (a list of strings) in `field`: without a shell grant,
+    /// an argv that starts a shell or interpreter with an inline script is refused like a
+    /// command string (see the crate docs for the list).
+    pub fn argv_arg(mut self, tool: impl Into<String>, field: impl Into<String>) -> Self {
+        self.config.argv_args.push(ShellArg {
+            tool: tool.into(),
+            field: field.into(),
+        });
+        self
+    }
+
     pub fn build(self) -> Policy {
         Policy {
             config: Arc::new(self.config),
@@ -240,30 +427,29 @@ impl PolicyBuilder {
     }
 }
 
-/// A refusal or a hold before any person is asked.
+/// A refusal before any person is asked.
 struct Refusal {
     rule: String,
     reason: String,
+    /// Set for a rate refusal: when the call would be accepted again.
+    retry_after_ms: Option<u64>,
 }
 
 fn refuse(rule: impl Into<String>, reason: impl Into<String>) -> Refusal {
     Refusal {
         rule: rule.into(),
         reason: reason.into(),
+        retry_after_ms: None,
     }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 impl Policy {
     pub fn builder() -> PolicyBuilder {
         PolicyBuilder::default()
-    }
-
-    /// A policy with the same grants and fresh per-session state (rate limits, approvals).
-    pub fn for_new_session(&self) -> Policy {
-        Policy {
-            config: self.config.clone(),
-            state: Arc::new(Mutex::new(State::default())),
-        }
     }
 
     pub fn grants(&self) -> &[Grant] {
@@ -283,19 +469,26 @@ impl Policy {
         }
     }
 
-    /// Steps 1–2: the grant that names the tool, and the authority checks. Argument-independent,
-    /// so discovery uses it too.
-    fn static_check(&self, spec: &ToolSpec) -> Result<(usize, &Grant), Refusal> {
+    /// Steps 1–2: the grant that names the tool for this principal, and the authority checks.
+    /// Argument-independent, so discovery uses it too.
+    fn static_check(
+        &self,
+        spec: &ToolSpec,
+        principal: &Principal,
+    ) -> Result<(usize, &Grant), Refusal> {
         let Some((index, grant)) = self
             .config
             .grants
             .iter()
             .enumerate()
-            .find(|(_, g)| g.names(&spec.name))
+            .find(|(_, g)| g.names(&spec.name) && g.applies_to(principal))
         else {
             return Err(refuse(
                 "default_deny",
-                format!("no grant names tool {:?}", spec.name),
+                format!(
+                    "no grant names tool {:?} for principal {:?}",
+                    spec.name, principal.id
+                ),
             ));
         };
         let authority = self.effective_authority(spec);
@@ -343,6 +536,7 @@ impl Policy {
             reason: reason.to_string(),
             tool: request.spec.name.clone(),
             call_id: request.call_id.to_string(),
+            principal: request.session.principal.id.clone(),
             scope: request.session.scope.clone(),
             session_id: request.session.session_id.clone(),
             args_hash: request.args_hash.to_string(),
@@ -363,9 +557,10 @@ impl Policy {
             AuthDecision::Allow { rule } | AuthDecision::ApprovalTimeout { rule } => {
                 (rule.as_str(), "")
             }
-            AuthDecision::Deny { rule, reason } | AuthDecision::ApprovalDenied { rule, reason } => {
-                (rule.as_str(), reason.as_str())
-            }
+            AuthDecision::Deny { rule, reason }
+            | AuthDecision::ApprovalDenied { rule, reason }
+            | AuthDecision::ApprovalRequired { rule, reason, .. }
+            | AuthDecision::RateLimited { rule, reason, .. } => (rule.as_str(), reason.as_str()),
         };
         match self.audit(request, decision, rule, reason, approval_id) {
             Ok(()) => outcome,
@@ -379,15 +574,24 @@ impl Policy {
     }
 
     fn deny(&self, request: &AuthRequest<'_>, refusal: Refusal) -> AuthDecision {
-        self.finish(
-            request,
-            AuditDecision::Denied,
-            None,
-            AuthDecision::Deny {
-                rule: refusal.rule,
-                reason: refusal.reason,
-            },
-        )
+        let (decision, outcome) = match refusal.retry_after_ms {
+            Some(retry_after_ms) => (
+                AuditDecision::RateLimited,
+                AuthDecision::RateLimited {
+                    rule: refusal.rule,
+                    reason: refusal.reason,
+                    retry_after_ms,
+                },
+            ),
+            None => (
+                AuditDecision::Denied,
+                AuthDecision::Deny {
+                    rule: refusal.rule,
+                    reason: refusal.reason,
+                },
+            ),
+        };
+        self.finish(request, decision, None, outcome)
     }
 
     /// Steps 3–5 for the grant at `index`.
@@ -397,13 +601,25 @@ impl Policy {
         grant: &Grant,
         request: &AuthRequest<'_>,
     ) -> Result<(), Refusal> {
-        let spec = request.spec;
-        if !grant.shell
-            && let Some(arg) = self
-                .config
-                .shell_args
-                .iter()
-                .find(|a| a.tool == spec.name && request.args.get(&a.field).is_some())
+        if !grant.shell {
+            self.check_no_command_string(grant, request)?;
+        }
+        self.check_rules(grant, request)?;
+        self.check_rates(index, grant, request)
+    }
+
+    /// Step 3: no command string, and no argv that starts an inline script.
+    fn check_no_command_string(
+        &self,
+        grant: &Grant,
+        request: &AuthRequest<'_>,
+    ) -> Result<(), Refusal> {
+        let tool = &request.spec.name;
+        if let Some(arg) = self
+            .config
+            .shell_args
+            .iter()
+            .find(|a| a.tool == *tool && request.args.get(&a.field).is_some())
         {
             return Err(refuse(
                 format!("shell:{}", grant.name),
@@ -413,14 +629,29 @@ impl Policy {
                 ),
             ));
         }
+        for arg in self.config.argv_args.iter().filter(|a| a.tool == *tool) {
+            let Some(items) = request.args.get(&arg.field).and_then(|v| v.as_array()) else {
+                continue;
+            };
+            let argv: Vec<&str> = items.iter().filter_map(|v| v.as_str()).collect();
+            if let Some(found) = inline_script(&argv) {
+                return Err(refuse(
+                    format!("shell:{}", grant.name),
+                    format!(
+                        "`{}` starts an inline script (`{found}`), which is a command string by another name; grant {:?} allows only explicit argv: run the program itself, or a script file",
+                        arg.field, grant.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 4: every CEL rule of the grant holds.
+    fn check_rules(&self, grant: &Grant, request: &AuthRequest<'_>) -> Result<(), Refusal> {
         for (i, rule) in grant.rules.iter().enumerate() {
             let rule_name = format!("rule:{}[{i}]", grant.name);
-            match rule.evaluate(
-                request.args,
-                &request.session.scope,
-                &request.session.session_id,
-                spec,
-            ) {
+            match rule.evaluate(request.args, request.session, request.spec) {
                 Ok(true) => {}
                 Ok(false) => {
                     return Err(refuse(
@@ -439,62 +670,113 @@ impl Policy {
                 }
             }
         }
-        if let Some(limit) = grant.rate {
-            let limiter = self
-                .state()
-                .tool_limiters
-                .entry((index, spec.name.clone()))
-                .or_insert_with(|| Arc::new(limit.limiter()))
-                .clone();
+        Ok(())
+    }
+
+    /// Step 5: the grant's per-tool limit, the principal's, then the session's.
+    fn check_rates(
+        &self,
+        index: usize,
+        grant: &Grant,
+        request: &AuthRequest<'_>,
+    ) -> Result<(), Refusal> {
+        let principal = &request.session.principal.id;
+        let tool = &request.spec.name;
+        let checks = [
+            grant.rate.map(|limit| {
+                let key = BucketKey::Tool {
+                    principal: principal.clone(),
+                    grant: index,
+                    tool: tool.clone(),
+                };
+                let what = format!("tool {tool:?} under grant {:?}", grant.name);
+                (key, limit, format!("rate:{}", grant.name), what)
+            }),
+            self.config.principal_rate.map(|limit| {
+                let key = BucketKey::Principal(principal.clone());
+                let what = format!("principal {principal:?}");
+                (key, limit, "rate:principal".to_string(), what)
+            }),
+            self.config.session_rate.map(|limit| {
+                let key = BucketKey::Session {
+                    principal: principal.clone(),
+                    session: request.session.session_id.clone(),
+                };
+                (
+                    key,
+                    limit,
+                    "rate:session".to_string(),
+                    "this session".to_string(),
+                )
+            }),
+        ];
+        for (key, limit, rule, what) in checks.into_iter().flatten() {
+            let limiter = self.state().limiter(key, limit);
             if let Err(wait) = limiter.check() {
-                return Err(refuse(
-                    format!("rate:{}", grant.name),
-                    format!(
-                        "tool {:?} is limited to {} under grant {:?}; try again in {} ms",
-                        spec.name,
-                        limiter.limit(),
-                        grant.name,
-                        wait.as_millis().max(1)
+                let retry_after_ms = millis(wait);
+                return Err(Refusal {
+                    rule,
+                    reason: format!(
+                        "{what} is limited to {} calls; the same call is accepted again in {retry_after_ms} ms",
+                        limiter.limit()
                     ),
-                ));
-            }
-        }
-        if let Some(limit) = self.config.session_rate {
-            let limiter = self
-                .state()
-                .session_limiter
-                .get_or_insert_with(|| Arc::new(limit.limiter()))
-                .clone();
-            if let Err(wait) = limiter.check() {
-                return Err(refuse(
-                    "rate:session",
-                    format!(
-                        "this session is limited to {} calls; try again in {} ms",
-                        limiter.limit(),
-                        wait.as_millis().max(1)
-                    ),
-                ));
+                    retry_after_ms: Some(retry_after_ms),
+                });
             }
         }
         Ok(())
     }
 
-    fn summary(&self, request: &AuthRequest<'_>, authority: Authority, reason: &str) -> String {
-        let args = canonical_string(request.args).unwrap_or_else(|_| request.args.to_string());
-        let args = bounded(&args, SUMMARY_BYTES_MAX / 2);
+    fn summary(request: &ApprovalRequest) -> String {
         bounded(
             &format!(
-                "{} ({authority}) with arguments {args}\nheld because: {reason}",
-                request.spec.name
+                "{} ({}) held because: {}\narguments (digest {}): {}",
+                request.tool,
+                request.authority,
+                request.reason,
+                request.args_hash,
+                request.args_shown
             ),
             SUMMARY_BYTES_MAX,
         )
     }
 
-    fn remember_approval(&self, tool: &str, args_hash: &str, id: &str) {
+    fn approval_key(request: &AuthRequest<'_>) -> ApprovalKey {
+        ApprovalKey {
+            principal: request.session.principal.id.clone(),
+            session: request.session.session_id.clone(),
+            tool: request.spec.name.clone(),
+            args_hash: request.args_hash.to_string(),
+        }
+    }
+
+    /// The id of a remembered, unexpired "allow for this session" approval of this call.
+    fn remembered(&self, request: &AuthRequest<'_>) -> Option<String> {
+        let key = Self::approval_key(request);
         let mut st = self.state();
-        let key = (tool.to_string(), args_hash.to_string());
-        if st.approvals.insert(key.clone(), id.to_string()).is_none() {
+        match st.approvals.get(&key) {
+            Some(r) if r.until.is_none_or(|t| Instant::now() < t) => Some(r.id.clone()),
+            Some(_) => {
+                st.approvals.remove(&key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn remember_approval(&self, request: &AuthRequest<'_>, scope: ApprovalScope, id: &str) {
+        let until = match scope {
+            ApprovalScope::Once => return,
+            ApprovalScope::Session => None,
+            ApprovalScope::For(d) => Some(Instant::now() + d),
+        };
+        let key = Self::approval_key(request);
+        let mut st = self.state();
+        let remembered = Remembered {
+            id: id.to_string(),
+            until,
+        };
+        if st.approvals.insert(key.clone(), remembered).is_none() {
             st.approval_order.push_back(key);
         }
         while st.approval_order.len() > APPROVALS_REMEMBERED_MAX {
@@ -504,28 +786,13 @@ impl Policy {
         }
     }
 
-    async fn hold(
-        &self,
+    /// Why the call is held, and the rule that holds it.
+    fn hold_reason(
         request: &AuthRequest<'_>,
         grant: &Grant,
         authority: Authority,
-    ) -> AuthDecision {
-        let approved = self
-            .state()
-            .approvals
-            .get(&(request.spec.name.clone(), request.args_hash.to_string()))
-            .cloned();
-        if let Some(id) = approved {
-            return self.finish(
-                request,
-                AuditDecision::Allowed,
-                Some(&id),
-                AuthDecision::Allow {
-                    rule: format!("approved:{id}"),
-                },
-            );
-        }
-        let (rule, reason) = if authority == Authority::A3 {
+    ) -> (String, String) {
+        if authority == Authority::A3 {
             (
                 "a3_approval".to_string(),
                 format!(
@@ -541,7 +808,60 @@ impl Policy {
                     grant.name
                 ),
             )
+        }
+    }
+
+    fn approval_request(
+        &self,
+        request: &AuthRequest<'_>,
+        grant: &Grant,
+        authority: Authority,
+        reason: String,
+    ) -> ApprovalRequest {
+        let id = new_approval_id();
+        let created = now_ms();
+        let timeout = self.config.approval_timeout;
+        let (args_shown, args_whole) = shown_args(request.args, &id, request.args_hash);
+        let mut approval = ApprovalRequest {
+            id,
+            tool: request.spec.name.clone(),
+            authority,
+            call_id: request.call_id.to_string(),
+            principal: request.session.principal.id.clone(),
+            scope: request.session.scope.clone(),
+            session_id: request.session.session_id.clone(),
+            args_hash: request.args_hash.to_string(),
+            args: request.args.clone(),
+            args_shown,
+            args_whole,
+            summary: String::new(),
+            reason,
+            remember: grant.approval_scope.offer(),
+            created_at_ms: created,
+            deadline_ms: created
+                .saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
         };
+        approval.summary = Self::summary(&approval);
+        approval
+    }
+
+    async fn hold(
+        &self,
+        request: &AuthRequest<'_>,
+        grant: &Grant,
+        authority: Authority,
+    ) -> AuthDecision {
+        if let Some(id) = self.remembered(request) {
+            return self.finish(
+                request,
+                AuditDecision::Allowed,
+                Some(&id),
+                AuthDecision::Allow {
+                    rule: format!("approved:{id}"),
+                },
+            );
+        }
+        let (rule, reason) = Self::hold_reason(request, grant, authority);
         let Some(approver) = self.config.approver.clone() else {
             return self.deny(
                 request,
@@ -551,23 +871,8 @@ impl Policy {
                 ),
             );
         };
-        let id = new_approval_id();
-        let created = now_ms();
-        let timeout = self.config.approval_timeout;
-        let approval = ApprovalRequest {
-            id: id.clone(),
-            tool: request.spec.name.clone(),
-            authority,
-            call_id: request.call_id.to_string(),
-            scope: request.session.scope.clone(),
-            session_id: request.session.session_id.clone(),
-            args_hash: request.args_hash.to_string(),
-            summary: self.summary(request, authority, &reason),
-            reason: reason.clone(),
-            created_at_ms: created,
-            deadline_ms: created
-                .saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
-        };
+        let approval = self.approval_request(request, grant, authority, reason.clone());
+        let id = approval.id.clone();
         if let Err(why) = self.audit(request, AuditDecision::Held, &rule, &reason, Some(&id)) {
             return AuthDecision::Deny {
                 rule: "audit_unavailable".into(),
@@ -584,60 +889,79 @@ impl Policy {
                 approval.deadline_ms,
             );
         }
-        let outcome = tokio::time::timeout(timeout, approver.decide(&approval))
-            .await
-            .unwrap_or(ApprovalOutcome::TimedOut);
-        match outcome {
-            ApprovalOutcome::Approved { args_hash } if args_hash == request.args_hash => {
-                self.remember_approval(&request.spec.name, request.args_hash, &id);
-                self.finish(
-                    request,
-                    AuditDecision::Approved,
-                    Some(&id),
-                    AuthDecision::Allow {
-                        rule: format!("approved:{id}"),
-                    },
-                )
+        let outcome =
+            tokio::time::timeout(self.config.approval_timeout, approver.decide(&approval))
+                .await
+                .unwrap_or(ApprovalOutcome::TimedOut);
+        self.settle_hold(request, grant, rule, reason, &id, outcome)
+    }
+
+    /// Turns the person's answer into the decision (and remembers a session approval).
+    fn settle_hold(
+        &self,
+        request: &AuthRequest<'_>,
+        grant: &Grant,
+        rule: String,
+        reason: String,
+        id: &str,
+        outcome: ApprovalOutcome,
+    ) -> AuthDecision {
+        let (args_hash, scope) = match outcome {
+            ApprovalOutcome::Approved { args_hash } => (args_hash, ApprovalScope::Once),
+            ApprovalOutcome::ApprovedForSession { args_hash } => (args_hash, grant.approval_scope),
+            ApprovalOutcome::Denied { reason } => {
+                let outcome = AuthDecision::ApprovalDenied { rule, reason };
+                return self.finish(request, AuditDecision::ApprovalDenied, Some(id), outcome);
             }
-            ApprovalOutcome::Approved { args_hash } => self.finish(
-                request,
-                AuditDecision::ApprovalDenied,
-                Some(&id),
-                AuthDecision::ApprovalDenied {
-                    rule,
-                    reason: format!(
-                        "the approval was given for other arguments ({args_hash}); these arguments need their own approval"
-                    ),
-                },
-            ),
-            ApprovalOutcome::Denied { reason } => self.finish(
-                request,
-                AuditDecision::ApprovalDenied,
-                Some(&id),
-                AuthDecision::ApprovalDenied { rule, reason },
-            ),
-            ApprovalOutcome::TimedOut => self.finish(
-                request,
-                AuditDecision::ApprovalTimeout,
-                Some(&id),
-                AuthDecision::ApprovalTimeout { rule },
-            ),
+            ApprovalOutcome::Pending { next } => {
+                let outcome = AuthDecision::ApprovalRequired { rule, reason, next };
+                return self.finish(request, AuditDecision::ApprovalRequired, Some(id), outcome);
+            }
+            ApprovalOutcome::TimedOut => {
+                let outcome = AuthDecision::ApprovalTimeout { rule };
+                return self.finish(request, AuditDecision::ApprovalTimeout, Some(id), outcome);
+            }
+        };
+        if args_hash != request.args_hash {
+            let outcome = AuthDecision::ApprovalDenied {
+                rule,
+                reason: format!(
+                    "the approval was given for other arguments ({args_hash}); these arguments need their own approval"
+                ),
+            };
+            return self.finish(request, AuditDecision::ApprovalDenied, Some(id), outcome);
         }
+        self.remember_approval(request, scope, id);
+        let outcome = AuthDecision::Allow {
+            rule: format!("approved:{id}"),
+        };
+        self.finish(request, AuditDecision::Approved, Some(id), outcome)
+    }
+
+    /// Steps 1–5, and whether step 6 holds the call.
+    fn precheck<'g>(
+        &'g self,
+        request: &AuthRequest<'_>,
+    ) -> Result<(&'g Grant, Authority, bool), Refusal> {
+        let (index, grant) = self.static_check(request.spec, &request.session.principal)?;
+        self.check_arguments(index, grant, request)?;
+        let authority = self.effective_authority(request.spec);
+        Ok((
+            grant,
+            authority,
+            authority == Authority::A3 || grant.approval,
+        ))
     }
 }
 
 #[async_trait]
 impl Authorizer for Policy {
     async fn authorize(&self, request: &AuthRequest<'_>) -> AuthDecision {
-        let (index, grant) = match self.static_check(request.spec) {
+        let (grant, authority, held) = match self.precheck(request) {
             Ok(found) => found,
             Err(refusal) => return self.deny(request, refusal),
         };
-        if let Err(refusal) = self.check_arguments(index, grant, request) {
-            return self.deny(request, refusal);
-        }
-        let authority = self.effective_authority(request.spec);
-        if authority == Authority::A3 || grant.approval {
+        if held {
             return self.hold(request, grant, authority).await;
         }
         self.finish(
@@ -650,7 +974,34 @@ impl Authorizer for Policy {
         )
     }
 
-    fn visible(&self, _session: &SessionInfo, spec: &ToolSpec) -> bool {
-        self.static_check(spec).is_ok()
+    /// At recovery nobody waits for the call: one that would be held for a person is refused
+    /// (it was approved before the crash, but that approval is not carried over).
+    async fn recheck(&self, request: &AuthRequest<'_>) -> AuthDecision {
+        let (grant, authority, held) = match self.precheck(request) {
+            Ok(found) => found,
+            Err(refusal) => return self.deny(request, refusal),
+        };
+        if held {
+            let (rule, reason) = Self::hold_reason(request, grant, authority);
+            return self.deny(
+                request,
+                refuse(
+                    rule,
+                    format!("{reason}; at recovery nobody is asked, so the unsent call is not run"),
+                ),
+            );
+        }
+        self.finish(
+            request,
+            AuditDecision::Allowed,
+            None,
+            AuthDecision::Allow {
+                rule: format!("grant:{}", grant.name),
+            },
+        )
+    }
+
+    fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool {
+        self.static_check(spec, &session.principal).is_ok()
     }
 }

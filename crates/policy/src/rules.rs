@@ -1,9 +1,11 @@
 //! CEL argument rules: compiled once, evaluated over the validated arguments of each call.
 //!
-//! A rule is a CEL expression that must evaluate to `true` for the call to proceed. It sees three
+//! A rule is a CEL expression that must evaluate to `true` for the call to proceed. It sees four
 //! variables:
 //! - `args`: the call's validated (prepared) arguments, as a map;
 //! - `session`: `{scope, id}`;
+//! - `principal`: `{id, groups, claims}` — who the call acts for (`claims` holds a JWT's verified
+//!   claims, empty otherwise);
 //! - `tool`: `{name, effect, authority, strategy, settlement, conflict_key}` — the runtime
 //!   metadata the host declared, never anything the model said.
 //!
@@ -13,7 +15,8 @@
 //! means to allow absence says so with `!has(args.path) || …`.
 
 use cel::{Context, Env, Program, Value as Cel};
-use ring0_core::ToolSpec;
+use ring0_core::{Principal, ToolSpec};
+use ring0_kernel::SessionInfo;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,7 +35,9 @@ pub enum RuleError {
     TooLong { bytes: usize },
     #[error("rule {rule:?} does not parse: {why}")]
     Parse { rule: String, why: String },
-    #[error("rule {rule:?} refers to {name:?}; only `args`, `session` and `tool` are defined")]
+    #[error(
+        "rule {rule:?} refers to {name:?}; only `args`, `session`, `principal` and `tool` are defined"
+    )]
     UnknownVariable { rule: String, name: String },
 }
 
@@ -51,10 +56,10 @@ impl std::fmt::Debug for ArgRule {
 }
 
 /// Variables a rule may name.
-const VARIABLES: [&str; 3] = ["args", "session", "tool"];
+const VARIABLES: [&str; 4] = ["args", "session", "principal", "tool"];
 
 impl ArgRule {
-    /// Compiles `source`. Names other than `args`, `session` and `tool` are refused now, not at
+    /// Compiles `source`. Names other than `args`, `session`, `principal` and `tool` are refused now, not at
     /// the first call, so a typo in a configuration fails when it is loaded.
     pub fn compile(source: &str) -> Result<Self, RuleError> {
         let trimmed = source.trim();
@@ -97,8 +102,7 @@ impl ArgRule {
     pub fn evaluate(
         &self,
         args: &Value,
-        scope: &str,
-        session_id: &str,
+        session: &SessionInfo,
         spec: &ToolSpec,
     ) -> Result<bool, String> {
         let mut context = Context::with_env(self.env.clone());
@@ -106,10 +110,11 @@ impl ArgRule {
         context.add_variable_from_value(
             "session",
             HashMap::from([
-                ("scope".to_string(), Cel::from(scope)),
-                ("id".to_string(), Cel::from(session_id)),
+                ("scope".to_string(), Cel::from(session.scope.as_str())),
+                ("id".to_string(), Cel::from(session.session_id.as_str())),
             ]),
         );
+        context.add_variable_from_value("principal", principal_value(&session.principal));
         context.add_variable_from_value("tool", tool_value(spec));
         match self.program.execute(&context) {
             Ok(Cel::Bool(b)) => Ok(b),
@@ -178,6 +183,23 @@ pub(crate) fn json_to_cel(value: &Value) -> Cel {
     }
 }
 
+fn principal_value(principal: &Principal) -> Cel {
+    let groups: Vec<Cel> = principal
+        .groups
+        .iter()
+        .map(|g| Cel::from(g.as_str()))
+        .collect();
+    HashMap::from([
+        ("id".to_string(), Cel::from(principal.id.as_str())),
+        ("groups".to_string(), Cel::List(Arc::new(groups))),
+        (
+            "claims".to_string(),
+            json_to_cel(&Value::Object(principal.claims.clone())),
+        ),
+    ])
+    .into()
+}
+
 fn tool_value(spec: &ToolSpec) -> Cel {
     let strategy: Vec<Cel> = spec
         .strategy
@@ -225,10 +247,33 @@ mod tests {
         ToolSpec::read("read_file", "", json!({"type": "object"}))
     }
 
+    fn session() -> SessionInfo {
+        SessionInfo {
+            scope: "user:1".into(),
+            session_id: "s1".into(),
+            principal: Principal::new("alice").with_groups(["ops".to_string()]),
+        }
+    }
+
     fn eval(rule: &str, args: Value) -> Result<bool, String> {
         ArgRule::compile(rule)
             .unwrap()
-            .evaluate(&args, "user:1", "s1", &spec())
+            .evaluate(&args, &session(), &spec())
+    }
+
+    #[test]
+    fn principal_is_visible_to_rules() {
+        assert_eq!(
+            eval(
+                "principal.id == 'alice' && 'ops' in principal.groups",
+                json!({})
+            ),
+            Ok(true)
+        );
+        let mut s = session();
+        s.principal.claims.insert("tenant".into(), json!("acme"));
+        let rule = ArgRule::compile("principal.claims.tenant == 'acme'").unwrap();
+        assert_eq!(rule.evaluate(&json!({}), &s, &spec()), Ok(true));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use ring0_core::{Authority, Effect, Observation, ProviderFormat, Settlement, Strategy, ToolSpec};
 use ring0_kernel::{Kernel, RoundOptions, SessionConfig, Tool, tool_fn};
 use ring0_policy::{
-    ApprovalOutcome, ApprovalRequest, Approver, AuditDecision, DirectoryApprover, Grant,
+    ApprovalOutcome, ApprovalRequest, Approver, AuditDecision, Decision, DirectoryApprover, Grant,
     MemoryAudit, Policy, RateLimit, decide_pending, list_pending,
 };
 use serde_json::{Value, json};
@@ -491,6 +491,10 @@ async fn a3_call_is_held_and_runs_once_approved() {
     assert_eq!(asked.len(), 1);
     assert_eq!(asked[0].tool, "pay");
     assert!(asked[0].summary.contains("\"amount\":5") && asked[0].summary.contains("A3"));
+    assert_eq!(asked[0].args, json!({"to": "bob", "amount": 5}));
+    assert!(asked[0].args_whole);
+    assert_eq!(asked[0].args, json!({"to": "bob", "amount": 5}));
+    assert!(asked[0].args_whole);
     assert!(asked[0].summary.len() <= ring0_policy::SUMMARY_BYTES_MAX);
     let decisions: Vec<AuditDecision> = h.audit.entries().iter().map(|e| e.decision).collect();
     assert_eq!(
@@ -593,11 +597,20 @@ async fn per_tool_rate_limit_refuses_the_call_beyond_the_burst() {
         );
     }
     let r = call(&h, "read_file", json!({"path": "3"})).await;
-    assert_eq!(status(&r), "policy_denied");
+    assert_eq!(status(&r), "rate_limited");
     assert!(r["message"].as_str().unwrap().contains("rate:files"), "{r}");
+    let wait = r["retry_after_ms"].as_u64().expect("retry_after_ms");
+    assert!(wait > 60_000, "{r}");
     assert!(
-        r["message"].as_str().unwrap().contains("try again in"),
+        r["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("accepted again in {wait} ms")),
         "{r}"
+    );
+    assert!(
+        !r["advice"].as_str().unwrap().contains("do not retry"),
+        "the advice agrees with the message: {r}"
     );
 }
 
@@ -675,7 +688,12 @@ async fn directory_approver_picks_up_a_decision_written_by_another_process() {
             // Wait (bounded) for the request to appear, as a person at another terminal would.
             for _ in 0..300 {
                 if let Some(pending) = list_pending(&approvals).first() {
-                    return decide_pending(&approvals, &pending.id, true, "").map(|r| r.tool);
+                    let yes = Decision {
+                        approve: true,
+                        remember: false,
+                        reason: String::new(),
+                    };
+                    return decide_pending(&approvals, &pending.id, &yes).map(|r| r.tool);
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
