@@ -17,7 +17,6 @@ use crate::config::{Config, Loaded, build_kernel};
 use clap::Args;
 use ring0_mcp::approval::{Approvals, McpApprover};
 use ring0_mcp::http::{HttpOptions, MCP_PATH};
-use ring0_mcp::route::Calls;
 use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -144,9 +143,8 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
     .map_err(|e| format!("starting the runtime: {e}"))?;
     runtime.block_on(async move {
         let log = Log::stderr();
-        let calls = Arc::new(Calls::default());
         // The policy engine holds calls for approval itself; the session does not gate A3 again.
-        let approvals = Approvals::new(calls.clone(), log.clone(), false);
+        let approvals = Approvals::new(log.clone(), false);
         let built = build_kernel(&loaded, Arc::new(McpApprover::new(approvals.clone())))
             .map_err(|e| e.to_string())?;
         let builtins = built
@@ -172,7 +170,6 @@ pub fn run(args: ServeArgs) -> Result<String, String> {
             state_dir: loaded.state_dir.clone(),
             spill: Some(Arc::new(spill)),
             log: log.clone(),
-            calls,
             max_concurrent_tools: built.max_concurrent_tools,
         })?;
         let down = gw.wait_for_upstreams(UPSTREAM_START_WAIT).await;

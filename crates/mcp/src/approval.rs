@@ -11,14 +11,17 @@
 //!
 //! [`McpApprover`] plugs this into the policy engine's `Approver` (grants with `approval = true`,
 //! anything A3); without a policy engine, the downstream session applies it to A3 calls itself.
+//! Either way the question goes to the client the call came from: its [`CallRoute`], which
+//! travels with the call through the kernel.
 //! - A client of the 2026-07-28 era is asked the same question through an `input_required`
 //!   result on its `tools/call`; the call waits, parked, for the retry that carries the answer
 //!   (see [`crate::input`]), so an approved call is the same call, not a second one.
 
 use crate::limits::{CONFIRM_TOKEN_TTL, CONFIRM_TOKENS_MAX};
 use crate::log::Log;
-use crate::route::Calls;
+use crate::route::CallRoute;
 use async_trait::async_trait;
+use ring0_kernel::CallExtensions;
 use ring0_policy::{ApprovalOutcome, ApprovalRequest, Approver};
 use serde_json::{Value, json};
 use std::collections::VecDeque;
@@ -41,10 +44,9 @@ pub enum Answer {
     Failed(String),
 }
 
-/// Confirmation codes and the call registry they are checked against.
+/// Confirmation codes, and how a person is asked.
 pub struct Approvals {
     codes: Mutex<VecDeque<(String, String, String, Instant)>>,
-    calls: Arc<Calls>,
     log: Log,
     /// Whether the downstream session gates A3 calls itself (no policy engine approves them).
     gate_a3: bool,
@@ -52,17 +54,12 @@ pub struct Approvals {
 
 impl Approvals {
     /// `gate_a3`: true when the grants have no approval step (a plain grant table).
-    pub fn new(calls: Arc<Calls>, log: Log, gate_a3: bool) -> Arc<Self> {
+    pub fn new(log: Log, gate_a3: bool) -> Arc<Self> {
         Arc::new(Self {
             codes: Mutex::new(VecDeque::new()),
-            calls,
             log,
             gate_a3,
         })
-    }
-
-    pub fn calls(&self) -> &Arc<Calls> {
-        &self.calls
     }
 
     pub fn gates_a3(&self) -> bool {
@@ -94,17 +91,17 @@ impl Approvals {
         }
     }
 
-    /// Asks the person about one call.
+    /// Asks the person about one call, through the client it came from (`route`, attached to
+    /// the call by the downstream server; without one, only a confirmation code can approve).
     pub async fn ask(
         &self,
-        call_id: &str,
+        route: Option<&CallRoute>,
         tool: &str,
         args: &Value,
         args_hash: &str,
         wait: Duration,
     ) -> Answer {
-        let entry = self.calls.get(call_id);
-        if let Some(code) = entry.as_ref().and_then(|e| e.confirm.clone())
+        if let Some(code) = route.and_then(|r| r.confirm.clone())
             && self.redeem(&code, tool, args_hash)
         {
             return Answer::Approved("confirmation-code");
@@ -121,13 +118,13 @@ impl Approvals {
                 "required": ["approve"]
             }
         });
-        if let Some(entry) = entry.filter(|e| e.elicitation)
-            && let Some(down) = entry.downstream.clone()
+        if let Some(route) = route.filter(|r| r.elicitation)
+            && let Some(down) = route.downstream.clone()
         {
             let mut params = question;
             // The sessionful era's elicitation has no `mode`; the 2026-07-28 era's question
             // (an `input_required` result) keeps it.
-            if !entry.modern
+            if !route.modern
                 && let Some(o) = params.as_object_mut()
             {
                 o.remove("mode");
@@ -177,7 +174,16 @@ impl McpApprover {
 
 #[async_trait]
 impl Approver for McpApprover {
+    /// A call without a route (none of an MCP client's): only a confirmation code approves it.
     async fn decide(&self, request: &ApprovalRequest) -> ApprovalOutcome {
+        self.decide_for(request, &CallExtensions::default()).await
+    }
+
+    async fn decide_for(
+        &self,
+        request: &ApprovalRequest,
+        extensions: &CallExtensions,
+    ) -> ApprovalOutcome {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -188,7 +194,7 @@ impl Approver for McpApprover {
         match self
             .approvals
             .ask(
-                &request.call_id,
+                CallRoute::of(extensions).as_deref(),
                 &request.tool,
                 &args,
                 &request.args_hash,

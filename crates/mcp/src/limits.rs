@@ -35,6 +35,10 @@ pub const TOOLS_PAGE_SIZE: usize = 500;
 /// Base64 bytes of binary content (images, audio, blobs) forwarded whole in one result; larger
 /// items are replaced by a placeholder naming their type and size.
 pub const BINARY_CONTENT_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Largest `tools/call` result a client is sent: the bound of the kernel's projection for MCP
+/// sessions. Forwarding never makes a result larger than the upstream message it came in
+/// ([`UPSTREAM_MESSAGE_BYTES_MAX`]) by more than its notices, so any result ring0 shaped fits.
+pub const RESULT_BYTES_MAX: usize = UPSTREAM_MESSAGE_BYTES_MAX + 64 * 1024;
 /// Longest qualified tool name: 64 is the smallest limit among the major provider APIs.
 pub const QUALIFIED_NAME_BYTES_MAX: usize = 64;
 /// Longest upstream alias.

@@ -584,7 +584,7 @@ impl Policy {
                 approval.deadline_ms,
             );
         }
-        let outcome = tokio::time::timeout(timeout, approver.decide(&approval))
+        let outcome = tokio::time::timeout(timeout, approver.decide_for(&approval, request.extensions))
             .await
             .unwrap_or(ApprovalOutcome::TimedOut);
         match outcome {
