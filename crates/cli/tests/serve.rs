@@ -412,6 +412,80 @@ fn the_journal_records_every_call_ring0_serves() {
     assert!(text.contains("fx__echo"), "{text}");
 }
 
+/// A write with an external effect, committed to the journal before it runs.
+const JOURNALED: &str =
+    "effect = \"idempotent\"\nauthority = \"A2\"\nsettlement = \"idempotency_key\"\n";
+
+#[test]
+fn a_repeated_call_is_answered_from_its_receipt_with_the_result_the_first_call_had() {
+    // The second call runs nothing: its result exists only as the journal's receipt, so the
+    // client sees the first result again only if results are projected from receipts.
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &format!("[upstreams.tools.image]\n{JOURNALED}"));
+    let mut c = Client::start(dir.path(), Some(&config));
+    c.initialize(json!({}));
+    let first = c.call("fx__image", json!({}));
+    let again = c.call("fx__image", json!({}));
+    let receipt = |r: &Value| r["_meta"]["io.ring0/receipt"]["disposition"].clone();
+    assert_eq!(receipt(&first), "dispatched", "{first}");
+    assert_eq!(receipt(&again), "replayed", "{again}");
+    let image = json!({"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"});
+    assert_eq!(first["content"], json!([image]), "{first}");
+    assert_eq!(again["content"], first["content"], "{again}");
+}
+
+/// The call ids the journal recorded for an intent (`ring0 journal show`).
+fn journal_call_ids(dir: &Path, intent_id: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
+        .args(["journal", "show", intent_id])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix("call ids:"))
+        .unwrap_or_else(|| panic!("no call ids in:\n{text}"))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn two_clients_calling_at_once_with_equal_call_ids_each_get_their_own_question_and_result() {
+    let Some(peers) = peers() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), &format!("[upstreams.tools.ask]\n{JOURNALED}"));
+    let server = start_http(serve_http_command(dir.path()));
+    let script = fixture().with_file_name("py_client_two_clients.py");
+    for era in ["legacy", "2026-07-28"] {
+        let seen = python_report(Command::new(python(&peers)).arg(&script).args([
+            &server.url(),
+            era,
+            "fx__ask",
+        ]));
+        assert_eq!(seen["missing"], json!([]), "{era}: both were asked: {seen}");
+        let answer = |who: &str| -> Value {
+            serde_json::from_str(seen[who]["text"].as_str().unwrap_or(""))
+                .unwrap_or_else(|_| panic!("{era}: {who} got no answer back: {seen}"))
+        };
+        assert_eq!(seen["accepting"]["asked"], 1, "{era}: {seen}");
+        assert_eq!(seen["declining"]["asked"], 1, "{era}: {seen}");
+        assert_eq!(answer("accepting")["action"], "accept", "{era}: {seen}");
+        assert_eq!(answer("accepting")["content"]["ok"], true, "{era}: {seen}");
+        assert_eq!(answer("declining")["action"], "decline", "{era}: {seen}");
+        // The two calls shared their call id (each client's request id): nothing keys on it.
+        let ids: Vec<String> = ["accepting", "declining"]
+            .iter()
+            .map(|who| {
+                let intent = seen[*who]["receipt"]["intent_id"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{era}: {who}'s call was journaled: {seen}"));
+                journal_call_ids(dir.path(), intent)
+            })
+            .collect();
+        assert_eq!(ids[0], ids[1], "{era}: the calls' ids are equal: {ids:?}");
+    }
+}
+
 #[test]
 fn an_invalid_config_is_refused_at_start_with_the_offending_key() {
     let dir = tempfile::tempdir().unwrap();

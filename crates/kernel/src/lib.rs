@@ -91,4 +91,5 @@ pub use session::{
 };
 pub use streaming::{LEDGER_TURNS_MAX, RoundIdentity, StreamNotice, StreamingRound};
 pub use tool::{
-    CallContext, CallExtensions, EventSink, FailureClass, ProbeVerdict, Tool, ToolError, tool_fn};
+    CallContext, CallExtensions, EventSink, FailureClass, ProbeVerdict, Tool, ToolError, tool_fn,
+};

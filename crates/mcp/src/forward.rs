@@ -367,10 +367,7 @@ mod tests {
                          "_meta": {"trace": "x"}, "x-extra": [1, 2]});
         let f = forward(&raw, None, &cfg(16 * 1024));
         assert_eq!(result(&f), &raw);
-        assert_eq!(
-            f.text,
-            "hello\n[image image/png, 4 bytes of base64]"
-        );
+        assert_eq!(f.text, "hello\n[image image/png, 4 bytes of base64]");
     }
 
     #[test]

@@ -196,7 +196,10 @@ impl UpstreamExecutor {
             return Err(format!("probe {probe:?} answered an error: {}", obs.text));
         }
         // The observation's payload is the probe's MCP result.
-        let answer = match obs.structured.and_then(|r| r.get("structuredContent").cloned()) {
+        let answer = match obs
+            .structured
+            .and_then(|r| r.get("structuredContent").cloned())
+        {
             Some(v) => v,
             None => serde_json::from_str(obs.text.trim())
                 .map_err(|_| format!("probe {probe:?} answered no JSON object"))?,

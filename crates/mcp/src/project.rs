@@ -48,7 +48,8 @@ impl McpProjector {
         } else {
             observation.text.clone()
         };
-        let mut out = json!({"content": [{"type": "text", "text": text}], "isError": observation.is_error});
+        let mut out =
+            json!({"content": [{"type": "text", "text": text}], "isError": observation.is_error});
         if let Some(s) = &observation.structured {
             out["structuredContent"] = s.clone();
         }
@@ -112,7 +113,10 @@ mod tests {
                 ..Observation::text("[image image/png, 4 bytes of base64]")
             },
         };
-        assert_eq!(projector().project(&input("up__tool", &outcome)), Ok(result));
+        assert_eq!(
+            projector().project(&input("up__tool", &outcome)),
+            Ok(result)
+        );
     }
 
     #[test]

@@ -846,3 +846,55 @@ pub async fn serve_stdio(server: GatewayServer) -> Result<(), String> {
         .map_err(|e| format!("MCP session over stdio: {e}"))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ring0_core::Observation;
+    use ring0_core::format::ToolResult;
+    use ring0_core::receipt::{Disposition, Receipt};
+
+    fn outcome(receipt_text: &str, projection: Value) -> ring0_kernel::RoundOutcome {
+        let observation = Observation {
+            structured: Some(json!({"content": [{"type": "text", "text": receipt_text}]})),
+            ..Observation::text(receipt_text)
+        };
+        ring0_kernel::RoundOutcome {
+            receipts: vec![Receipt::new(
+                "mcp-1",
+                0,
+                "up__tool",
+                Disposition::Dispatched,
+                CallOutcome::Completed { observation },
+            )],
+            results: vec![ToolResult {
+                call_id: "mcp-1".into(),
+                tool: "up__tool".into(),
+                content: projection,
+                is_error: false,
+            }],
+            terminated: None,
+            policy_message: None,
+            missing_required_call: false,
+        }
+    }
+
+    #[test]
+    fn the_client_receives_the_projection_not_the_receipt() {
+        let projected =
+            json!({"content": [{"type": "text", "text": "projected"}], "isError": false});
+        let out = render(&outcome("from the receipt", projected));
+        assert_eq!(out["content"][0]["text"], "projected");
+        assert_eq!(out["_meta"][RECEIPT_META_KEY]["disposition"], "dispatched");
+    }
+
+    #[test]
+    fn a_failed_projection_is_shown_as_an_error_and_never_replaced_by_the_receipt() {
+        let failed = ring0_kernel::project::projection_failed_result();
+        let out = render(&outcome("from the receipt", failed));
+        assert_eq!(out["isError"], true);
+        let text = out["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains("projection_failed"), "{text}");
+        assert!(!text.contains("from the receipt"), "{text}");
+    }
+}

@@ -584,9 +584,10 @@ impl Policy {
                 approval.deadline_ms,
             );
         }
-        let outcome = tokio::time::timeout(timeout, approver.decide_for(&approval, request.extensions))
-            .await
-            .unwrap_or(ApprovalOutcome::TimedOut);
+        let outcome =
+            tokio::time::timeout(timeout, approver.decide_for(&approval, request.extensions))
+                .await
+                .unwrap_or(ApprovalOutcome::TimedOut);
         match outcome {
             ApprovalOutcome::Approved { args_hash } if args_hash == request.args_hash => {
                 self.remember_approval(&request.spec.name, request.args_hash, &id);
