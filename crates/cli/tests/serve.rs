@@ -434,55 +434,52 @@ fn a_repeated_call_is_answered_from_its_receipt_with_the_result_the_first_call_h
     assert_eq!(again["content"], first["content"], "{again}");
 }
 
-/// The call ids the journal recorded for an intent (`ring0 journal show`).
-fn journal_call_ids(dir: &Path, intent_id: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ring0"))
-        .args(["journal", "show", intent_id])
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+/// The call ids of the calls held for approval, in order (`.ring0/audit.jsonl`).
+fn held_call_ids(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join(".ring0/audit.jsonl")).unwrap_or_default();
     text.lines()
-        .find_map(|l| l.strip_prefix("call ids:"))
-        .unwrap_or_else(|| panic!("no call ids in:\n{text}"))
-        .trim()
-        .to_string()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["decision"] == "held")
+        .map(|e| e["call_id"].as_str().unwrap_or("").to_string())
+        .collect()
 }
 
 #[test]
-fn two_clients_calling_at_once_with_equal_call_ids_each_get_their_own_question_and_result() {
+fn two_clients_calling_at_once_with_equal_call_ids_are_each_asked_and_answered_alone() {
     let Some(peers) = peers() else { return };
     let dir = tempfile::tempdir().unwrap();
-    write_config(dir.path(), &format!("[upstreams.tools.ask]\n{JOURNALED}"));
+    write_config(dir.path(), "[upstreams.tools.echo]\nauthority = \"A3\"\n");
     let server = start_http(serve_http_command(dir.path()));
     let script = fixture().with_file_name("py_client_two_clients.py");
     for era in ["legacy", "2026-07-28"] {
         let seen = python_report(Command::new(python(&peers)).arg(&script).args([
             &server.url(),
             era,
-            "fx__ask",
+            "fx__echo",
         ]));
-        assert_eq!(seen["missing"], json!([]), "{era}: both were asked: {seen}");
-        let answer = |who: &str| -> Value {
-            serde_json::from_str(seen[who]["text"].as_str().unwrap_or(""))
-                .unwrap_or_else(|_| panic!("{era}: {who} got no answer back: {seen}"))
-        };
+        // Each approval question reached the client whose call it holds, both at once.
+        assert_eq!(seen["missing"], json!([]), "{era}: {seen}");
         assert_eq!(seen["accepting"]["asked"], 1, "{era}: {seen}");
         assert_eq!(seen["declining"]["asked"], 1, "{era}: {seen}");
-        assert_eq!(answer("accepting")["action"], "accept", "{era}: {seen}");
-        assert_eq!(answer("accepting")["content"]["ok"], true, "{era}: {seen}");
-        assert_eq!(answer("declining")["action"], "decline", "{era}: {seen}");
-        // The two calls shared their call id (each client's request id): nothing keys on it.
-        let ids: Vec<String> = ["accepting", "declining"]
-            .iter()
-            .map(|who| {
-                let intent = seen[*who]["receipt"]["intent_id"]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("{era}: {who}'s call was journaled: {seen}"));
-                journal_call_ids(dir.path(), intent)
-            })
-            .collect();
-        assert_eq!(ids[0], ids[1], "{era}: the calls' ids are equal: {ids:?}");
+        // Each answer decided its own call: the approved one ran, the declined one did not.
+        assert_eq!(
+            seen["accepting"]["text"],
+            format!("accepting in {era}"),
+            "{era}: {seen}"
+        );
+        assert_eq!(seen["accepting"]["is_error"], false, "{era}: {seen}");
+        assert_eq!(seen["declining"]["is_error"], true, "{era}: {seen}");
+        let refusal: Value =
+            serde_json::from_str(seen["declining"]["text"].as_str().unwrap_or("")).unwrap();
+        assert_eq!(refusal["status"], "approval_denied", "{era}: {seen}");
+        // The two held calls had one call id (each client's request id): nothing keys on it.
+        let held = held_call_ids(dir.path());
+        let last = &held[held.len().saturating_sub(2)..];
+        assert_eq!(last.len(), 2, "{era}: {held:?}");
+        assert_eq!(
+            last[0], last[1],
+            "{era}: the calls' ids are equal: {held:?}"
+        );
     }
 }
 
