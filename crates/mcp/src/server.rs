@@ -384,6 +384,16 @@ impl GatewayServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let modern = is_modern(&context);
         let value = self.call(request, context).await?;
+        self.respond(value, modern)
+    }
+
+    /// The response that carries a call's result (or its question) to a client of the era
+    /// `modern` says.
+    pub(crate) fn respond(
+        &self,
+        value: Value,
+        modern: bool,
+    ) -> Result<CallToolResponse, ErrorData> {
         if value.get("resultType").and_then(Value::as_str) == Some("input_required") {
             let input: rmcp::model::InputRequiredResult = serde_json::from_value(value)
                 .map_err(|e| ErrorData::internal_error(format!("input required: {e}"), None))?;
@@ -403,7 +413,8 @@ impl GatewayServer {
         Ok(CallToolResponse::Complete(result))
     }
 
-    async fn call(
+    /// One `tools/call`: its result as the kernel projected it, or the question it waits on.
+    pub(crate) async fn call(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
