@@ -9,13 +9,15 @@
 //! - `structuredContent` is kept whole (strings sanitized) when it fits the budget, and otherwise
 //!   replaced by a spill handle or its size — JSON is never cut inside a value;
 //! - when the tool declared an `outputSchema`, `structuredContent` must be present and valid:
-//!   otherwise the result becomes an error result that says why.
+//!   otherwise the result becomes an error result that says why;
+//! - a result still larger than [`FORWARDED_RESULT_BYTES_MAX`] (the journal keeps it) keeps what
+//!   a model reads and loses binary items and the fields ring0 does not model, saying so.
 //!
 //! The [`Observation`] holds the shaped text of every item in order (what a reader of the
 //! journal sees) and, as its payload (`structured`), the shaped result object: what the MCP
 //! client receives, through the kernel's projection ([`crate::project`]).
 
-use crate::limits::BINARY_CONTENT_BYTES_MAX;
+use crate::limits::{BINARY_CONTENT_BYTES_MAX, FORWARDED_RESULT_BYTES_MAX};
 use jsonschema::Validator;
 use ring0_core::Observation;
 use ring0_core::observation::Provenance;
@@ -319,6 +321,16 @@ pub fn forward(raw: &Value, output_schema: Option<&Validator>, cfg: &ForwardConf
     if is_error {
         out.insert("isError".into(), Value::Bool(true));
     }
+    let bytes = serde_json::to_vec(&out).map_or(usize::MAX, |b| b.len());
+    if bytes > FORWARDED_RESULT_BYTES_MAX {
+        let notice = format!(
+            "the result's {bytes} bytes exceed ring0's limit of {FORWARDED_RESULT_BYTES_MAX} for \
+             one result; its binary items and the fields ring0 does not model were left out"
+        );
+        out = within_result_bound(out, &notice);
+        notices.push(notice);
+        truncated = true;
+    }
     let notice = (!notices.is_empty()).then(|| notices.join(" "));
     Observation {
         text: journal_text.join("\n"),
@@ -329,6 +341,36 @@ pub fn forward(raw: &Value, output_schema: Option<&Validator>, cfg: &ForwardConf
         provenance: Some(cfg.provenance.clone()),
         ..Observation::default()
     }
+}
+
+/// What a result too large to keep whole keeps: its text and small items, its structured
+/// content and `isError`; binary items become a text placeholder saying why.
+fn within_result_bound(mut out: Map<String, Value>, why: &str) -> Map<String, Value> {
+    let items = match out.remove("content") {
+        Some(Value::Array(items)) => items,
+        _ => Vec::new(),
+    };
+    let content: Vec<Value> = items
+        .into_iter()
+        .map(|item| {
+            let kind = item.get("type").and_then(Value::as_str).unwrap_or("");
+            let small =
+                serde_json::to_vec(&item).map_or(usize::MAX, |b| b.len()) <= UNKNOWN_ITEM_BYTES_MAX;
+            if kind == "text" || item.pointer("/resource/text").is_some() || small {
+                item
+            } else {
+                json!({"type": "text", "text": format!("[{kind} content left out: {why}]")})
+            }
+        })
+        .collect();
+    let mut kept = Map::new();
+    kept.insert("content".into(), Value::Array(content));
+    for key in ["structuredContent", "isError"] {
+        if let Some(v) = out.remove(key) {
+            kept.insert(key.into(), v);
+        }
+    }
+    kept
 }
 
 fn error_result(message: &str, cfg: &ForwardConfig) -> Observation {
@@ -411,6 +453,28 @@ mod tests {
         let f = forward(&raw, None, &cfg(16 * 1024));
         assert_eq!(result(&f)["isError"], true);
         assert!(f.is_error);
+    }
+
+    #[test]
+    fn a_result_past_the_result_bound_keeps_its_text_and_says_what_was_left_out() {
+        let image = "A".repeat(BINARY_CONTENT_BYTES_MAX - 16);
+        let raw = json!({
+            "content": [{"type": "text", "text": "kept"},
+                        {"type": "image", "data": image, "mimeType": "image/png"}],
+            "_meta": {"trace": "t".repeat(FORWARDED_RESULT_BYTES_MAX / 2)},
+        });
+        let f = forward(&raw, None, &cfg(16 * 1024));
+        let size = serde_json::to_vec(result(&f)).unwrap().len();
+        assert!(size <= FORWARDED_RESULT_BYTES_MAX, "{size}");
+        assert_eq!(result(&f)["content"][0]["text"], "kept");
+        let placeholder = result(&f)["content"][1]["text"].as_str().unwrap();
+        assert!(
+            placeholder.starts_with("[image content left out"),
+            "{placeholder}"
+        );
+        assert!(result(&f).get("_meta").is_none());
+        assert!(f.truncated);
+        assert!(f.truncation_notice.unwrap().contains("left out"));
     }
 
     #[test]

@@ -551,7 +551,11 @@ pub(crate) async fn offer(
             }
             Ok(Ok(result)) => record.finish(
                 TaskStatus::Completed,
-                Some(object(adapt_to_era(result, RawKind::CallTool, record.modern))),
+                Some(object(adapt_to_era(
+                    result,
+                    RawKind::CallTool,
+                    record.modern,
+                ))),
                 None,
             ),
             Ok(Err(e)) => record.finish(
