@@ -502,7 +502,6 @@ impl GatewayServer {
             .is_some_and(|c| c.elicitation.is_some());
         let modern = relay.is_some();
         let relay = relay.unwrap_or_else(|| Relay::new(context.peer.clone(), token, None));
-        let relay: Arc<dyn Downstream> = relay;
         let route = if modern {
             CallRoute::modern(Some(relay), confirm)
         } else {
