@@ -22,7 +22,6 @@ use crate::config::{Config, Loaded, build_kernel};
 use clap::Args;
 use ring0_mcp::approval::{Approvals, McpApprover};
 use ring0_mcp::http::{HttpOptions, MCP_PATH};
-use ring0_mcp::route::Calls;
 use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -173,9 +172,8 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
     .map_err(|e| format!("starting the runtime: {e}"))?;
     runtime.block_on(async move {
         let log = Log::stderr();
-        let calls = Arc::new(Calls::default());
         // The policy engine holds calls for approval itself; the session does not gate A3 again.
-        let approvals = Approvals::new(calls.clone(), log.clone(), false);
+        let approvals = Approvals::new(log.clone(), false);
         let built = build_kernel(&loaded, Arc::new(McpApprover::new(approvals.clone())))
             .map_err(|e| e.to_string())?;
         let builtins = built
@@ -201,7 +199,6 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
             state_dir: loaded.state_dir.clone(),
             spill: Some(Arc::new(spill)),
             log: log.clone(),
-            calls,
             max_concurrent_tools: built.max_concurrent_tools,
             granted_roots: granted_roots(&loaded),
             protected_paths: protected_paths(&loaded),

@@ -418,6 +418,77 @@ fn the_journal_records_every_call_ring0_serves() {
     assert!(text.contains("fx__echo"), "{text}");
 }
 
+/// A write with an external effect, committed to the journal before it runs.
+const JOURNALED: &str =
+    "effect = \"idempotent\"\nauthority = \"A2\"\nsettlement = \"idempotency_key\"\n";
+
+#[test]
+fn a_repeated_call_is_answered_from_its_receipt_with_the_result_the_first_call_had() {
+    // The second call runs nothing: its result exists only as the journal's receipt, so the
+    // client sees the first result again only if results are projected from receipts.
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &format!("[upstreams.tools.image]\n{JOURNALED}"));
+    let mut c = Client::start(dir.path(), Some(&config));
+    c.initialize(json!({}));
+    let first = c.call("fx__image", json!({}));
+    let again = c.call("fx__image", json!({}));
+    let receipt = |r: &Value| r["_meta"]["io.ring0/receipt"]["disposition"].clone();
+    assert_eq!(receipt(&first), "dispatched", "{first}");
+    assert_eq!(receipt(&again), "replayed", "{again}");
+    let image = json!({"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"});
+    assert_eq!(first["content"], json!([image]), "{first}");
+    assert_eq!(again["content"], first["content"], "{again}");
+}
+
+/// The call ids of the calls held for approval, in order (`.ring0/audit.jsonl`).
+fn held_call_ids(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join(".ring0/audit.jsonl")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["decision"] == "held")
+        .map(|e| e["call_id"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn two_clients_calling_at_once_with_equal_call_ids_are_each_asked_and_answered_alone() {
+    let Some(peers) = peers() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), "[upstreams.tools.echo]\nauthority = \"A3\"\n");
+    let server = start_http(serve_http_command(dir.path()));
+    let script = fixture().with_file_name("py_client_two_clients.py");
+    for era in ["legacy", "2026-07-28"] {
+        let seen = python_report(Command::new(python(&peers)).arg(&script).args([
+            &server.url(),
+            era,
+            "fx__echo",
+        ]));
+        // Each approval question reached the client whose call it holds, both at once.
+        assert_eq!(seen["missing"], json!([]), "{era}: {seen}");
+        assert_eq!(seen["accepting"]["asked"], 1, "{era}: {seen}");
+        assert_eq!(seen["declining"]["asked"], 1, "{era}: {seen}");
+        // Each answer decided its own call: the approved one ran, the declined one did not.
+        assert_eq!(
+            seen["accepting"]["text"],
+            format!("accepting in {era}"),
+            "{era}: {seen}"
+        );
+        assert_eq!(seen["accepting"]["is_error"], false, "{era}: {seen}");
+        assert_eq!(seen["declining"]["is_error"], true, "{era}: {seen}");
+        let refusal: Value =
+            serde_json::from_str(seen["declining"]["text"].as_str().unwrap_or("")).unwrap();
+        assert_eq!(refusal["status"], "approval_denied", "{era}: {seen}");
+        // The two held calls had one call id (each client's request id): nothing keys on it.
+        let held = held_call_ids(dir.path());
+        let last = &held[held.len().saturating_sub(2)..];
+        assert_eq!(last.len(), 2, "{era}: {held:?}");
+        assert_eq!(
+            last[0], last[1],
+            "{era}: the calls' ids are equal: {held:?}"
+        );
+    }
+}
+
 #[test]
 fn an_invalid_config_is_refused_at_start_with_the_offending_key() {
     let dir = tempfile::tempdir().unwrap();

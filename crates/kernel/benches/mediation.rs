@@ -166,6 +166,7 @@ async fn direct_batch(b: usize) -> (Duration, usize) {
         cancel: CancellationToken::new(),
         timeout_ms: ring0_core::spec::TIMEOUT_MS_DEFAULT,
         events: ring0_kernel::EventSink::detached(),
+        extensions: Default::default(),
     };
     let base = b * DIRECT_CALLS_PER_BATCH;
     let args: Vec<Value> = (base..base + DIRECT_CALLS_PER_BATCH)

@@ -52,6 +52,8 @@ pub(crate) struct DispatchEnv {
     pub journal_reads: bool,
     /// How long a memoized observation of a deterministic read may be served; 0 disables.
     pub memo_ttl_ms: u64,
+    /// The host's per-call context, handed to each call's [`crate::CallContext`].
+    pub extensions: crate::tool::CallExtensions,
 }
 
 /// Writes whose outcome is uncertain in this batch.

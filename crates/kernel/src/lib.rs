@@ -90,4 +90,6 @@ pub use session::{
     SessionConfig, Termination, TurnOutcome,
 };
 pub use streaming::{LEDGER_TURNS_MAX, RoundIdentity, StreamNotice, StreamingRound};
-pub use tool::{CallContext, EventSink, FailureClass, ProbeVerdict, Tool, ToolError, tool_fn};
+pub use tool::{
+    CallContext, CallExtensions, EventSink, FailureClass, ProbeVerdict, Tool, ToolError, tool_fn,
+};

@@ -29,6 +29,8 @@ pub struct AuthRequest<'a> {
     pub args_hash: &'a str,
     /// The session's event stream, for announcing a hold (`approval_required`).
     pub events: Option<&'a crate::tool::EventSink>,
+    /// What the host attached to the call's round (e.g. how to ask the person who made it).
+    pub extensions: &'a crate::tool::CallExtensions,
 }
 
 /// The decision, with the rule that made it (for the audit trail and the model's rejection).

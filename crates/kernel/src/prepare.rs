@@ -36,6 +36,8 @@ pub struct PrepareContext<'a> {
     pub authorizer: &'a dyn Authorizer,
     pub rewrites: &'a [Arc<dyn PolicyRewrite>],
     pub events: Option<crate::tool::EventSink>,
+    /// What the host attached to the round, for the authorizer.
+    pub extensions: &'a crate::tool::CallExtensions,
 }
 
 fn depth(value: &Value) -> usize {
@@ -179,6 +181,7 @@ pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Pre
         args: &args,
         args_hash: &args_hash,
         events: cx.events.as_ref(),
+        extensions: cx.extensions,
     };
     match cx.authorizer.authorize(&request).await {
         AuthDecision::Allow { .. } => {}

@@ -28,6 +28,13 @@ pub struct ProjectionInput<'a> {
 /// A host's model-visible projection. Must be deterministic for the same input.
 pub trait Projector: Send + Sync {
     fn project(&self, input: &ProjectionInput<'_>) -> Result<Value, String>;
+
+    /// The largest projection this host's reader accepts, in serialized bytes: a projection
+    /// above it fails. [`PROJECTION_BYTES_MAX`] unless the host's results carry more than a
+    /// model message does (an MCP client is sent an upstream's images whole).
+    fn projection_bytes_max(&self) -> usize {
+        PROJECTION_BYTES_MAX
+    }
 }
 
 /// Why a projection failed.
@@ -44,7 +51,7 @@ pub fn projection_failed_result() -> Value {
     })
 }
 
-fn check_shape(value: Value) -> Result<Value, ProjectionFailure> {
+fn check_shape(value: Value, bytes_max: usize) -> Result<Value, ProjectionFailure> {
     if !value.is_object() {
         return Err(ProjectionFailure(
             "the projection is not a JSON object".into(),
@@ -53,9 +60,9 @@ fn check_shape(value: Value) -> Result<Value, ProjectionFailure> {
     let size = serde_json::to_vec(&value)
         .map_err(|e| ProjectionFailure(format!("the projection does not serialize: {e}")))?
         .len();
-    if size > PROJECTION_BYTES_MAX {
+    if size > bytes_max {
         return Err(ProjectionFailure(format!(
-            "the projection is {size} bytes; at most {PROJECTION_BYTES_MAX} are allowed"
+            "the projection is {size} bytes; at most {bytes_max} are allowed"
         )));
     }
     Ok(value)
@@ -68,12 +75,13 @@ pub fn project(
     projector: Option<&dyn Projector>,
 ) -> Result<Value, ProjectionFailure> {
     if let CallOutcome::Rejected { rejection } = &receipt.outcome {
-        return check_shape(rejection.to_json());
+        return check_shape(rejection.to_json(), PROJECTION_BYTES_MAX);
     }
     match projector {
         None => check_shape(
             serde_json::to_value(receipt)
                 .map_err(|e| ProjectionFailure(format!("receipt does not serialize: {e}")))?,
+            PROJECTION_BYTES_MAX,
         ),
         Some(projector) => {
             let input = ProjectionInput {
@@ -87,7 +95,7 @@ pub fn project(
             let produced = catch_unwind(AssertUnwindSafe(|| projector.project(&input)))
                 .map_err(|_| ProjectionFailure("the projector panicked".into()))?
                 .map_err(ProjectionFailure)?;
-            check_shape(produced)
+            check_shape(produced, projector.projection_bytes_max())
         }
     }
 }

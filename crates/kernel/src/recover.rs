@@ -82,6 +82,8 @@ impl Executor for RegistryExecutor<'_> {
             cancel: CancellationToken::new(),
             timeout_ms: tool.spec.timeout_ms,
             events: EventSink::detached(),
+            // Recovery runs outside any request: nothing of a host's is attached.
+            extensions: Default::default(),
         };
         let started = Instant::now();
         let result = run_tool(

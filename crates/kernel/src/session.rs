@@ -224,6 +224,9 @@ pub struct RoundOptions {
     pub tool_choice: ToolChoice,
     /// Host-supplied intent ids by call index (source order).
     pub intent_ids: BTreeMap<usize, uuid::Uuid>,
+    /// Handed to every call of the round, in its [`crate::CallContext`] and its
+    /// [`crate::AuthRequest`]: the host's per-call context.
+    pub extensions: crate::tool::CallExtensions,
 }
 
 impl RoundOptions {
@@ -447,6 +450,7 @@ impl Session {
             start_gate: self.start_gate.clone(),
             journal_reads: self.config.journal_reads,
             memo_ttl_ms: self.config.memo_ttl_ms,
+            extensions: options.extensions.clone(),
         }
     }
 
@@ -545,6 +549,7 @@ impl Session {
             authorizer: self.authorizer.as_ref(),
             rewrites: &self.kernel.rewrites,
             events: Some(crate::tool::EventSink(self.events.clone())),
+            extensions: &options.extensions,
         };
         let prepared_results = futures::future::join_all(candidates.iter().map(|&pos| {
             let ready = preprepared.remove(&pos);

@@ -42,6 +42,7 @@ pub(crate) async fn run_job(
         cancel: env.cancel.child_token(),
         timeout_ms: spec.timeout_ms,
         events: EventSink(env.events.clone()),
+        extensions: env.extensions.clone(),
     };
     run_tool(
         job.tool.tool.clone(),

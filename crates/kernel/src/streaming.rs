@@ -291,6 +291,7 @@ impl StreamingRound<'_> {
             authorizer: self.session.authorizer.as_ref(),
             rewrites: &self.session.kernel.rewrites,
             events: Some(crate::tool::EventSink(self.session.events.clone())),
+            extensions: &self.options.extensions,
         };
         let prepared = match prepare(&cx, &call).await {
             Ok(p) => p,

@@ -7,6 +7,7 @@
 use async_trait::async_trait;
 use ring0_core::Observation;
 use serde_json::Value;
+use std::any::{Any, TypeId};
 use std::future::Future;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +32,70 @@ pub struct CallContext {
     /// The session's event stream, for news that outlives the call (a background job it
     /// started finished, or waits for input).
     pub events: EventSink,
+    /// What the host attached to the call's round ([`crate::RoundOptions::extensions`]):
+    /// per-call facts of the host's own (where the request came from, how to reach the person
+    /// who made it) that the kernel carries to the tool and to authorization untouched.
+    pub extensions: CallExtensions,
+}
+
+/// Typed values a host attaches to a round's calls, at most one per type.
+///
+/// The kernel neither reads nor changes them: it hands them to every call of the round, in the
+/// [`CallContext`] a tool receives and in the [`crate::AuthRequest`] an authorizer decides on,
+/// so that per-call context travels with the call instead of through a table keyed by call id.
+/// Cloning is cheap (the values are shared).
+///
+/// ```
+/// use ring0_kernel::CallExtensions;
+///
+/// struct Origin(&'static str);
+/// let ext = CallExtensions::new().with(Origin("client-7"));
+/// assert_eq!(ext.get::<Origin>().map(|o| o.0), Some("client-7"));
+/// assert!(ext.get::<String>().is_none());
+/// ```
+#[derive(Clone, Default)]
+pub struct CallExtensions {
+    values: Vec<(TypeId, Arc<dyn Any + Send + Sync>)>,
+}
+
+impl CallExtensions {
+    /// No values.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// These extensions with `value`, replacing a value of the same type.
+    pub fn with<T: Any + Send + Sync>(mut self, value: T) -> Self {
+        self.insert(value);
+        self
+    }
+
+    /// Sets `value`, replacing a value of the same type.
+    pub fn insert<T: Any + Send + Sync>(&mut self, value: T) {
+        let id = TypeId::of::<T>();
+        self.values.retain(|(t, _)| *t != id);
+        self.values.push((id, Arc::new(value)));
+    }
+
+    /// The value of type `T`, if the host attached one.
+    pub fn get<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        let id = TypeId::of::<T>();
+        let (_, value) = self.values.iter().find(|(t, _)| *t == id)?;
+        value.clone().downcast::<T>().ok()
+    }
+
+    /// Whether nothing is attached.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+}
+
+impl std::fmt::Debug for CallExtensions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallExtensions")
+            .field("values", &self.values.len())
+            .finish()
+    }
 }
 
 /// A handle on a session's event stream that a tool may keep after its call returned.

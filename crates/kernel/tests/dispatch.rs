@@ -911,3 +911,70 @@ async fn a_definite_failure_of_a_same_key_retry_does_not_clear_the_first_attempt
     // Not FAILED: the first attempt may have been applied. A person decides.
     assert_eq!(r.state, Some(IntentState::DeadLetter));
 }
+
+/// A fact of the host's about one call (where it came from).
+struct Origin(&'static str);
+
+/// Allows a call only when the host said where it came from.
+struct NeedsOrigin;
+
+#[async_trait]
+impl ring0_kernel::Authorizer for NeedsOrigin {
+    async fn authorize(
+        &self,
+        request: &ring0_kernel::AuthRequest<'_>,
+    ) -> ring0_kernel::AuthDecision {
+        match request.extensions.get::<Origin>() {
+            Some(_) => ring0_kernel::AuthDecision::Allow {
+                rule: "origin".into(),
+            },
+            None => ring0_kernel::AuthDecision::Deny {
+                rule: "origin".into(),
+                reason: "the call came from nowhere".into(),
+            },
+        }
+    }
+
+    fn visible(&self, _session: &ring0_kernel::SessionInfo, _spec: &ToolSpec) -> bool {
+        true
+    }
+}
+
+#[tokio::test]
+async fn the_hosts_per_call_context_reaches_the_authorizer_and_the_tool() {
+    let whoami = ring0_kernel::tool_fn(|ctx: CallContext, _args: Value| async move {
+        let origin = ctx.extensions.get::<Origin>().map_or("none", |o| o.0);
+        Ok(Observation::text(origin))
+    });
+    let kernel = Kernel::builder()
+        .tool(
+            ToolSpec::read("whoami", "who called", json!({"type": "object"})),
+            whoami,
+        )
+        .unwrap()
+        .authorizer(Arc::new(NeedsOrigin))
+        .build();
+    let session = kernel.open_session(SessionConfig::new("s"));
+    let from_client = RoundOptions {
+        extensions: ring0_kernel::CallExtensions::new().with(Origin("client-7")),
+        ..RoundOptions::default()
+    };
+    let out = session
+        .run_round(round(vec![call(0, "whoami", json!({}))]), &from_client)
+        .await;
+    let CallOutcome::Completed { observation } = &out.receipts[0].outcome else {
+        panic!("{:?}", out.receipts[0].outcome)
+    };
+    assert_eq!(observation.text, "client-7");
+
+    let out = session
+        .run_round(
+            round(vec![call(0, "whoami", json!({}))]),
+            &RoundOptions::default(),
+        )
+        .await;
+    let CallOutcome::Rejected { rejection } = &out.receipts[0].outcome else {
+        panic!("{:?}", out.receipts[0].outcome)
+    };
+    assert_eq!(rejection.status, RejectionKind::PolicyDenied);
+}

@@ -183,3 +183,34 @@ async fn every_provider_format_gets_its_results_back_in_its_own_shape() {
         assert_eq!(rec.calls(), 1);
     }
 }
+
+/// A projector for a reader that takes more than a model message (an MCP client's images).
+struct Roomy;
+impl Projector for Roomy {
+    fn project(&self, _input: &ProjectionInput<'_>) -> Result<Value, String> {
+        Ok(json!({"x": "y".repeat(ring0_core::limits::PROJECTION_BYTES_MAX)}))
+    }
+
+    fn projection_bytes_max(&self) -> usize {
+        2 * ring0_core::limits::PROJECTION_BYTES_MAX
+    }
+}
+
+#[tokio::test]
+async fn a_projector_that_declares_a_larger_bound_is_held_to_it() {
+    let rec = Recorder::new();
+    let session = recorder_kernel(&rec)
+        .build()
+        .open_session(SessionConfig::new("s").projector(Arc::new(Roomy)));
+    let out = session
+        .run_round(
+            round(vec![call(0, "write", json!({"tag": "w"}))]),
+            &RoundOptions::default(),
+        )
+        .await;
+    assert!(out.terminated.is_none(), "{:?}", out.terminated);
+    assert_eq!(
+        out.results[0].content["x"].as_str().map(str::len),
+        Some(ring0_core::limits::PROJECTION_BYTES_MAX)
+    );
+}

@@ -17,14 +17,17 @@
 //!
 //! [`McpApprover`] plugs this into the policy engine's `Approver` (grants with `approval = true`,
 //! anything A3); without a policy engine, the downstream session applies it to A3 calls itself.
+//! Either way the question goes to the client the call came from: its [`CallRoute`], which
+//! travels with the call through the kernel.
 //! - A client of the 2026-07-28 era is asked the same question through an `input_required`
 //!   result on its `tools/call`; the call waits, parked, for the retry that carries the answer
 //!   (see [`crate::input`]), so an approved call is the same call, not a second one.
 
 use crate::limits::{CONFIRM_TOKEN_TTL, CONFIRM_TOKENS_MAX};
 use crate::log::Log;
-use crate::route::Calls;
+use crate::route::CallRoute;
 use async_trait::async_trait;
+use ring0_kernel::CallExtensions;
 use ring0_policy::{ApprovalOutcome, ApprovalRequest, Approver, render_args, shown_args};
 use serde_json::{Value, json};
 use std::collections::VecDeque;
@@ -84,7 +87,6 @@ struct Code {
 /// Confirmation codes and the call registry they are checked against.
 pub struct Approvals {
     codes: Mutex<VecDeque<Code>>,
-    calls: Arc<Calls>,
     log: Log,
     /// Whether the downstream session gates A3 calls itself (no policy engine approves them).
     gate_a3: bool,
@@ -92,17 +94,12 @@ pub struct Approvals {
 
 impl Approvals {
     /// `gate_a3`: true when the grants have no approval step (a plain grant table).
-    pub fn new(calls: Arc<Calls>, log: Log, gate_a3: bool) -> Arc<Self> {
+    pub fn new(log: Log, gate_a3: bool) -> Arc<Self> {
         Arc::new(Self {
             codes: Mutex::new(VecDeque::new()),
-            calls,
             log,
             gate_a3,
         })
-    }
-
-    pub fn calls(&self) -> &Arc<Calls> {
-        &self.calls
     }
 
     pub fn gates_a3(&self) -> bool {
@@ -151,10 +148,10 @@ impl Approvals {
         })
     }
 
-    /// Asks the person about one call.
-    pub async fn ask(&self, q: &Question<'_>) -> Answer {
-        let entry = self.calls.get(q.call_id);
-        if let Some(code) = entry.as_ref().and_then(|e| e.confirm.clone())
+    /// Asks the person about one call, through the client it came from (`route`, attached to
+    /// the call by the downstream server; without one, only a confirmation code can approve).
+    pub async fn ask(&self, route: Option<&CallRoute>, q: &Question<'_>) -> Answer {
+        if let Some(code) = route.and_then(|r| r.confirm.clone())
             && let Some(answer) = self.redeem(&code, q)
         {
             return answer;
@@ -169,10 +166,10 @@ impl Approvals {
                 render_args(q.args)
             ));
         }
-        if let Some(entry) = entry.filter(|e| e.elicitation)
-            && let Some(down) = entry.downstream.clone()
+        if let Some(route) = route.filter(|r| r.elicitation)
+            && let Some(down) = route.downstream.clone()
         {
-            let params = question(q, &shown, whole, entry.modern);
+            let params = question(q, &shown, whole, route.modern);
             return match tokio::time::timeout(
                 q.wait,
                 down.request("elicitation/create", Some(params)),
@@ -274,7 +271,16 @@ impl McpApprover {
 
 #[async_trait]
 impl Approver for McpApprover {
+    /// A call without a route (none of an MCP client's): only a confirmation code approves it.
     async fn decide(&self, request: &ApprovalRequest) -> ApprovalOutcome {
+        self.decide_for(request, &CallExtensions::default()).await
+    }
+
+    async fn decide_for(
+        &self,
+        request: &ApprovalRequest,
+        extensions: &CallExtensions,
+    ) -> ApprovalOutcome {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -291,7 +297,8 @@ impl Approver for McpApprover {
             wait: Duration::from_millis(request.deadline_ms.saturating_sub(now_ms)),
         };
         let args_hash = request.args_hash.clone();
-        match self.approvals.ask(&question).await {
+        let route = CallRoute::of(extensions);
+        match self.approvals.ask(route.as_deref(), &question).await {
             Answer::Approved(_) => ApprovalOutcome::Approved { args_hash },
             Answer::ApprovedForSession(_) => ApprovalOutcome::ApprovedForSession { args_hash },
             Answer::NeedsCode(next) => ApprovalOutcome::Pending { next },

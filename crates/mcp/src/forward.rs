@@ -9,12 +9,15 @@
 //! - `structuredContent` is kept whole (strings sanitized) when it fits the budget, and otherwise
 //!   replaced by a spill handle or its size — JSON is never cut inside a value;
 //! - when the tool declared an `outputSchema`, `structuredContent` must be present and valid:
-//!   otherwise the result becomes an error result that says why.
+//!   otherwise the result becomes an error result that says why;
+//! - a result still larger than [`FORWARDED_RESULT_BYTES_MAX`] (the journal keeps it) keeps what
+//!   a model reads and loses binary items and the fields ring0 does not model, saying so.
 //!
-//! The [`Observation`] recorded in the journal holds the shaped text of every item in order and
-//! the structured content; the forwarded result is what the MCP client receives.
+//! The [`Observation`] holds the shaped text of every item in order (what a reader of the
+//! journal sees) and, as its payload (`structured`), the shaped result object: what the MCP
+//! client receives, through the kernel's projection ([`crate::project`]).
 
-use crate::limits::BINARY_CONTENT_BYTES_MAX;
+use crate::limits::{BINARY_CONTENT_BYTES_MAX, FORWARDED_RESULT_BYTES_MAX};
 use jsonschema::Validator;
 use ring0_core::Observation;
 use ring0_core::observation::Provenance;
@@ -27,13 +30,6 @@ use std::sync::Arc;
 const NOTICE_ROOM_BYTES: usize = 640;
 /// Unknown content items larger than this (serialized) are replaced by a placeholder.
 const UNKNOWN_ITEM_BYTES_MAX: usize = 4096;
-
-/// A shaped result: what the journal records and what the client receives.
-#[derive(Debug, Clone)]
-pub struct Forwarded {
-    pub observation: Observation,
-    pub result: Value,
-}
 
 /// Shaping settings for one call.
 #[derive(Clone)]
@@ -114,8 +110,8 @@ fn binary_placeholder(kind: &str, mime: Option<&str>, bytes: usize) -> Value {
     )})
 }
 
-/// Shapes an upstream result for the client and the journal.
-pub fn forward(raw: &Value, output_schema: Option<&Validator>, cfg: &ForwardConfig) -> Forwarded {
+/// Shapes an upstream result: the observation of the call, with the result object as payload.
+pub fn forward(raw: &Value, output_schema: Option<&Validator>, cfg: &ForwardConfig) -> Observation {
     let Some(obj) = raw.as_object() else {
         return error_result("the server's tools/call result is not a JSON object", cfg);
     };
@@ -154,7 +150,6 @@ pub fn forward(raw: &Value, output_schema: Option<&Validator>, cfg: &ForwardConf
 
     // Structured content: whole or spilled, strings sanitized.
     let mut notices: Vec<String> = Vec::new();
-    let mut structured_obs = None;
     if let Some(sc) = out.get("structuredContent").cloned() {
         let fits = serde_json::to_vec(&sc)
             .map(|b| b.len())
@@ -180,8 +175,7 @@ pub fn forward(raw: &Value, output_schema: Option<&Validator>, cfg: &ForwardConf
                     notices.push(n);
                 }
                 if let Some(s) = o.structured {
-                    out.insert("structuredContent".into(), s.clone());
-                    structured_obs = Some(s);
+                    out.insert("structuredContent".into(), s);
                 }
             }
             Err(e) => {
@@ -327,29 +321,63 @@ pub fn forward(raw: &Value, output_schema: Option<&Validator>, cfg: &ForwardConf
     if is_error {
         out.insert("isError".into(), Value::Bool(true));
     }
+    let bytes = serde_json::to_vec(&out).map_or(usize::MAX, |b| b.len());
+    if bytes > FORWARDED_RESULT_BYTES_MAX {
+        let notice = format!(
+            "the result's {bytes} bytes exceed ring0's limit of {FORWARDED_RESULT_BYTES_MAX} for \
+             one result; its binary items and the fields ring0 does not model were left out"
+        );
+        out = within_result_bound(out, &notice);
+        notices.push(notice);
+        truncated = true;
+    }
     let notice = (!notices.is_empty()).then(|| notices.join(" "));
-    let observation = Observation {
+    Observation {
         text: journal_text.join("\n"),
-        structured: structured_obs,
+        structured: Some(Value::Object(out)),
         is_error,
         truncated: truncated || notice.is_some(),
         truncation_notice: notice,
         provenance: Some(cfg.provenance.clone()),
         ..Observation::default()
-    };
-    Forwarded {
-        observation,
-        result: Value::Object(out),
     }
 }
 
-fn error_result(message: &str, cfg: &ForwardConfig) -> Forwarded {
-    Forwarded {
-        observation: Observation {
-            provenance: Some(cfg.provenance.clone()),
-            ..Observation::error(message)
-        },
-        result: json!({"content": [{"type": "text", "text": message}], "isError": true}),
+/// What a result too large to keep whole keeps: its text and small items, its structured
+/// content and `isError`; binary items become a text placeholder saying why.
+fn within_result_bound(mut out: Map<String, Value>, why: &str) -> Map<String, Value> {
+    let items = match out.remove("content") {
+        Some(Value::Array(items)) => items,
+        _ => Vec::new(),
+    };
+    let content: Vec<Value> = items
+        .into_iter()
+        .map(|item| {
+            let kind = item.get("type").and_then(Value::as_str).unwrap_or("");
+            let small =
+                serde_json::to_vec(&item).map_or(usize::MAX, |b| b.len()) <= UNKNOWN_ITEM_BYTES_MAX;
+            if kind == "text" || item.pointer("/resource/text").is_some() || small {
+                item
+            } else {
+                json!({"type": "text", "text": format!("[{kind} content left out: {why}]")})
+            }
+        })
+        .collect();
+    let mut kept = Map::new();
+    kept.insert("content".into(), Value::Array(content));
+    for key in ["structuredContent", "isError"] {
+        if let Some(v) = out.remove(key) {
+            kept.insert(key.into(), v);
+        }
+    }
+    kept
+}
+
+fn error_result(message: &str, cfg: &ForwardConfig) -> Observation {
+    Observation {
+        structured: Some(json!({"content": [{"type": "text", "text": message}], "isError": true})),
+        provenance: Some(cfg.provenance.clone()),
+        ..Observation::error(message)
     }
 }
 
@@ -369,24 +397,26 @@ mod tests {
         }
     }
 
+    /// The result object the client receives: the observation's payload.
+    fn result(o: &Observation) -> &Value {
+        o.structured.as_ref().expect("a result object")
+    }
+
     #[test]
     fn a_small_result_is_forwarded_unchanged_with_unknown_fields() {
         let raw = json!({"content": [{"type": "text", "text": "hello", "_meta": {"k": 1}},
                                      {"type": "image", "data": "aGk=", "mimeType": "image/png"}],
                          "_meta": {"trace": "x"}, "x-extra": [1, 2]});
         let f = forward(&raw, None, &cfg(16 * 1024));
-        assert_eq!(f.result, raw);
-        assert_eq!(
-            f.observation.text,
-            "hello\n[image image/png, 4 bytes of base64]"
-        );
+        assert_eq!(result(&f), &raw);
+        assert_eq!(f.text, "hello\n[image image/png, 4 bytes of base64]");
     }
 
     #[test]
     fn escape_sequences_in_text_are_removed() {
         let raw = json!({"content": [{"type": "text", "text": "\u{1b}[31mred\u{1b}[0m"}]});
         let f = forward(&raw, None, &cfg(16 * 1024));
-        assert_eq!(f.result["content"][0]["text"], "red");
+        assert_eq!(result(&f)["content"][0]["text"], "red");
     }
 
     #[test]
@@ -394,11 +424,11 @@ mod tests {
         let big = "line of output\n".repeat(10_000);
         let raw = json!({"content": [{"type": "text", "text": big}], "isError": false});
         let f = forward(&raw, None, &cfg(8 * 1024));
-        let text = f.result["content"][0]["text"].as_str().unwrap();
+        let text = result(&f)["content"][0]["text"].as_str().unwrap();
         assert!(text.len() <= 8 * 1024, "{}", text.len());
-        assert!(f.observation.truncated);
-        let again: Value = serde_json::from_str(&f.result.to_string()).unwrap();
-        assert_eq!(again, f.result);
+        assert!(f.truncated);
+        let again: Value = serde_json::from_str(&result(&f).to_string()).unwrap();
+        assert_eq!(&again, result(&f));
     }
 
     #[test]
@@ -408,21 +438,43 @@ mod tests {
         let v = ring0_kernel::registry::compile_schema(&schema).unwrap();
         let raw = json!({"content": [], "structuredContent": {"n": "three"}});
         let f = forward(&raw, Some(&v), &cfg(16 * 1024));
-        assert_eq!(f.result["isError"], true);
-        assert!(f.result.get("structuredContent").is_none());
-        assert!(f.observation.is_error);
+        assert_eq!(result(&f)["isError"], true);
+        assert!(result(&f).get("structuredContent").is_none());
+        assert!(f.is_error);
         let raw = json!({"content": [], "structuredContent": {"n": 3}});
         let f = forward(&raw, Some(&v), &cfg(16 * 1024));
-        assert_eq!(f.result["structuredContent"]["n"], 3);
-        assert!(!f.observation.is_error);
+        assert_eq!(result(&f)["structuredContent"]["n"], 3);
+        assert!(!f.is_error);
     }
 
     #[test]
     fn is_error_from_the_server_is_kept() {
         let raw = json!({"content": [{"type": "text", "text": "nope"}], "isError": true});
         let f = forward(&raw, None, &cfg(16 * 1024));
-        assert_eq!(f.result["isError"], true);
-        assert!(f.observation.is_error);
+        assert_eq!(result(&f)["isError"], true);
+        assert!(f.is_error);
+    }
+
+    #[test]
+    fn a_result_past_the_result_bound_keeps_its_text_and_says_what_was_left_out() {
+        let image = "A".repeat(BINARY_CONTENT_BYTES_MAX - 16);
+        let raw = json!({
+            "content": [{"type": "text", "text": "kept"},
+                        {"type": "image", "data": image, "mimeType": "image/png"}],
+            "_meta": {"trace": "t".repeat(FORWARDED_RESULT_BYTES_MAX / 2)},
+        });
+        let f = forward(&raw, None, &cfg(16 * 1024));
+        let size = serde_json::to_vec(result(&f)).unwrap().len();
+        assert!(size <= FORWARDED_RESULT_BYTES_MAX, "{size}");
+        assert_eq!(result(&f)["content"][0]["text"], "kept");
+        let placeholder = result(&f)["content"][1]["text"].as_str().unwrap();
+        assert!(
+            placeholder.starts_with("[image content left out"),
+            "{placeholder}"
+        );
+        assert!(result(&f).get("_meta").is_none());
+        assert!(f.truncated);
+        assert!(f.truncation_notice.unwrap().contains("left out"));
     }
 
     #[test]
@@ -431,7 +483,7 @@ mod tests {
             .map(|i| json!({"type": "text", "text": format!("{i}").repeat(6000)}))
             .collect();
         let f = forward(&json!({"content": items}), None, &cfg(16 * 1024));
-        let content = f.result["content"].as_array().unwrap();
+        let content = result(&f)["content"].as_array().unwrap();
         assert_eq!(content.len(), 4);
         let total: usize = content
             .iter()

@@ -12,9 +12,10 @@
 
 use crate::config::UpstreamConfig;
 use crate::forward::ForwardConfig;
+use crate::input::Parked;
 use crate::log::Log;
 use crate::pin::{PinBook, PinVerdict};
-use crate::route::Calls;
+use crate::project::McpProjector;
 use crate::upstream::Upstream;
 use async_trait::async_trait;
 use jsonschema::Validator;
@@ -55,9 +56,6 @@ pub struct GatewayOptions {
     /// Where shaped-away output is kept.
     pub spill: Option<Arc<SpillStore>>,
     pub log: Log,
-    /// The registry of calls in flight (shared with the approver, which finds the client of a
-    /// held call through it).
-    pub calls: Arc<Calls>,
     /// Calls running at once in one round (per session).
     pub max_concurrent_tools: usize,
     /// The directories the workspace grants the tools (relative to `workspace` or absolute): no
@@ -85,6 +83,8 @@ pub struct Generation {
     pub quarantined: BTreeMap<String, String>,
     /// The generation's authorizer: quarantine, then the grants.
     pub gate: Arc<dyn Authorizer>,
+    /// What a client receives of a call: every session of the generation projects with it.
+    pub projector: Arc<McpProjector>,
 }
 
 struct Inner {
@@ -93,7 +93,9 @@ struct Inner {
     journal: Arc<dyn Journal>,
     authorizer: Arc<dyn Authorizer>,
     pins: Arc<PinBook>,
-    calls: Arc<Calls>,
+    /// Calls of the 2026-07-28 era waiting for their clients' answers, shared by every
+    /// downstream session (each stateless request is a session of its own).
+    parked: Parked,
     spill: Option<Arc<SpillStore>>,
     log: Log,
     generation: RwLock<Arc<Generation>>,
@@ -157,7 +159,6 @@ struct UpstreamExecutor {
     tool: String,
     output_schema: Option<Arc<Validator>>,
     forward: ForwardConfig,
-    calls: Arc<Calls>,
     /// The reconciliation probe: a nullipotent tool of the same upstream (config `probe`).
     probe: Option<String>,
     /// Bound on one probe or snapshot call, the tool's own timeout.
@@ -196,10 +197,12 @@ impl UpstreamExecutor {
             cancel: tokio_util::sync::CancellationToken::new(),
             timeout_ms: self.timeout_ms,
             events: ring0_kernel::EventSink::detached(),
+            // No client is behind a probe: its upstream's questions have no one to go to.
+            extensions: Default::default(),
         };
         let run = self
             .upstream
-            .call(probe, arguments, &ctx, None, None, &self.forward);
+            .call(probe, arguments, &ctx, None, &self.forward);
         let obs = match tokio::time::timeout(Duration::from_millis(self.timeout_ms), run).await {
             Err(_) => {
                 return Err(format!(
@@ -213,7 +216,11 @@ impl UpstreamExecutor {
         if obs.is_error {
             return Err(format!("probe {probe:?} answered an error: {}", obs.text));
         }
-        let answer = match obs.structured {
+        // The observation's payload is the probe's MCP result.
+        let answer = match obs
+            .structured
+            .and_then(|r| r.get("structuredContent").cloned())
+        {
             Some(v) => v,
             None => serde_json::from_str(obs.text.trim())
                 .map_err(|_| format!("probe {probe:?} answered no JSON object"))?,
@@ -259,13 +266,11 @@ fn bounded_text(s: &str, max_bytes: usize) -> String {
 #[async_trait]
 impl Tool for UpstreamExecutor {
     async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
-        let entry = self.calls.get(&ctx.call_id);
         self.upstream
             .call(
                 &self.tool,
                 args,
                 &ctx,
-                entry,
                 self.output_schema.as_deref(),
                 &self.forward,
             )
@@ -431,7 +436,7 @@ impl Gateway {
             journal: options.journal.clone(),
             authorizer: options.authorizer.clone(),
             pins,
-            calls: options.calls.clone(),
+            parked: Parked::default(),
             spill: options.spill,
             max_concurrent_tools: options.max_concurrent_tools.max(1),
             log: options.log.clone(),
@@ -501,8 +506,9 @@ impl Gateway {
         self.inner.max_concurrent_tools
     }
 
-    pub fn calls(&self) -> &Arc<Calls> {
-        &self.inner.calls
+    /// Calls waiting for their clients' answers, by `requestState` (see [`crate::input`]).
+    pub fn parked(&self) -> &Parked {
+        &self.inner.parked
     }
 
     pub fn journal(&self) -> &Arc<dyn Journal> {
@@ -535,7 +541,6 @@ impl Gateway {
             journal: self.inner.journal.clone(),
             authorizer: self.inner.authorizer.clone(),
             spill: self.inner.spill.clone(),
-            calls: self.inner.calls.clone(),
         };
         let mut generation = build(
             &self.inner.builtins,
@@ -572,7 +577,6 @@ struct BuildEnv {
     journal: Arc<dyn Journal>,
     authorizer: Arc<dyn Authorizer>,
     spill: Option<Arc<SpillStore>>,
-    calls: Arc<Calls>,
 }
 
 fn build_kernel(
@@ -588,7 +592,6 @@ fn build_kernel(
             journal: options.journal.clone(),
             authorizer: options.authorizer.clone(),
             spill: options.spill.clone(),
-            calls: options.calls.clone(),
         },
         log,
     )
@@ -661,7 +664,6 @@ fn build(
                         trusted: up.config.trusted,
                     },
                 },
-                calls: env.calls.clone(),
                 probe: up.config.override_for(&t.name).probe,
                 timeout_ms: spec.timeout_ms,
                 log: log.clone(),
@@ -694,12 +696,18 @@ fn build(
         inner: env.authorizer.clone(),
         quarantined: Arc::new(quarantined.clone()),
     });
+    let upstream_tools = tools
+        .iter()
+        .filter(|(_, t)| t.upstream.is_some())
+        .map(|(name, _)| name.clone())
+        .collect();
     Generation {
         number: 0,
         kernel: builder.authorizer(gate.clone()).build(),
         tools,
         quarantined,
         gate,
+        projector: Arc::new(McpProjector::new(upstream_tools)),
     }
 }
 

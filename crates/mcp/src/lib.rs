@@ -19,6 +19,10 @@
 //! - [`pin`]: pins, the lock file, quarantine and approval;
 //! - [`lossless`]: tool listings and results as raw JSON past rmcp's typed model, over stdio and
 //!   HTTP in both eras;
+//! - [`project`]: the kernel's projection for MCP clients: every `tools/call` result is built
+//!   from the call's receipt;
+//! - [`route`]: per-call context (the client's relay, confirmation code, era) that travels with
+//!   the call through the kernel;
 //! - [`tasks`]: background shell jobs and long upstream calls as MCP tasks;
 //! - [`auth`]: who is calling over HTTP (static tokens, JWTs, protected-resource metadata).
 
@@ -36,6 +40,7 @@ pub mod mediate;
 pub mod names;
 pub mod passthrough;
 pub mod pin;
+pub mod project;
 pub mod route;
 pub mod rpc;
 pub mod server;

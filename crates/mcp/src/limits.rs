@@ -34,7 +34,20 @@ pub const STDERR_LINE_BYTES_MAX: usize = 4096;
 pub const TOOLS_PAGE_SIZE: usize = 500;
 /// Base64 bytes of binary content (images, audio, blobs) forwarded whole in one result; larger
 /// items are replaced by a placeholder naming their type and size.
-pub const BINARY_CONTENT_BYTES_MAX: usize = 4 * 1024 * 1024;
+pub const BINARY_CONTENT_BYTES_MAX: usize = 2 * 1024 * 1024;
+/// Largest shaped result object of one upstream call, serialized. The result is the call's
+/// observation payload, which the journal keeps with its receipt: a larger one keeps what a model
+/// reads (text, structured content, `isError`) and loses its binary items and the fields ring0
+/// does not model, saying so.
+pub const FORWARDED_RESULT_BYTES_MAX: usize = 3 * 1024 * 1024;
+const _: () = assert!(BINARY_CONTENT_BYTES_MAX < FORWARDED_RESULT_BYTES_MAX);
+// Room for the observation's text beside its payload in one journaled receipt.
+const _: () =
+    assert!(FORWARDED_RESULT_BYTES_MAX + 512 * 1024 <= ring0_journal::limits::RECEIPT_BYTES_MAX);
+/// Largest `tools/call` result a client is sent: the bound of the kernel's projection for MCP
+/// sessions. Forwarding never makes a result larger than the upstream message it came in
+/// ([`UPSTREAM_MESSAGE_BYTES_MAX`]) by more than its notices, so any result ring0 shaped fits.
+pub const RESULT_BYTES_MAX: usize = UPSTREAM_MESSAGE_BYTES_MAX + 64 * 1024;
 /// Longest qualified tool name: 64 is the smallest limit among the major provider APIs.
 pub const QUALIFIED_NAME_BYTES_MAX: usize = 64;
 /// Longest upstream alias.

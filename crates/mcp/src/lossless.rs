@@ -19,6 +19,14 @@
 //! [`RAW_STASH_TTL`]) is still a valid result. Entries stay until they expire rather than being
 //! consumed at first use, because rmcp may replay a cached SSE event to a client that resumes a
 //! stream. Entry ids are random (128 bits): a marker an upstream forges names nothing.
+//!
+//! The stash is an encoding step of the response, not a path around the kernel: what it holds
+//! is the call's result after projection (the kernel's projection of its receipt, see
+//! [`crate::project`]), and its key travels inside the very response it belongs to, so two
+//! clients' results cannot meet in it the way two calls with one call id could in a table keyed
+//! by it. Carrying the raw JSON inside the stand-in instead (no stash) would send every result
+//! through rmcp's serializer twice, and would leave a client whose event is past the HTTP
+//! layer's bound with the wrapper rather than a valid typed result.
 
 use crate::limits::{
     RAW_STASH_BYTES_MAX, RAW_STASH_ENTRIES_MAX, RAW_STASH_TTL, SSE_EVENT_BYTES_MAX,

@@ -9,24 +9,31 @@
 //! (see [`crate::server::Approvals`]). When the catalog changes, sessions that keep a connection
 //! get `notifications/tools/list_changed`.
 //!
-//! Results: an upstream tool's result is its shaped, otherwise unchanged result object; a
-//! built-in tool's is its observation text (and structured content); a refused or failed call's
-//! is the kernel's model-visible projection as text with `isError: true`. Every result carries
-//! `_meta["io.ring0/receipt"]` with the intent id, journal state and disposition.
+//! Per-call context — the client's relay, the confirmation code its request carried, whether it
+//! can be asked, its era — travels with the call as a [`CallRoute`] in the round's extensions,
+//! which the kernel hands to the tool and to authorization.
+//!
+//! Results: what the client receives is the kernel's projection of the call's receipt (see
+//! [`crate::project`]): an upstream tool's shaped, otherwise unchanged result object; a built-in
+//! tool's observation text (and structured content); a failure's outcome as text with
+//! `isError: true`; a refusal's rejection envelope as text with `isError: true`. Every result
+//! carries `_meta["io.ring0/receipt"]` with the intent id, journal state and disposition.
 
 use crate::approval::{Answer, Approvals, CONFIRM_META_KEY};
 use crate::gateway::{Gateway, Generation};
 use crate::limits::{APPROVAL_WAIT_DEFAULT, TOOLS_PAGE_SIZE};
 pub use crate::lossless::Lossless;
 use crate::lossless::{RawKind, RawStash, adapt_to_era};
-use crate::route::{CallEntry, Downstream};
+use crate::route::{CallRoute, Downstream};
 use crate::rpc::{code, error_object};
 use crate::tasks::TaskTable;
 use async_trait::async_trait;
+use ring0_core::limits::CALL_ID_BYTES_MAX;
 use ring0_core::receipt::CallOutcome;
 use ring0_core::{Authority, ProposedArguments, ProposedCall, Round, ToolSpec};
 use ring0_kernel::{
-    AuthDecision, AuthRequest, Authorizer, RoundOptions, Session, SessionConfig, SessionInfo,
+    AuthDecision, AuthRequest, Authorizer, CallExtensions, RoundOptions, Session, SessionConfig,
+    SessionInfo,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
@@ -45,7 +52,6 @@ use tokio::sync::mpsc;
 /// `_meta` key of the receipt summary on every result.
 pub const RECEIPT_META_KEY: &str = "io.ring0/receipt";
 
-static CALL_COUNTER: AtomicU64 = AtomicU64::new(1);
 static SESSION_COUNTER: AtomicU64 = AtomicU64::new(1);
 
 /// Per-session authorizer when the grants have no approval step of their own (a plain
@@ -77,7 +83,8 @@ impl Authorizer for SessionGate {
             remember: None,
             wait: APPROVAL_WAIT_DEFAULT,
         };
-        match self.approvals.ask(&question).await {
+        let route = CallRoute::of(request.extensions);
+        match self.approvals.ask(route.as_deref(), &question).await {
             Answer::Approved(how) | Answer::ApprovedForSession(how) => AuthDecision::Allow {
                 rule: format!("{rule}+approval:{how}"),
             },
@@ -307,6 +314,7 @@ impl GatewayServer {
                     // catalog generations): approvals and session limits are bound to it.
                     .session_id(self.scope.clone())
                     .authorizer(authorizer)
+                    .projector(generation.projector.clone())
                     .max_concurrent_tools(self.gw.max_concurrent_tools()),
             ),
         )
@@ -405,6 +413,16 @@ impl GatewayServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let modern = is_modern(&context);
         let value = self.call(request, context).await?;
+        self.respond(value, modern)
+    }
+
+    /// The response that carries a call's result (or its question) to a client of the era
+    /// `modern` says.
+    pub(crate) fn respond(
+        &self,
+        value: Value,
+        modern: bool,
+    ) -> Result<CallToolResponse, ErrorData> {
         if value.get("resultType").and_then(Value::as_str) == Some("input_required") {
             let input: rmcp::model::InputRequiredResult = serde_json::from_value(value)
                 .map_err(|e| ErrorData::internal_error(format!("input required: {e}"), None))?;
@@ -424,7 +442,8 @@ impl GatewayServer {
         Ok(CallToolResponse::Complete(result))
     }
 
-    async fn call(
+    /// One `tools/call`: its result as the kernel projected it, or the question it waits on.
+    pub(crate) async fn call(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
@@ -445,7 +464,7 @@ impl GatewayServer {
             None => self.scope.clone(),
         };
         let binding = crate::input::binding(&request.name, request.arguments.as_ref(), &principal);
-        let parked = self.gw.calls().parked().clone();
+        let parked = self.gw.parked().clone();
         let token = context
             .meta
             .get_progress_token()
@@ -484,7 +503,7 @@ impl GatewayServer {
         cancel: tokio_util::sync::CancellationToken,
     ) -> Result<Value, ErrorData> {
         let generation = self.gw.generation();
-        let call_id = format!("mcp-{}", CALL_COUNTER.fetch_add(1, Ordering::Relaxed));
+        let call_id = call_id_of(&context.id);
         let token = context
             .meta
             .get_progress_token()
@@ -509,12 +528,11 @@ impl GatewayServer {
             .is_some_and(|c| c.elicitation.is_some());
         let modern = relay.is_some();
         let relay = relay.unwrap_or_else(|| Relay::new(context.peer.clone(), token, None));
-        let entry = if modern {
-            CallEntry::modern(Some(relay), confirm)
+        let route = if modern {
+            CallRoute::modern(Some(relay), confirm)
         } else {
-            CallEntry::with_facts(Some(relay), confirm, elicitation)
+            CallRoute::sessionful(Some(relay), confirm, elicitation)
         };
-        self.gw.calls().insert(&call_id, entry.clone());
         let (session, primary) = self.session(&generation);
         let round = Round {
             calls: vec![ProposedCall {
@@ -530,7 +548,10 @@ impl GatewayServer {
             }],
             text: None,
         };
-        let options = RoundOptions::default();
+        let options = RoundOptions {
+            extensions: CallExtensions::new().with(route),
+            ..RoundOptions::default()
+        };
         let run = session.run_round(round, &options);
         tokio::pin!(run);
         let outcome = tokio::select! {
@@ -549,8 +570,6 @@ impl GatewayServer {
         if primary {
             self.primary_busy.store(false, Ordering::Release);
         }
-        self.gw.calls().remove(&call_id);
-        let forwarded = entry.forwarded.lock().expect("forwarded").take();
         // An unknown tool is a protocol error (-32602), as the protocol specifies; every other
         // refusal is a result the model can correct itself from.
         if let Some(CallOutcome::Rejected { rejection }) =
@@ -562,8 +581,17 @@ impl GatewayServer {
                 Some(rejection.to_json()),
             ));
         }
-        Ok(render(&outcome, forwarded))
+        Ok(render(&outcome))
     }
+}
+
+/// The call id of a `tools/call`: the client's request id (evidence that links the journal's
+/// record to the client's request; two clients' ids may be equal, and nothing keys on it),
+/// cut to the journal's bound.
+fn call_id_of(request: &rmcp::model::RequestId) -> String {
+    let id = format!("mcp-{request}");
+    let end = id.floor_char_boundary(CALL_ID_BYTES_MAX);
+    id[..end].to_string()
 }
 
 /// Decodes a result into rmcp's model, marking it complete: the 2026-07-28 era requires
@@ -581,8 +609,10 @@ fn typed<T: serde::de::DeserializeOwned>(mut v: Value) -> Result<T, ErrorData> {
     })
 }
 
-/// The MCP result of a one-call round.
-fn render(outcome: &ring0_kernel::RoundOutcome, forwarded: Option<Value>) -> Value {
+/// The MCP result of a one-call round: the kernel's projection of its receipt (see
+/// [`crate::project`]), with the receipt summary in `_meta`. A refusal and a failed projection
+/// are the kernel's own envelopes, which the client is shown as text.
+fn render(outcome: &ring0_kernel::RoundOutcome) -> Value {
     let (Some(receipt), Some(result)) = (outcome.receipts.first(), outcome.results.first()) else {
         return json!({"content": [{"type": "text", "text": "ring0: the call produced no receipt"}], "isError": true});
     };
@@ -591,32 +621,13 @@ fn render(outcome: &ring0_kernel::RoundOutcome, forwarded: Option<Value>) -> Val
         "state": receipt.state,
         "disposition": receipt.disposition,
     });
-    let mut out = match (&receipt.outcome, forwarded) {
-        (CallOutcome::Completed { .. }, Some(Value::Object(f)))
-            if receipt.disposition == ring0_core::receipt::Disposition::Dispatched =>
-        {
-            Value::Object(f)
-        }
-        (CallOutcome::Completed { observation }, _) => {
-            let text = if observation.text.is_empty() {
-                observation
-                    .structured
-                    .as_ref()
-                    .map(|s| s.to_string())
-                    .unwrap_or_default()
-            } else {
-                observation.text.clone()
-            };
-            let mut r = json!({"content": [{"type": "text", "text": text}], "isError": observation.is_error});
-            if let Some(s) = &observation.structured {
-                r["structuredContent"] = s.clone();
-            }
-            r
-        }
-        _ => {
-            let text = serde_json::to_string(&result.content).unwrap_or_default();
-            json!({"content": [{"type": "text", "text": text}], "isError": true})
-        }
+    let projected = !matches!(receipt.outcome, CallOutcome::Rejected { .. })
+        && result.content.get("content").is_some_and(Value::is_array);
+    let mut out = if projected {
+        result.content.clone()
+    } else {
+        let text = serde_json::to_string(&result.content).unwrap_or_default();
+        json!({"content": [{"type": "text", "text": text}], "isError": true})
     };
     if let Some(obj) = out.as_object_mut() {
         let meta = obj
@@ -870,4 +881,56 @@ pub async fn serve_stdio(server: GatewayServer) -> Result<(), String> {
         .await
         .map_err(|e| format!("MCP session over stdio: {e}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ring0_core::Observation;
+    use ring0_core::format::ToolResult;
+    use ring0_core::receipt::{Disposition, Receipt};
+
+    fn outcome(receipt_text: &str, projection: Value) -> ring0_kernel::RoundOutcome {
+        let observation = Observation {
+            structured: Some(json!({"content": [{"type": "text", "text": receipt_text}]})),
+            ..Observation::text(receipt_text)
+        };
+        ring0_kernel::RoundOutcome {
+            receipts: vec![Receipt::new(
+                "mcp-1",
+                0,
+                "up__tool",
+                Disposition::Dispatched,
+                CallOutcome::Completed { observation },
+            )],
+            results: vec![ToolResult {
+                call_id: "mcp-1".into(),
+                tool: "up__tool".into(),
+                content: projection,
+                is_error: false,
+            }],
+            terminated: None,
+            policy_message: None,
+            missing_required_call: false,
+        }
+    }
+
+    #[test]
+    fn the_client_receives_the_projection_not_the_receipt() {
+        let projected =
+            json!({"content": [{"type": "text", "text": "projected"}], "isError": false});
+        let out = render(&outcome("from the receipt", projected));
+        assert_eq!(out["content"][0]["text"], "projected");
+        assert_eq!(out["_meta"][RECEIPT_META_KEY]["disposition"], "dispatched");
+    }
+
+    #[test]
+    fn a_failed_projection_is_shown_as_an_error_and_never_replaced_by_the_receipt() {
+        let failed = ring0_kernel::project::projection_failed_result();
+        let out = render(&outcome("from the receipt", failed));
+        assert_eq!(out["isError"], true);
+        let text = out["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains("projection_failed"), "{text}");
+        assert!(!text.contains("from the receipt"), "{text}");
+    }
 }

@@ -420,21 +420,6 @@ fn create_result(task: &TaskRecord, job: Option<&str>) -> CallToolResponse {
     CallToolResponse::Task(created)
 }
 
-/// The raw result of a call answered through the typed handler (its stand-in replaced).
-/// `sent`: the response still goes out to the client, so its raw entry must stay for it.
-fn raw_of(server: &GatewayServer, response: &CallToolResponse, sent: bool) -> Option<Value> {
-    let CallToolResponse::Complete(result) = response else {
-        return None;
-    };
-    let mut v = serde_json::to_value(result).ok()?;
-    if sent {
-        server.raw_stash().substitute(&mut v);
-    } else {
-        server.raw_stash().substitute_once(&mut v);
-    }
-    Some(v)
-}
-
 /// Answers a `tools/call` with a task where the client supports tasks and the call is one that
 /// runs long (see the module documentation); `None` leaves the call to the ordinary path.
 pub(crate) async fn offer(
@@ -485,14 +470,14 @@ pub(crate) async fn offer(
     let mut ctx = context.clone();
 
     if background_shell {
-        let response = match server.answer_call(request.clone(), ctx).await {
+        let result = match server.call(request.clone(), ctx).await {
             Ok(r) => r,
             Err(e) => {
                 table.remove(&task.id);
                 return Err(e);
             }
         };
-        let job = raw_of(server, &response, true)
+        let job = Some(&result)
             .filter(|v| v.get("isError").and_then(Value::as_bool) != Some(true))
             .and_then(|v| {
                 v.pointer("/structuredContent/job")
@@ -500,9 +485,9 @@ pub(crate) async fn offer(
                     .map(str::to_string)
             });
         let Some(job) = job else {
-            // Refused, failed, or not started: the ordinary answer says why.
+            // Refused, failed, not started, or waiting for an answer: the ordinary answer.
             table.remove(&task.id);
-            return Ok(Some(response));
+            return server.respond(result, modern).map(Some);
         };
         {
             let mut s = task.lock();
@@ -526,7 +511,7 @@ pub(crate) async fn offer(
     ctx.ct = cancel.clone();
     let runner = server.clone();
     let call = request.clone();
-    let mut handle = tokio::spawn(async move { runner.answer_call(call, ctx).await });
+    let mut handle = tokio::spawn(async move { runner.call(call, ctx).await });
     let early = tokio::select! {
         done = &mut handle => Some(done),
         _ = tokio::time::sleep(TASK_PROMOTE_AFTER) => None,
@@ -538,7 +523,7 @@ pub(crate) async fn offer(
     if let Some(done) = early {
         table.remove(&task.id);
         return match done {
-            Ok(r) => r.map(Some),
+            Ok(r) => server.respond(r?, modern).map(Some),
             Err(e) => Err(ErrorData::internal_error(
                 format!("the call failed: {e}"),
                 None,
@@ -552,7 +537,6 @@ pub(crate) async fn offer(
             cancel: cancel.clone(),
         };
     }
-    let finisher = server.clone();
     let record = task.clone();
     tokio::spawn(async move {
         let done = handle.await;
@@ -561,18 +545,24 @@ pub(crate) async fn offer(
             return;
         }
         match done {
-            Ok(Ok(response)) => match raw_of(&finisher, &response, false) {
-                Some(raw) => record.finish(
-                    TaskStatus::Completed,
-                    Some(object(adapt_to_era(raw, RawKind::CallTool, record.modern))),
-                    None,
-                ),
-                None => record.finish(
+            Ok(Ok(result))
+                if result.get("resultType").and_then(Value::as_str) == Some("input_required") =>
+            {
+                record.finish(
                     TaskStatus::Failed,
                     None,
                     Some(internal("the call asked for input a task cannot carry")),
-                ),
-            },
+                )
+            }
+            Ok(Ok(result)) => record.finish(
+                TaskStatus::Completed,
+                Some(object(adapt_to_era(
+                    result,
+                    RawKind::CallTool,
+                    record.modern,
+                ))),
+                None,
+            ),
             Ok(Err(e)) => record.finish(
                 TaskStatus::Failed,
                 None,

@@ -40,7 +40,6 @@ fn start(workspace: &Path, up: UpstreamConfig) -> Gateway {
         state_dir: workspace.join(".ring0"),
         spill: None,
         log: Log::discard(),
-        calls: Arc::new(ring0_mcp::route::Calls::default()),
         max_concurrent_tools: 8,
         granted_roots: vec![".".into()],
         protected_paths: vec![workspace.join("ring0.lock"), workspace.join(".ring0")],
@@ -278,7 +277,9 @@ async fn structured_content_is_checked_against_the_output_schema() {
     let CallOutcome::Completed { observation } = &ok.outcome else {
         panic!()
     };
-    assert_eq!(observation.structured, Some(json!({"n": 3})));
+    // The observation's payload is the result object the client receives.
+    let result = observation.structured.as_ref().expect("the result object");
+    assert_eq!(result["structuredContent"], json!({"n": 3}));
     assert!(!observation.is_error);
     let bad = call(&gw, "fx__bad_structured", json!({})).await;
     let CallOutcome::Completed { observation } = &bad.outcome else {

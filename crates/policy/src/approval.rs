@@ -108,6 +108,16 @@ pub enum ApprovalOutcome {
 #[async_trait]
 pub trait Approver: Send + Sync {
     async fn decide(&self, request: &ApprovalRequest) -> ApprovalOutcome;
+
+    /// [`Approver::decide`] for a call whose host attached per-call context (for an approver
+    /// that asks the person through the channel the call came by). Defaults to `decide`.
+    async fn decide_for(
+        &self,
+        request: &ApprovalRequest,
+        _extensions: &ring0_kernel::CallExtensions,
+    ) -> ApprovalOutcome {
+        self.decide(request).await
+    }
 }
 
 /// Why a decision could not be written.

@@ -890,7 +890,10 @@ impl Policy {
             );
         }
         let outcome =
-            tokio::time::timeout(self.config.approval_timeout, approver.decide(&approval))
+            tokio::time::timeout(
+                self.config.approval_timeout,
+                approver.decide_for(&approval, request.extensions),
+            )
                 .await
                 .unwrap_or(ApprovalOutcome::TimedOut);
         self.settle_hold(request, grant, rule, reason, &id, outcome)

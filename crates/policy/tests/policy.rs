@@ -274,6 +274,7 @@ fn authorize_directly(policy: &Policy, spec: &ToolSpec, args: Value) -> ring0_ke
         args: &args,
         args_hash: "v1:test",
         events: None,
+        extensions: &Default::default(),
     };
     tokio::runtime::Builder::new_current_thread()
         .enable_time()

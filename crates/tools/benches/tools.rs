@@ -103,6 +103,7 @@ fn ctx() -> CallContext {
         cancel: Default::default(),
         timeout_ms: 60_000,
         events: ring0_kernel::EventSink::detached(),
+        extensions: Default::default(),
     }
 }
 

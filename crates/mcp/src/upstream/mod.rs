@@ -24,7 +24,7 @@ use crate::limits::{
 use crate::log::Log;
 use crate::names::expose;
 use crate::pin::{PinBook, PinVerdict, ServerIdentity};
-use crate::route::CallEntry;
+use crate::route::CallRoute;
 use crate::rpc::{InboundHandler, RpcError, RpcPeer, code, error_object};
 use jsonschema::Validator;
 use ring0_core::Observation;
@@ -92,7 +92,7 @@ struct Live {
 
 struct ProgressRoute {
     idle: Arc<Notify>,
-    entry: Option<Arc<CallEntry>>,
+    entry: Option<Arc<CallRoute>>,
 }
 
 /// One upstream server and its supervisor's shared state.
@@ -105,7 +105,7 @@ pub struct Upstream {
     listing: RwLock<Option<Arc<Listing>>>,
     progress: Mutex<HashMap<String, ProgressRoute>>,
     /// Upstream request id → the call it serves, in start order (for relaying server requests).
-    in_flight: Mutex<Vec<(u64, Arc<CallEntry>)>>,
+    in_flight: Mutex<Vec<(u64, Arc<CallRoute>)>>,
     relist: Notify,
     on_change: Arc<dyn Fn() + Send + Sync>,
     next_token: AtomicU64,
@@ -822,16 +822,20 @@ impl Upstream {
     /// again with the answers and the server's `requestState`, at most
     /// [`UPSTREAM_INPUT_ROUNDS_MAX`] times. The hard limit covers every round; the idle timeout
     /// covers the server's work, not the time a person takes to answer.
+    ///
+    /// The client the call's progress and questions go to is the [`CallRoute`] the host
+    /// attached to the call (none for ring0's own calls). The observation's payload
+    /// (`structured`) is the shaped result object, which is what the client receives.
     pub async fn call(
         &self,
         tool: &str,
         args: Value,
         ctx: &CallContext,
-        entry: Option<Arc<CallEntry>>,
         output_schema: Option<&Validator>,
         forward_config: &ForwardConfig,
     ) -> Result<Observation, ToolError> {
         let alias = &self.config.alias;
+        let entry = CallRoute::of(&ctx.extensions);
         let live = self.live.read().expect("live").clone();
         let Some(live) = live.filter(|l| !l.peer.is_closed()) else {
             return Err(ToolError::not_applied(format!(
@@ -909,11 +913,7 @@ impl Upstream {
                 }
             }
         };
-        let shaped = forward(&raw, output_schema, forward_config);
-        if let Some(e) = &entry {
-            *e.forwarded.lock().expect("forwarded") = Some(shaped.result);
-        }
-        Ok(shaped.observation)
+        Ok(forward(&raw, output_schema, forward_config))
     }
 
     /// Sends one `tools/call` request and waits for its result within the call's timeouts.
@@ -924,7 +924,7 @@ impl Upstream {
         &self,
         peer: &Arc<RpcPeer>,
         params: Value,
-        entry: &Option<Arc<CallEntry>>,
+        entry: &Option<Arc<CallRoute>>,
         idle: &Notify,
         mut hard: std::pin::Pin<&mut tokio::time::Sleep>,
         ctx: &CallContext,
@@ -1016,7 +1016,7 @@ impl Upstream {
     async fn answer_input(
         &self,
         raw: &Value,
-        entry: Option<&Arc<CallEntry>>,
+        entry: Option<&Arc<CallRoute>>,
     ) -> Result<Value, ToolError> {
         let alias = &self.config.alias;
         let requests = raw

@@ -124,6 +124,7 @@ pub fn ctx(scope: &str) -> CallContext {
         cancel: Default::default(),
         timeout_ms: 30_000,
         events: ring0_kernel::EventSink::detached(),
+        extensions: Default::default(),
     }
 }
 
