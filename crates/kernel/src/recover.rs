@@ -184,6 +184,9 @@ async fn refusal(
         principal: Principal::local(),
     };
     let call_id = record.last_call_id();
+    // No host is attached to a recovered call: nobody can be asked, so only a decision that
+    // needs no person can let it through.
+    let extensions = crate::tool::CallExtensions::default();
     let request = AuthRequest {
         session: &session,
         spec,
@@ -191,6 +194,7 @@ async fn refusal(
         args: &args,
         args_hash: &args_hash,
         events: None,
+        extensions: &extensions,
     };
     match authorizer.recheck(&request).await {
         AuthDecision::Allow { .. } => None,
