@@ -123,16 +123,24 @@ fn shell(argv: &[&str]) -> Value {
     json!({"name": "shell", "arguments": {"argv": argv, "background": true}})
 }
 
+/// Writes `script` to `dir/name`: the default grants run `sh FILE`, never `sh -c TEXT` (an inline
+/// script is a command string).
+fn script(dir: &std::path::Path, name: &str, script: &str) {
+    std::fs::write(dir.join(name), script).unwrap();
+}
+
 #[test]
 fn a_background_shell_call_returns_a_task_that_completes_with_the_output() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = Stdio0::start(dir.path(), task_capabilities());
     let init_caps = c.request("tools/list", json!({}));
     assert!(init_caps["result"]["tools"].is_array());
-    let created = c.request(
-        "tools/call",
-        shell(&["sh", "-c", "sleep 0.5; echo finished-in-a-task"]),
+    script(
+        dir.path(),
+        "task.sh",
+        "sleep 0.5; echo finished-in-a-task\n",
     );
+    let created = c.request("tools/call", shell(&["sh", "task.sh"]));
     let r = &created["result"];
     assert_eq!(r["resultType"], "task", "{created}");
     assert_eq!(r["status"], "working", "{created}");
@@ -166,10 +174,8 @@ fn alive(pid: u32) -> bool {
 fn cancelling_a_job_task_stops_its_process_and_reports_cancelled() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = Stdio0::start(dir.path(), task_capabilities());
-    let created = c.request(
-        "tools/call",
-        shell(&["sh", "-c", "echo $$ > job.pid; exec sleep 300"]),
-    );
+    script(dir.path(), "job.sh", "echo $$ > job.pid; exec sleep 300\n");
+    let created = c.request("tools/call", shell(&["sh", "job.sh"]));
     assert_eq!(created["result"]["resultType"], "task", "{created}");
     let id = created["result"]["taskId"].as_str().unwrap().to_string();
     let pid_file = dir.path().join("job.pid");
@@ -224,9 +230,10 @@ fn a_client_without_task_support_gets_the_job_handle_as_before() {
 fn a_job_task_waiting_for_input_says_so_and_completes_once_it_is_sent() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = Stdio0::start(dir.path(), task_capabilities());
+    script(dir.path(), "read.sh", "read x; echo got $x\n");
     let created = c.request(
         "tools/call",
-        json!({"name": "shell", "arguments": {"argv": ["sh", "-c", "read x; echo got $x"],
+        json!({"name": "shell", "arguments": {"argv": ["sh", "read.sh"],
                                               "background": true, "stdin": "pipe"}}),
     );
     assert_eq!(created["result"]["resultType"], "task", "{created}");

@@ -76,7 +76,8 @@ pub trait AuditSink: Send + Sync {
 }
 
 /// Appends hash-chained JSON lines to a file (created private if missing), keeping its head file
-/// current (see the module docs). Each record is one `write` on a file opened for appending.
+/// current (see the module docs). Each record is one `write` on a file opened for appending,
+/// made under the file's exclusive lock, so processes sharing the log extend one chain.
 pub struct JsonlAudit {
     path: PathBuf,
     inner: Mutex<Chain>,
@@ -301,22 +302,37 @@ fn write_head(path: &Path, head: &Head) -> std::io::Result<()> {
     std::fs::rename(&tmp, &target)
 }
 
-impl AuditSink for JsonlAudit {
-    fn record(&self, entry: &AuditEntry) -> Result<(), String> {
-        let mut chain = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let line = line_of(entry, &chain.head.last)?;
+impl JsonlAudit {
+    /// Appends one line while holding the file's exclusive lock, first catching up with lines
+    /// another process appended since this one last wrote, so that processes sharing a log
+    /// extend one chain.
+    fn append(&self, chain: &mut Chain, entry: &AuditEntry) -> std::io::Result<()> {
+        if chain.file.metadata()?.len() != chain.head.bytes {
+            chain.head = current_head(&mut chain.file, &self.path)?;
+        }
+        let line = line_of(entry, &chain.head.last).map_err(std::io::Error::other)?;
         let mut bytes = line.clone();
         bytes.push(b'\n');
-        let fail = |e: std::io::Error| format!("audit log {}: {e}", self.path.display());
-        chain.file.write_all(&bytes).map_err(fail)?;
+        chain.file.write_all(&bytes)?;
         let head = Head {
             lines: chain.head.lines + 1,
             bytes: chain.head.bytes + bytes.len() as u64,
             last: line_hash(&line),
         };
-        write_head(&self.path, &head).map_err(fail)?;
+        write_head(&self.path, &head)?;
         chain.head = head;
         Ok(())
+    }
+}
+
+impl AuditSink for JsonlAudit {
+    fn record(&self, entry: &AuditEntry) -> Result<(), String> {
+        let mut chain = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let fail = |e: std::io::Error| format!("audit log {}: {e}", self.path.display());
+        chain.file.lock().map_err(fail)?;
+        let appended = self.append(&mut chain, entry);
+        let _ = chain.file.unlock();
+        appended.map_err(fail)
     }
 }
 

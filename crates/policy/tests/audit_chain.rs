@@ -147,3 +147,16 @@ fn an_emptied_log_is_refused() {
     assert_eq!(verify_chain(&path).unwrap_err().line, 1);
     assert!(JsonlAudit::open(&path).is_err());
 }
+
+#[test]
+fn two_writers_sharing_a_log_extend_one_chain() {
+    let (_dir, path) = log_of(1);
+    // Two open files, as two processes would have: each catches up with the other's lines.
+    let first = JsonlAudit::open(&path).unwrap();
+    let second = JsonlAudit::open(&path).unwrap();
+    for i in 0..3 {
+        first.record(&entry(10 + i)).unwrap();
+        second.record(&entry(20 + i)).unwrap();
+    }
+    assert_eq!(verify_chain(&path).unwrap().lines, 7);
+}
