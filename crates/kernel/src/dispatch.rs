@@ -17,7 +17,7 @@
 use crate::events::Event;
 use crate::plan::Epoch;
 use crate::prepare::Prepared;
-use crate::settle::{CallExecutor, bound, ms, run_job};
+use crate::settle::{CallExecutor, ms, run_job};
 use ring0_core::call::RejectionKind;
 use ring0_core::receipt::{CallOutcome, Disposition, Timing};
 use ring0_core::{IntentState, Observation, Receipt, Rejection, SemanticKey};
@@ -52,6 +52,8 @@ pub(crate) struct DispatchEnv {
     pub journal_reads: bool,
     /// How long a memoized observation of a deterministic read may be served; 0 disables.
     pub memo_ttl_ms: u64,
+    /// The session's shape stage, applied to every result before its receipt.
+    pub shape: crate::shape::ShapeStage,
 }
 
 /// Writes whose outcome is uncertain in this batch.
@@ -382,7 +384,7 @@ fn unsettled(job: &Prepared, record: &IntentRecord, why: String, timing: Timing)
 }
 
 /// A read outside the journal: no effect to deduplicate or settle. Same start gate, timeout,
-/// isolation, bounding and events as every other call.
+/// isolation, shaping and events as every other call.
 async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt {
     let spec = &job.tool.spec;
     let memoizable = env.memo_ttl_ms > 0 && spec.deterministic;
@@ -416,7 +418,7 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
     };
     let (state, outcome) = match result {
         Ok(obs) => {
-            let observation = bound(obs, spec.observation_budget_bytes);
+            let observation = env.shape.observation(obs, spec.observation_budget_bytes);
             if memoizable && !observation.is_error {
                 // A failed store only costs a future cache miss.
                 let _ = env
@@ -429,11 +431,11 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
         Err((_, e)) => (
             IntentState::Failed,
             CallOutcome::Failed {
-                message: e.message,
+                message: env.shape.message(&e.message),
                 uncertain: false,
                 observation: e
                     .observation
-                    .map(|o| bound(o, spec.observation_budget_bytes)),
+                    .map(|o| env.shape.observation(o, spec.observation_budget_bytes)),
             },
         ),
     };

@@ -72,6 +72,7 @@ mod recover;
 pub mod registry;
 mod session;
 mod settle;
+mod shape;
 pub mod stream;
 mod streaming;
 pub mod tool;
@@ -86,8 +87,8 @@ pub use policy::{AuthDecision, AuthRequest, Authorizer, GrantTable, PolicyRewrit
 pub use project::{ProjectionInput, Projector};
 pub use registry::{RegistrationError, Registry};
 pub use session::{
-    Kernel, KernelBuilder, MAX_CONCURRENT_TOOLS_DEFAULT, RoundOptions, RoundOutcome, Session,
-    SessionConfig, Termination, TurnOutcome,
+    Kernel, KernelBuilder, MAX_CONCURRENT_TOOLS_DEFAULT, RoundOptions, RoundOutcome, SECRET_VALUES_MAX,
+    SecretValuesError, Session, SessionConfig, Termination, ToolRefused, TurnOutcome,
 };
 pub use streaming::{LEDGER_TURNS_MAX, RoundIdentity, StreamNotice, StreamingRound};
 pub use tool::{CallContext, EventSink, FailureClass, ProbeVerdict, Tool, ToolError, tool_fn};

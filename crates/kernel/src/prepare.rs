@@ -2,14 +2,14 @@
 //!
 //! In order: tool lookup, argument decoding (strict JSON, size and depth limits, double-encoded
 //! strings decoded once), defaults, schema validation reporting every error, policy rewriting
-//! (validated again), fingerprinting, authorization, and conflict-key resolution. All of it
+//! (validated again), integral floats made integers where the schema asks for one, fingerprinting, authorization, and conflict-key resolution. All of it
 //! finishes before anything is dispatched.
 
 // A rejection is an ordinary result of preparation, returned once per call; boxing it would
 // only add an allocation to the common path.
 #![allow(clippy::result_large_err)]
 
-use crate::compat::{apply_defaults, decode_double_encoded};
+use crate::compat::{apply_defaults, decode_double_encoded, integers_as_integers};
 use crate::policy::{AuthDecision, AuthRequest, Authorizer, PolicyRewrite, SessionInfo};
 use crate::registry::{RegisteredTool, Registry};
 use crate::validate::{echo, validate};
@@ -152,6 +152,7 @@ pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Pre
             return Err(validation_rejection(call, errors, omitted));
         }
     }
+    integers_as_integers(&spec.input_schema, &mut args);
     let canonical_args = canonical_string(&args).map_err(|e| {
         Rejection::new(
             RejectionKind::InvalidJson,

@@ -12,6 +12,7 @@ use crate::policy::{Authorizer, GrantTable, PolicyRewrite, SessionInfo};
 use crate::prepare::{PrepareContext, Prepared, prepare};
 use crate::project::{Projector, project, projection_failed_result};
 use crate::registry::{RegistrationError, Registry};
+use crate::shape::ShapeStage;
 use crate::tool::Tool;
 use ring0_core::call::RejectionKind;
 use ring0_core::format::{FormatError, parse_turn, render_results};
@@ -20,6 +21,7 @@ use ring0_core::{
     Principal, ProposedCall, ProviderFormat, Receipt, Rejection, Round, ToolResult, ToolSpec,
 };
 use ring0_journal::{Journal, MemoryJournal};
+use ring0_shape::{RedactError, Redactor};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -31,6 +33,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Default bound on calls running at once in one epoch.
 pub const MAX_CONCURRENT_TOOLS_DEFAULT: usize = 8;
+/// Most secret values the kernel and a session may each mark: together they stay within the
+/// redactor's own bound.
+pub const SECRET_VALUES_MAX: usize = ring0_shape::redact::SECRET_VALUES_MAX / 2;
 
 pub(crate) struct KernelInner {
     pub(crate) registry: Registry,
@@ -38,6 +43,9 @@ pub(crate) struct KernelInner {
     pub(crate) authorizer: Arc<dyn Authorizer>,
     pub(crate) rewrites: Vec<Arc<dyn PolicyRewrite>>,
     pub(crate) sessions: AtomicU64,
+    /// Secret values every session redacts, and the shape stage recovery uses.
+    pub(crate) secret_values: Arc<[String]>,
+    pub(crate) shape: ShapeStage,
 }
 
 /// The mediation kernel: tools, journal and default policy, shared by its sessions.
@@ -53,13 +61,80 @@ pub struct KernelBuilder {
     journal: Option<Arc<dyn Journal>>,
     authorizer: Option<Arc<dyn Authorizer>>,
     rewrites: Vec<Arc<dyn PolicyRewrite>>,
+    secret_values: Vec<String>,
+}
+
+/// A list of secret values the kernel or a session cannot redact.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretValuesError {
+    #[error("{got} secret values given; at most {SECRET_VALUES_MAX} are accepted")]
+    TooMany { got: usize },
+    #[error(transparent)]
+    Redactor(#[from] RedactError),
+}
+
+/// Checks a list of secret values and builds its redactor.
+fn secret_list<I, S>(values: I) -> Result<Vec<String>, SecretValuesError>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    let values: Vec<String> = values.into_iter().map(Into::into).collect();
+    if values.len() > SECRET_VALUES_MAX {
+        return Err(SecretValuesError::TooMany { got: values.len() });
+    }
+    Redactor::new(&values)?;
+    Ok(values)
+}
+
+/// The redactor of the union of two checked lists.
+fn redactor_of(a: &[String], b: &[String]) -> Redactor {
+    Redactor::new(a.iter().chain(b)).expect("two checked lists within half the bound each")
+}
+
+/// A tool the builder refused, with the builder and every tool registered before it.
+pub struct ToolRefused {
+    pub error: RegistrationError,
+    pub builder: KernelBuilder,
+}
+
+impl ToolRefused {
+    /// The builder, to go on without the refused tool.
+    pub fn into_builder(self) -> KernelBuilder {
+        self.builder
+    }
+}
+
+impl std::fmt::Debug for ToolRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ToolRefused").field(&self.error).finish()
+    }
+}
+
+impl std::fmt::Display for ToolRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for ToolRefused {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<ToolRefused> for RegistrationError {
+    fn from(refused: ToolRefused) -> Self {
+        refused.error
+    }
 }
 
 impl KernelBuilder {
-    /// Registers a tool: its schema is normalized and compiled now, once.
-    pub fn tool(mut self, spec: ToolSpec, tool: Arc<dyn Tool>) -> Result<Self, RegistrationError> {
-        self.registry.register(spec, tool)?;
-        Ok(self)
+    /// Registers a tool: its schema is normalized and compiled now, once. A refused tool leaves
+    /// the builder as it was: [`ToolRefused::into_builder`] goes on without it.
+    pub fn tool(self, spec: ToolSpec, tool: Arc<dyn Tool>) -> Result<Self, ToolRefused> {
+        let callable = spec.name.clone();
+        self.tool_in(crate::traits::LOCAL_CONNECTION, &callable, spec, tool)
     }
 
     /// Registers a tool of a connection under its model-facing name, keeping its unqualified
@@ -70,10 +145,14 @@ impl KernelBuilder {
         callable: &str,
         spec: ToolSpec,
         tool: Arc<dyn Tool>,
-    ) -> Result<Self, RegistrationError> {
-        self.registry
-            .register_in(connection, callable, spec, tool)?;
-        Ok(self)
+    ) -> Result<Self, ToolRefused> {
+        match self.registry.register_in(connection, callable, spec, tool) {
+            Ok(()) => Ok(self),
+            Err(error) => Err(ToolRefused {
+                error,
+                builder: self,
+            }),
+        }
     }
 
     /// Trait configuration of one connection (`tool_traits`), keyed by unqualified callable
@@ -105,8 +184,23 @@ impl KernelBuilder {
         self
     }
 
+    /// Values every session redacts from tool output as `[redacted:secret]` (the values of
+    /// environment variables the host keeps secret), in addition to the well-known credential
+    /// formats. Values shorter than [`ring0_shape::redact::SECRET_VALUE_BYTES_MIN`] are ignored.
+    pub fn secret_values<I, S>(mut self, values: I) -> Result<Self, SecretValuesError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.secret_values = secret_list(values)?;
+        Ok(self)
+    }
+
     pub fn build(mut self) -> Kernel {
         self.registry.apply_traits(&self.traits);
+        let shape = ShapeStage {
+            redactor: redactor_of(&self.secret_values, &[]),
+        };
         Kernel {
             inner: Arc::new(KernelInner {
                 registry: self.registry,
@@ -118,6 +212,8 @@ impl KernelBuilder {
                     .unwrap_or_else(|| Arc::new(GrantTable::deny_all())),
                 rewrites: self.rewrites,
                 sessions: AtomicU64::new(0),
+                secret_values: self.secret_values.into(),
+                shape,
             }),
         }
     }
@@ -143,6 +239,8 @@ pub struct SessionConfig {
     pub memo_ttl_ms: u64,
     /// Who the session acts for. Default [`Principal::local`].
     pub principal: Principal,
+    /// Values this session redacts from tool output, besides the kernel's.
+    pub secret_values: Arc<[String]>,
 }
 
 impl SessionConfig {
@@ -158,7 +256,19 @@ impl SessionConfig {
             journal_reads: false,
             memo_ttl_ms: 0,
             principal: Principal::local(),
+            secret_values: Arc::from([]),
         }
+    }
+
+    /// Values this session redacts from tool output as `[redacted:secret]`, in addition to the
+    /// kernel's ([`KernelBuilder::secret_values`]).
+    pub fn secret_values<I, S>(mut self, values: I) -> Result<Self, SecretValuesError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.secret_values = secret_list(values)?.into();
+        Ok(self)
     }
 
     pub fn principal(mut self, principal: Principal) -> Self {
@@ -281,6 +391,7 @@ pub struct Session {
     pub(crate) events: crate::events::EventHub,
     pub(crate) cancel: std::sync::Mutex<CancellationToken>,
     pub(crate) start_gate: Arc<std::sync::Mutex<()>>,
+    pub(crate) shape: ShapeStage,
 }
 
 impl Kernel {
@@ -291,6 +402,7 @@ impl Kernel {
             journal: None,
             authorizer: None,
             rewrites: Vec::new(),
+            secret_values: Vec::new(),
         }
     }
 
@@ -310,6 +422,7 @@ impl Kernel {
     ) -> Result<ring0_journal::RecoveryReport, ring0_journal::JournalError> {
         let exec = crate::recover::RegistryExecutor {
             registry: &self.inner.registry,
+            shape: &self.inner.shape,
         };
         ring0_journal::recover(
             self.inner.journal.as_ref(),
@@ -326,6 +439,13 @@ impl Kernel {
             .authorizer
             .clone()
             .unwrap_or_else(|| self.inner.authorizer.clone());
+        let shape = if config.secret_values.is_empty() {
+            self.inner.shape.clone()
+        } else {
+            ShapeStage {
+                redactor: redactor_of(&self.inner.secret_values, &config.secret_values),
+            }
+        };
         Session {
             kernel: self.inner.clone(),
             info: SessionInfo {
@@ -345,6 +465,7 @@ impl Kernel {
             events,
             cancel: std::sync::Mutex::new(CancellationToken::new()),
             start_gate: Arc::new(std::sync::Mutex::new(())),
+            shape,
         }
     }
 }
@@ -421,6 +542,7 @@ impl Session {
             start_gate: self.start_gate.clone(),
             journal_reads: self.config.journal_reads,
             memo_ttl_ms: self.config.memo_ttl_ms,
+            shape: self.shape.clone(),
         }
     }
 
@@ -686,7 +808,7 @@ impl Session {
                             call_id: receipt.call_id.clone(),
                         });
                     }
-                    projection_failed_result()
+                    projection_failed_result(receipt)
                 }
             };
             results.push(ToolResult {
