@@ -87,8 +87,9 @@ pub use policy::{AuthDecision, AuthRequest, Authorizer, GrantTable, PolicyRewrit
 pub use project::{ProjectionInput, Projector};
 pub use registry::{RegistrationError, Registry};
 pub use session::{
-    Kernel, KernelBuilder, MAX_CONCURRENT_TOOLS_DEFAULT, RoundOptions, RoundOutcome, SECRET_VALUES_MAX,
-    SecretValuesError, Session, SessionConfig, Termination, ToolRefused, TurnOutcome,
+    Kernel, KernelBuilder, MAX_CONCURRENT_TOOLS_DEFAULT, RoundOptions, RoundOutcome,
+    SECRET_VALUES_MAX, SecretValuesError, Session, SessionConfig, Termination, ToolRefused,
+    TurnOutcome,
 };
 pub use streaming::{LEDGER_TURNS_MAX, RoundIdentity, StreamNotice, StreamingRound};
 pub use tool::{CallContext, EventSink, FailureClass, ProbeVerdict, Tool, ToolError, tool_fn};

@@ -52,9 +52,12 @@ pub fn projection_failed_result(receipt: &Receipt) -> Value {
             "The call ran and completed: do not run it again for the same purpose."
         }
         (_, Some(IntentState::Failed)) => "The call failed without an effect.",
-        (CallOutcome::Failed {
-            uncertain: false, ..
-        }, _) => "The call failed without an effect.",
+        (
+            CallOutcome::Failed {
+                uncertain: false, ..
+            },
+            _,
+        ) => "The call failed without an effect.",
         _ => "The action may already have been applied: do not retry it.",
     };
     json!({

@@ -151,15 +151,18 @@ fn field_errors(e: &ValidationError<'_>, schema: &Value) -> Vec<FieldError> {
             let properties = schema_at(schema, here)
                 .and_then(|s| s.get("properties"))
                 .and_then(Value::as_object);
+            // Names beyond the reported errors are only counted: no domain is worked out for
+            // them, so many unknown keys cost no more than the ones shown.
             unexpected
                 .iter()
-                .take(VALIDATION_ERRORS_MAX)
-                .map(|name| FieldError {
+                .enumerate()
+                .map(|(i, name)| FieldError {
                     loc: bounded_text(&pointer_join(here, name)),
                     input_value: echo(e.instance().get(name).unwrap_or(&Value::Null)),
                     error_type: "additional_property".into(),
                     message: bounded_text(&format!("property {name:?} is not allowed")),
-                    expected_domain: Some(allowed_domain(properties, name)),
+                    expected_domain: (i < VALIDATION_ERRORS_MAX)
+                        .then(|| allowed_domain(properties, name)),
                 })
                 .collect()
         }
@@ -167,9 +170,10 @@ fn field_errors(e: &ValidationError<'_>, schema: &Value) -> Vec<FieldError> {
         ValidationErrorKind::Enum { options } => {
             one("enum", Some(Value::Object(enum_domain(options.as_ref()))))
         }
-        ValidationErrorKind::Constant { expected_value } => {
-            one("const", Some(json!({"const": echo(expected_value.as_ref())})))
-        }
+        ValidationErrorKind::Constant { expected_value } => one(
+            "const",
+            Some(json!({"const": echo(expected_value.as_ref())})),
+        ),
         ValidationErrorKind::Minimum { limit } => one("range", Some(json!({"minimum": limit}))),
         ValidationErrorKind::Maximum { limit } => one("range", Some(json!({"maximum": limit}))),
         ValidationErrorKind::ExclusiveMinimum { limit } => {

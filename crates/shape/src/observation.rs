@@ -85,7 +85,9 @@ pub fn shape_observation(mut obs: Observation, shaping: &Shaping) -> Observation
         text.push('\n');
         text.push_str(n);
     }
-    let (text, cut) = cut_text(&text, shaping.budget_bytes, shaping.head_percent);
+    clean_envelope(&mut obs, shaping, &mut stats);
+    let room = text_room(&mut obs, &text, shaping);
+    let (text, cut) = cut_text(&text, room, shaping.head_percent);
     obs.text = text.into_owned();
     if cut || !notices.is_empty() {
         obs.truncated = true;
@@ -96,7 +98,6 @@ pub fn shape_observation(mut obs: Observation, shaping: &Shaping) -> Observation
             ));
         }
     }
-    clean_envelope(&mut obs, shaping, &mut stats);
     obs.invisible_removed += stats.invisible;
     obs.framing_neutralized += stats.framing;
     obs.secrets_redacted += stats.secrets;
@@ -193,6 +194,42 @@ pub(crate) fn clean_value(
         other => other.clone(),
     }
 }
+
+/// Bytes of `text` to keep: the budget, or less where JSON escaping (quotes, backslashes, line
+/// breaks) would make the serialized observation outgrow its bound, so the text is cut once,
+/// with one tombstone that counts against the whole.
+fn text_room(obs: &mut Observation, text: &str, shaping: &Shaping) -> usize {
+    let budget = shaping.budget_bytes;
+    let kept = budget.min(text.len());
+    if obs.diagnostics.is_empty() && obs.structured.is_none() {
+        // Escaping at most doubles the text; the rest of such an envelope is bounded field by
+        // field (the stream texts by the budget, the notes by NOTE_BYTES_MAX).
+        let streams: usize = [&obs.stdout, &obs.stderr]
+            .into_iter()
+            .flatten()
+            .map(|r| r.text.len())
+            .sum();
+        let bound = 2 * (kept + streams) + 6 * NOTE_BYTES_MAX;
+        if bound <= shaping.serialized_bytes_max {
+            return budget;
+        }
+    }
+    let original = std::mem::take(&mut obs.text);
+    let others = serialized_len(obs);
+    obs.text = original;
+    let escaped = serialized_len(text);
+    if others + escaped.min(2 * kept + 2) <= shaping.serialized_bytes_max {
+        return budget;
+    }
+    let room = shaping.serialized_bytes_max.saturating_sub(others);
+    // Escaping grows the text by `escaped / len` on average; keep what fits at that rate.
+    let len = text.len().max(1);
+    let fitting = (room as u128 * len as u128 / escaped.max(1) as u128) as usize;
+    budget.min(fitting.saturating_sub(TOMBSTONE_ESCAPE_SLACK_BYTES))
+}
+
+/// Room left for the tombstone's own escaping and rounding in [`text_room`].
+const TOMBSTONE_ESCAPE_SLACK_BYTES: usize = 256;
 
 /// `text` within `budget` bytes: head and tail around a tombstone that counts what was cut.
 fn cut_text(text: &str, budget: usize, head_percent: u8) -> (Cow<'_, str>, bool) {
