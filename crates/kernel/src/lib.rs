@@ -70,6 +70,7 @@ pub mod prepare;
 pub mod project;
 mod recover;
 pub mod registry;
+mod round;
 mod session;
 mod settle;
 mod shape;

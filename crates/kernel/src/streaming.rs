@@ -17,12 +17,12 @@
 //! siblings reordered or dropped — finds it consumed, and the end of the round uses its receipt
 //! without a second validation, write or execution.
 
-use crate::admit::{RepeatVerdict, advisory_message, check_tool_choice};
+use crate::admit::{RepeatDecision, check_tool_choice, guard_repeat};
 use crate::dispatch::run_epochs;
-use crate::events::{Event, RepeatAction};
+use crate::events::Event;
 use crate::plan::Epoch;
 use crate::prepare::{PrepareContext, Prepared, prepare};
-use crate::session::{Pre, RoundOptions, RoundOutcome, Session, SharedReceipt, Termination};
+use crate::session::{Pre, RoundOptions, RoundOutcome, Session, SharedReceipt};
 use crate::stream::{Assembled, StreamAssembler, StreamError};
 use crate::traits::starts_early;
 use futures::FutureExt;
@@ -325,41 +325,25 @@ impl StreamingRound<'_> {
             self.pre.insert(index, Pre::Prepared(prepared));
             return completed;
         }
-        match st.repeat.observe(
-            prepared.call.fingerprint,
-            prepared.tool.spec.track_exact_repeats,
+        let tracked = prepared.tool.spec.track_exact_repeats;
+        match guard_repeat(
+            &mut st.repeat,
+            &prepared.call,
+            tracked,
+            &self.session.events,
         ) {
-            RepeatVerdict::Proceed => {}
-            RepeatVerdict::Advisory { count } => {
-                self.session.emit(Event::RepeatDetected {
-                    tool: tool.clone(),
-                    fingerprint: prepared.call.fingerprint,
-                    count,
-                    action: RepeatAction::Advisory,
-                });
-                st.pending_policy_message = Some(advisory_message(&tool, count));
+            RepeatDecision::Run { advisory } => {
+                if advisory.is_some() {
+                    st.pending_policy_message = advisory;
+                }
             }
-            RepeatVerdict::Terminate { count } => {
-                self.session.emit(Event::RepeatDetected {
-                    tool: tool.clone(),
-                    fingerprint: prepared.call.fingerprint,
-                    count,
-                    action: RepeatAction::Terminated,
-                });
-                st.terminated = Some(Termination::RepeatLimit {
-                    tool: tool.clone(),
-                    count,
-                });
+            RepeatDecision::Refuse {
+                rejection,
+                termination,
+            } => {
+                st.terminated = Some(termination);
                 drop(st);
-                let r = Rejection::new(
-                    RejectionKind::RepeatTerminated,
-                    &tool,
-                    &call_id,
-                    format!(
-                        "{tool:?} was called {count} times in a row with identical arguments; the call was not run and the run ends"
-                    ),
-                );
-                self.pre.insert(index, Pre::Rejected(r));
+                self.pre.insert(index, Pre::Rejected(rejection));
                 return completed;
             }
         }
