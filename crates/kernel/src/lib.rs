@@ -61,6 +61,7 @@
 //! ```
 
 pub mod admit;
+pub mod assemble;
 pub mod compat;
 mod dispatch;
 pub mod events;
@@ -74,7 +75,6 @@ mod round;
 mod session;
 mod settle;
 mod shape;
-pub mod stream;
 mod streaming;
 pub mod tool;
 pub mod traits;
@@ -83,7 +83,7 @@ pub mod validate;
 pub use admit::{RepeatLimits, ToolChoice};
 pub use dispatch::SETTLE_REDISPATCH_MAX;
 pub use events::Event;
-pub use plan::ExecutionMode;
+pub use plan::SchedulingMode;
 pub use policy::{AuthDecision, AuthRequest, Authorizer, GrantTable, PolicyRewrite, SessionInfo};
 pub use project::{ProjectionInput, Projector};
 pub use registry::{RegistrationError, Registry};
@@ -93,4 +93,4 @@ pub use session::{
     TurnOutcome,
 };
 pub use streaming::{LEDGER_TURNS_MAX, RoundIdentity, StreamNotice, StreamingRound};
-pub use tool::{CallContext, EventSink, FailureClass, ProbeVerdict, Tool, ToolError, tool_fn};
+pub use tool::{CallContext, EventSink, FailureClass, ProbeFinding, Tool, ToolError, tool_fn};

@@ -4,7 +4,7 @@
 use crate::admit::{RepeatGuard, RepeatLimits, ToolChoice};
 use crate::dispatch::DispatchEnv;
 use crate::events::Event;
-use crate::plan::ExecutionMode;
+use crate::plan::SchedulingMode;
 use crate::policy::{Authorizer, GrantTable, PolicyRewrite, SessionInfo};
 use crate::prepare::Prepared;
 use crate::project::Projector;
@@ -217,7 +217,7 @@ impl KernelBuilder {
 pub struct SessionConfig {
     /// The user-intent scope: part of every semantic key.
     pub scope: String,
-    pub mode: ExecutionMode,
+    pub mode: SchedulingMode,
     pub max_concurrent_tools: usize,
     pub repeat: RepeatLimits,
     /// Bumped by the host when the user genuinely asks for the same action again.
@@ -240,7 +240,7 @@ impl SessionConfig {
     pub fn new(scope: impl Into<String>) -> Self {
         Self {
             scope: scope.into(),
-            mode: ExecutionMode::SafeParallel,
+            mode: SchedulingMode::SafeParallel,
             max_concurrent_tools: MAX_CONCURRENT_TOOLS_DEFAULT,
             repeat: RepeatLimits::default(),
             attempt_epoch: 0,
@@ -269,7 +269,7 @@ impl SessionConfig {
         self
     }
 
-    pub fn mode(mut self, mode: ExecutionMode) -> Self {
+    pub fn mode(mut self, mode: SchedulingMode) -> Self {
         self.mode = mode;
         self
     }

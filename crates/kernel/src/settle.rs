@@ -15,7 +15,7 @@
 use crate::dispatch::DispatchEnv;
 use crate::prepare::Prepared;
 use crate::shape::ShapeStage;
-use crate::tool::{CallContext, EventSink, FailureClass, ProbeVerdict, Tool, ToolError};
+use crate::tool::{CallContext, EventSink, FailureClass, ProbeFinding, Tool, ToolError};
 use async_trait::async_trait;
 use ring0_core::receipt::{CallOutcome, Disposition, Timing};
 use ring0_core::{IntentState, Observation, Receipt, Settlement};
@@ -165,11 +165,11 @@ pub(crate) async fn probe(
     shape: &ShapeStage,
 ) -> JournalVerdict {
     match tool.probe(args, record.snapshot.as_ref()).await {
-        ProbeVerdict::Applied(obs) => JournalVerdict::PostconditionHolds {
+        ProbeFinding::Applied(obs) => JournalVerdict::PostconditionHolds {
             evidence: serde_json::to_value(shape.observation(*obs, budget_bytes)).ok(),
         },
-        ProbeVerdict::Unchanged => JournalVerdict::Unchanged,
-        ProbeVerdict::Indeterminate(detail) => JournalVerdict::Diverged { detail },
+        ProbeFinding::Unchanged => JournalVerdict::Unchanged,
+        ProbeFinding::Indeterminate(detail) => JournalVerdict::Diverged { detail },
     }
 }
 

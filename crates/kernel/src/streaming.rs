@@ -1,7 +1,7 @@
 //! Streaming rounds and early execution.
 //!
 //! A host pushes provider stream events into a [`StreamingRound`]; each call is assembled the
-//! moment its block completes ([`crate::stream`]). A completed call starts *while the model is
+//! moment its block completes ([`crate::assemble`]). A completed call starts *while the model is
 //! still generating* only when all of these hold:
 //! - it passed preparation (validation, policy, authorization, conflict key);
 //! - the round overseer accepts it given the calls before it;
@@ -18,12 +18,12 @@
 //! without a second validation, write or execution.
 
 use crate::admit::{RepeatDecision, check_tool_choice, guard_repeat};
+use crate::assemble::{Assembled, StreamAssembler, StreamError};
 use crate::dispatch::run_epochs;
 use crate::events::Event;
 use crate::plan::Epoch;
 use crate::prepare::{PrepareContext, Prepared, prepare};
 use crate::session::{Pre, RoundOptions, RoundOutcome, Session, SharedReceipt};
-use crate::stream::{Assembled, StreamAssembler, StreamError};
 use crate::traits::starts_early;
 use futures::FutureExt;
 use ring0_core::call::RejectionKind;
