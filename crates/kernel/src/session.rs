@@ -88,13 +88,14 @@ fn redactor_of(a: &[String], b: &[String]) -> Redactor {
 /// A tool the builder refused, with the builder and every tool registered before it.
 pub struct ToolRefused {
     pub error: RegistrationError,
-    pub builder: KernelBuilder,
+    /// Boxed: the error path should not make every `Ok` as large as a builder twice.
+    pub builder: Box<KernelBuilder>,
 }
 
 impl ToolRefused {
     /// The builder, to go on without the refused tool.
     pub fn into_builder(self) -> KernelBuilder {
-        self.builder
+        *self.builder
     }
 }
 
@@ -143,7 +144,7 @@ impl KernelBuilder {
             Ok(()) => Ok(self),
             Err(error) => Err(ToolRefused {
                 error,
-                builder: self,
+                builder: Box::new(self),
             }),
         }
     }
