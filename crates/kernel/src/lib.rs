@@ -62,6 +62,7 @@
 
 pub mod admit;
 pub mod assemble;
+mod commit;
 pub mod compat;
 mod dispatch;
 pub mod events;

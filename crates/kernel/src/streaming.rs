@@ -249,35 +249,40 @@ impl StreamingRound<'_> {
         notices
     }
 
+    /// A call this turn already started early is consumed: no second validation or run.
+    async fn consume_from_ledger(&mut self, call: &ProposedCall) -> Option<StreamNotice> {
+        let fp = raw_fingerprint(call)?;
+        let entry = {
+            let st = self.session.state.lock().await;
+            st.ledger.find(&self.identity, &fp, &self.used)?
+        };
+        self.used.insert(entry.original_index);
+        self.accepted.push(entry.prepared.tool.spec.strategy);
+        let mut prepared = entry.prepared.clone();
+        prepared.call.call_id = call.call_id.clone();
+        prepared.call.index = call.index;
+        self.pre.insert(
+            call.index,
+            Pre::Consumed {
+                prepared,
+                receipt: entry.receipt,
+            },
+        );
+        Some(StreamNotice::AlreadyConsumed {
+            index: call.index,
+            call_id: call.call_id.clone(),
+            tool: call.tool.clone(),
+        })
+    }
+
     async fn on_complete(&mut self, call: ProposedCall) -> StreamNotice {
         let index = call.index;
         let call_id = call.call_id.clone();
         let tool = call.tool.clone();
         self.calls.insert(index, call.clone());
 
-        // A call this turn already started early is consumed: no second validation or run.
-        if let Some(fp) = raw_fingerprint(&call) {
-            let st = self.session.state.lock().await;
-            if let Some(entry) = st.ledger.find(&self.identity, &fp, &self.used) {
-                drop(st);
-                self.used.insert(entry.original_index);
-                self.accepted.push(entry.prepared.tool.spec.strategy);
-                let mut prepared = entry.prepared.clone();
-                prepared.call.call_id = call_id.clone();
-                prepared.call.index = index;
-                self.pre.insert(
-                    index,
-                    Pre::Consumed {
-                        prepared,
-                        receipt: entry.receipt,
-                    },
-                );
-                return StreamNotice::AlreadyConsumed {
-                    index,
-                    call_id,
-                    tool,
-                };
-            }
+        if let Some(notice) = self.consume_from_ledger(&call).await {
+            return notice;
         }
 
         let completed = StreamNotice::Completed {
@@ -347,28 +352,10 @@ impl StreamingRound<'_> {
                 return completed;
             }
         }
-        // The ordinary dispatcher, as a one-call epoch, in its own task.
         let env = self
             .session
             .dispatch_env(self.started, cancel, &self.options);
-        let job = prepared.clone();
-        let fallback = prepared.clone();
-        let task = tokio::spawn(run_epochs(
-            env,
-            vec![job],
-            vec![Epoch {
-                calls: vec![0],
-                barrier: false,
-            }],
-        ));
-        let receipt: SharedReceipt = async move {
-            match task.await {
-                Ok(mut receipts) if !receipts.is_empty() => receipts.remove(0),
-                _ => crashed(&fallback),
-            }
-        }
-        .boxed()
-        .shared();
+        let receipt = spawn_early(env, &prepared);
         st.ledger.record(
             &self.identity,
             LedgerEntry {
@@ -392,6 +379,28 @@ impl StreamingRound<'_> {
             tool,
         }
     }
+}
+
+/// Starts a call through the ordinary dispatcher, as a one-call epoch in its own task; its
+/// receipt can be awaited from the stream and from the end of the round.
+fn spawn_early(env: crate::dispatch::DispatchEnv, prepared: &Prepared) -> SharedReceipt {
+    let fallback = prepared.clone();
+    let task = tokio::spawn(run_epochs(
+        env,
+        vec![prepared.clone()],
+        vec![Epoch {
+            calls: vec![0],
+            barrier: false,
+        }],
+    ));
+    async move {
+        match task.await {
+            Ok(mut receipts) if !receipts.is_empty() => receipts.remove(0),
+            _ => crashed(&fallback),
+        }
+    }
+    .boxed()
+    .shared()
 }
 
 /// The receipt of an early call whose task died: the outcome is unknown.

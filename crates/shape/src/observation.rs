@@ -68,6 +68,7 @@ pub struct CleanStats {
 pub fn shape_observation(mut obs: Observation, shaping: &Shaping) -> Observation {
     let mut stats = CleanStats::default();
     let mut notices: Vec<String> = Vec::new();
+    let mut structured_bytes = 0;
     if let Some(value) = obs.structured.take() {
         let clean = clean_value(&value, shaping, &mut stats, 0);
         let size = serialized_len(&clean);
@@ -77,6 +78,7 @@ pub fn shape_observation(mut obs: Observation, shaping: &Shaping) -> Observation
                 shaping.budget_bytes
             ));
         } else {
+            structured_bytes = size;
             obs.structured = Some(clean);
         }
     }
@@ -86,7 +88,7 @@ pub fn shape_observation(mut obs: Observation, shaping: &Shaping) -> Observation
         text.push_str(n);
     }
     clean_envelope(&mut obs, shaping, &mut stats);
-    let room = text_room(&mut obs, &text, shaping);
+    let room = text_room(&mut obs, &text, structured_bytes, shaping);
     let (text, cut) = cut_text(&text, room, shaping.head_percent);
     obs.text = text.into_owned();
     if cut || !notices.is_empty() {
@@ -101,7 +103,28 @@ pub fn shape_observation(mut obs: Observation, shaping: &Shaping) -> Observation
     obs.invisible_removed += stats.invisible;
     obs.framing_neutralized += stats.framing;
     obs.secrets_redacted += stats.secrets;
+    if quick_bound(&obs, obs.text.len(), structured_bytes)
+        .is_some_and(|b| b <= shaping.serialized_bytes_max)
+    {
+        return obs;
+    }
     fit_serialized(obs, shaping)
+}
+
+/// An upper bound of the serialized observation with `text_bytes` of text, without serializing
+/// it; `None` when diagnostics make it unknown. Escaping at most doubles a sanitized text; the
+/// rest of the envelope is bounded field by field (the stream texts by the budget, the notes by
+/// [`NOTE_BYTES_MAX`], the numbers by their count).
+fn quick_bound(obs: &Observation, text_bytes: usize, structured_bytes: usize) -> Option<usize> {
+    if !obs.diagnostics.is_empty() {
+        return None;
+    }
+    let streams: usize = [&obs.stdout, &obs.stderr]
+        .into_iter()
+        .flatten()
+        .map(|r| r.text.len())
+        .sum();
+    Some(2 * (text_bytes + streams) + structured_bytes + 12 * NOTE_BYTES_MAX)
 }
 
 /// Shapes one free text (a failure message, a description) to `max_bytes`.
@@ -198,27 +221,32 @@ pub(crate) fn clean_value(
 /// Bytes of `text` to keep: the budget, or less where JSON escaping (quotes, backslashes, line
 /// breaks) would make the serialized observation outgrow its bound, so the text is cut once,
 /// with one tombstone that counts against the whole.
-fn text_room(obs: &mut Observation, text: &str, shaping: &Shaping) -> usize {
+fn text_room(
+    obs: &mut Observation,
+    text: &str,
+    structured_bytes: usize,
+    shaping: &Shaping,
+) -> usize {
     let budget = shaping.budget_bytes;
     let kept = budget.min(text.len());
-    if obs.diagnostics.is_empty() && obs.structured.is_none() {
-        // Escaping at most doubles the text; the rest of such an envelope is bounded field by
-        // field (the stream texts by the budget, the notes by NOTE_BYTES_MAX).
-        let streams: usize = [&obs.stdout, &obs.stderr]
-            .into_iter()
-            .flatten()
-            .map(|r| r.text.len())
-            .sum();
-        let bound = 2 * (kept + streams) + 6 * NOTE_BYTES_MAX;
-        if bound <= shaping.serialized_bytes_max {
-            return budget;
-        }
+    if quick_bound(obs, kept, structured_bytes).is_some_and(|b| b <= shaping.serialized_bytes_max) {
+        return budget;
     }
-    let original = std::mem::take(&mut obs.text);
-    let others = serialized_len(obs);
-    obs.text = original;
     let escaped = serialized_len(text);
-    if others + escaped.min(2 * kept + 2) <= shaping.serialized_bytes_max {
+    let fits = |others: usize| others + escaped.min(2 * kept + 2) <= shaping.serialized_bytes_max;
+    let mut others = serialized_len_without_text(obs);
+    if fits(others) {
+        return budget;
+    }
+    // The stream reports repeat what the text shows: they go before any of the text does.
+    for report in [obs.stdout.as_mut(), obs.stderr.as_mut()]
+        .into_iter()
+        .flatten()
+    {
+        report.text.clear();
+    }
+    others = serialized_len_without_text(obs);
+    if fits(others) {
         return budget;
     }
     let room = shaping.serialized_bytes_max.saturating_sub(others);
@@ -226,6 +254,13 @@ fn text_room(obs: &mut Observation, text: &str, shaping: &Shaping) -> usize {
     let len = text.len().max(1);
     let fitting = (room as u128 * len as u128 / escaped.max(1) as u128) as usize;
     budget.min(fitting.saturating_sub(TOMBSTONE_ESCAPE_SLACK_BYTES))
+}
+
+fn serialized_len_without_text(obs: &mut Observation) -> usize {
+    let original = std::mem::take(&mut obs.text);
+    let others = serialized_len(obs);
+    obs.text = original;
+    others
 }
 
 /// Room left for the tombstone's own escaping and rounding in [`text_room`].

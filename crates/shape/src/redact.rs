@@ -41,15 +41,15 @@ pub const MARKER_PREFIX: &str = "[redacted:";
 /// search stays a prefilter scan on ordinary text.
 const FORMATS: &str = concat!(
     r"(?P<private_key>-----BEGIN[A-Z0-9 ]{0,40} PRIVATE KEY-----)",
-    r"|(?P<jwt>\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})",
-    r"|(?P<aws_access_key>\b(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b)",
-    r"|(?P<github_token>\b(?:gh[pousr]_[A-Za-z0-9]{36,251}|github_pat_[A-Za-z0-9_]{22,242})\b)",
-    r"|(?P<gitlab_token>\bglpat-[A-Za-z0-9_-]{20,255})",
-    r"|(?P<slack_token>\bxox[abposre]-[A-Za-z0-9-]{10,255})",
-    r"|(?P<api_key>\bsk-(?:ant-|proj-)?[A-Za-z0-9_-]{20,255})",
-    r"|(?P<google_api_key>\bAIza[0-9A-Za-z_-]{35})",
-    r"|(?P<stripe_key>\b[sr]k_live_[0-9A-Za-z]{16,255})",
-    r#"|(?P<authorization>(?i:\b(?:proxy-)?authorization)["']?[ \t]*[:=][ \t]*["']?)"#,
+    r"|(?P<jwt>(?-u:\b)eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})",
+    r"|(?P<aws_access_key>(?-u:\b)(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?-u:\b))",
+    r"|(?P<github_token>(?-u:\b)(?:gh[pousr]_[A-Za-z0-9]{36,251}|github_pat_[A-Za-z0-9_]{22,242})(?-u:\b))",
+    r"|(?P<gitlab_token>(?-u:\b)glpat-[A-Za-z0-9_-]{20,255})",
+    r"|(?P<slack_token>(?-u:\b)xox[abposre]-[A-Za-z0-9-]{10,255})",
+    r"|(?P<api_key>(?-u:\b)sk-(?:ant-|proj-)?[A-Za-z0-9_-]{20,255})",
+    r"|(?P<google_api_key>(?-u:\b)AIza[0-9A-Za-z_-]{35})",
+    r"|(?P<stripe_key>(?-u:\b)[sr]k_live_[0-9A-Za-z]{16,255})",
+    r#"|(?P<authorization>(?i-u:\b(?:proxy-)?authorization)["']?[ \t]*[:=][ \t]*["']?)"#,
 );
 
 /// The kinds a format match can name, in the order of [`FORMATS`].
