@@ -2,8 +2,13 @@
 //! kernel.
 
 use crate::identity::Fingerprint;
+use crate::limits::{
+    REJECTION_BYTES_MAX, REJECTION_LIST_ITEMS_MAX, REJECTION_TEXT_BYTES_MAX, clip_with_length,
+    truncate_str,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::borrow::Cow;
 
 /// The arguments exactly as the provider delivered them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -191,11 +196,15 @@ impl Rejection {
         call_id: impl Into<String>,
         message: impl Into<String>,
     ) -> Self {
+        let bounded = |s: String| match clip_with_length(&s, REJECTION_TEXT_BYTES_MAX) {
+            Cow::Borrowed(_) => s,
+            Cow::Owned(cut) => cut,
+        };
         Self {
             status,
-            tool_name: tool_name.into(),
-            call_id: call_id.into(),
-            message: message.into(),
+            tool_name: bounded(tool_name.into()),
+            call_id: bounded(call_id.into()),
+            message: bounded(message.into()),
             errors: Vec::new(),
             errors_omitted: 0,
             suggestions: Vec::new(),
@@ -204,20 +213,43 @@ impl Rejection {
         }
     }
 
+    /// Adds field errors (`omitted` more were counted, not listed). The rejection stays within
+    /// [`REJECTION_BYTES_MAX`]: errors that would not fit are moved to the count, last first.
     pub fn with_errors(mut self, errors: Vec<FieldError>, omitted: usize) -> Self {
         self.errors = errors;
         self.errors_omitted = omitted;
+        self.fit();
         self
     }
 
+    /// Adds suggested names, at most [`REJECTION_LIST_ITEMS_MAX`], each cut to
+    /// [`REJECTION_TEXT_BYTES_MAX`].
     pub fn with_suggestions(mut self, suggestions: Vec<String>) -> Self {
-        self.suggestions = suggestions;
+        self.suggestions = suggestions
+            .into_iter()
+            .take(REJECTION_LIST_ITEMS_MAX)
+            .map(|s| truncate_str(&s, REJECTION_TEXT_BYTES_MAX).to_string())
+            .collect();
         self
     }
 
     pub fn with_retry_after_ms(mut self, retry_after_ms: u64) -> Self {
         self.retry_after_ms = Some(retry_after_ms);
         self
+    }
+
+    /// Serialized size in bytes.
+    pub fn size_bytes(&self) -> usize {
+        serde_json::to_vec(self).map_or(usize::MAX, |v| v.len())
+    }
+
+    /// Moves field errors to `errors_omitted`, last first, until the rejection fits
+    /// [`REJECTION_BYTES_MAX`]. The other fields are bounded at construction, so an empty error
+    /// list always fits.
+    fn fit(&mut self) {
+        while self.size_bytes() > REJECTION_BYTES_MAX && self.errors.pop().is_some() {
+            self.errors_omitted += 1;
+        }
     }
 
     pub fn to_json(&self) -> Value {

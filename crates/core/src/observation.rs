@@ -69,6 +69,10 @@ pub struct Observation {
     /// Text that imitated a model provider's framing and was neutralized.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub framing_neutralized: u64,
+    /// Secrets (private keys, tokens, credentials, values the host marked secret) replaced by a
+    /// typed marker such as `[redacted:jwt]`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub secrets_redacted: u64,
 }
 
 impl Observation {

@@ -23,7 +23,7 @@
 
 use ring0_core::{Observation, ProposedArguments, ProposedCall, ProviderFormat, Round, ToolSpec};
 use ring0_kernel::{
-    CallContext, ExecutionMode, GrantTable, Kernel, RoundOptions, Session, SessionConfig,
+    CallContext, GrantTable, Kernel, RoundOptions, SchedulingMode, Session, SessionConfig,
     ToolError, tool_fn,
 };
 use serde_json::{Value, json};
@@ -62,7 +62,7 @@ fn schema() -> Value {
     })
 }
 
-fn session(mode: ExecutionMode) -> Session {
+fn session(mode: SchedulingMode) -> Session {
     let kernel = Kernel::builder()
         .tool(
             ToolSpec::read(TOOL, "returns its argument", schema()),
@@ -180,7 +180,7 @@ async fn direct_batch(b: usize) -> (Duration, usize) {
     (start.elapsed(), DIRECT_CALLS_PER_BATCH)
 }
 
-async fn handle_turn_batch(b: usize, per_round: usize, mode: ExecutionMode) -> (Duration, usize) {
+async fn handle_turn_batch(b: usize, per_round: usize, mode: SchedulingMode) -> (Duration, usize) {
     let session = session(mode);
     let rounds = CALLS_PER_BATCH / per_round;
     let base = b * CALLS_PER_BATCH;
@@ -207,7 +207,7 @@ async fn run_round_batch(b: usize, write: bool) -> (Duration, usize) {
     let (session, tool) = if write {
         (write_session(), WRITE_TOOL)
     } else {
-        (session(ExecutionMode::SafeParallel), TOOL)
+        (session(SchedulingMode::SafeParallel), TOOL)
     };
     let base = b * CALLS_PER_BATCH;
     let rounds: Vec<Round> = (base..base + CALLS_PER_BATCH)
@@ -250,11 +250,11 @@ fn main() {
     rt.block_on(async {
         let direct = measure(direct_batch).await;
         let single =
-            measure(|b| handle_turn_batch(b, 1, ExecutionMode::SafeParallel)).await;
+            measure(|b| handle_turn_batch(b, 1, SchedulingMode::SafeParallel)).await;
         let core = measure(|b| run_round_batch(b, false)).await;
         let writes = measure(|b| run_round_batch(b, true)).await;
         let round64 =
-            measure(|b| handle_turn_batch(b, ROUND_CALLS, ExecutionMode::SafeParallel)).await;
+            measure(|b| handle_turn_batch(b, ROUND_CALLS, SchedulingMode::SafeParallel)).await;
         // The direct figure is measured again at the end: if the machine's speed changed during
         // the run, the two direct figures disagree and the ratios deserve less trust.
         let direct_after = measure(direct_batch).await;

@@ -201,3 +201,58 @@ pub fn advisory_message(tool: &str, count: u32) -> String {
     }
     msg
 }
+
+/// What the exact-repeat guard decided about one prepared call, with its events sent.
+pub(crate) enum RepeatDecision {
+    /// The call may run; `advisory` is the policy message for the next model request, if the
+    /// call reached the advisory count.
+    Run { advisory: Option<String> },
+    /// The call is refused and the run ends.
+    Refuse {
+        rejection: Rejection,
+        termination: crate::session::Termination,
+    },
+}
+
+/// Counts one prepared call with the session's guard: the one repeat-guard decision for block
+/// and streaming rounds alike.
+pub(crate) fn guard_repeat(
+    guard: &mut RepeatGuard,
+    call: &ring0_core::PreparedCall,
+    tracked: bool,
+    events: &crate::events::EventHub,
+) -> RepeatDecision {
+    use crate::events::{Event, RepeatAction};
+    let (count, action) = match guard.observe(call.fingerprint, tracked) {
+        RepeatVerdict::Proceed => return RepeatDecision::Run { advisory: None },
+        RepeatVerdict::Advisory { count } => (count, RepeatAction::Advisory),
+        RepeatVerdict::Terminate { count } => (count, RepeatAction::Terminated),
+    };
+    events.send(Event::RepeatDetected {
+        tool: call.tool.clone(),
+        fingerprint: call.fingerprint,
+        count,
+        action,
+    });
+    if action == RepeatAction::Advisory {
+        return RepeatDecision::Run {
+            advisory: Some(advisory_message(&call.tool, count)),
+        };
+    }
+    RepeatDecision::Refuse {
+        rejection: Rejection::new(
+            RejectionKind::RepeatTerminated,
+            &call.tool,
+            &call.call_id,
+            format!(
+                "{:?} was called {count} times in a row with identical arguments; the call was \
+                 not run and the run ends",
+                call.tool
+            ),
+        ),
+        termination: crate::session::Termination::RepeatLimit {
+            tool: call.tool.clone(),
+            count,
+        },
+    }
+}

@@ -120,6 +120,7 @@ fn normalize_node(node: &mut Value, path: &str, close: bool) -> Result<(), Schem
     {
         map.insert("prefixItems".into(), items);
     }
+    move_array_enum_to_items(map);
     let declares_properties = map.get("properties").is_some_and(Value::is_object);
     if close && declares_properties && !map.contains_key("additionalProperties") {
         map.insert("additionalProperties".into(), Value::Bool(false));
@@ -157,6 +158,132 @@ fn normalize_node(node: &mut Value, path: &str, close: bool) -> Result<(), Schem
         }
     }
     Ok(())
+}
+
+/// An `enum` of scalars on an array schema can never be met (an array is never equal to a
+/// scalar); its author meant the values the items may take. It moves into `items`.
+fn move_array_enum_to_items(map: &mut Map<String, Value>) {
+    let is_array = match map.get("type") {
+        Some(Value::String(t)) => t == "array",
+        Some(Value::Array(ts)) => ts.len() == 1 && ts[0] == "array",
+        _ => false,
+    };
+    let scalars = map
+        .get("enum")
+        .and_then(Value::as_array)
+        .is_some_and(|vs| vs.iter().all(|v| !v.is_array() && !v.is_object()));
+    if !is_array || !scalars {
+        return;
+    }
+    let Some(values) = map.remove("enum") else {
+        return;
+    };
+    match map.get_mut("items") {
+        Some(Value::Object(items)) if !items.contains_key("enum") => {
+            items.insert("enum".into(), values);
+        }
+        Some(Value::Object(_)) => {}
+        _ => {
+            map.insert("items".into(), serde_json::json!({ "enum": values }));
+        }
+    }
+}
+
+/// Names in `required` that the object does not declare. Where extras are forbidden
+/// (`additionalProperties: false`) such a name could never be met, so it is removed; elsewhere it
+/// is kept. Either way a note per name says so.
+pub fn check_required(schema: &mut Value) -> Vec<String> {
+    let mut notes = Vec::new();
+    required_node(schema, "#", &mut notes);
+    notes
+}
+
+fn required_node(node: &mut Value, path: &str, notes: &mut Vec<String>) {
+    let Value::Object(map) = node else {
+        return;
+    };
+    let declared: Vec<String> = map
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default();
+    let closed = map.get("additionalProperties") == Some(&Value::Bool(false));
+    if let Some(Value::Array(required)) = map.get_mut("required") {
+        required.retain(|name| {
+            let Some(name) = name.as_str() else {
+                return true;
+            };
+            if declared.iter().any(|d| d == name) {
+                return true;
+            }
+            notes.push(if closed {
+                format!(
+                    "{path}: required property {name:?} is not declared and no other property is allowed; it is no longer required"
+                )
+            } else {
+                format!("{path}: required property {name:?} is not declared")
+            });
+            !closed
+        });
+    }
+    for key in ["properties", "$defs", "definitions"] {
+        if let Some(Value::Object(children)) = map.get_mut(key) {
+            for (name, child) in children.iter_mut() {
+                required_node(child, &format!("{path}/{key}/{name}"), notes);
+            }
+        }
+    }
+    if let Some(items) = map.get_mut("items") {
+        required_node(items, &format!("{path}/items"), notes);
+    }
+}
+
+/// Integral numbers written as floats (`7890.0`) where the schema asks for an integer become
+/// integers: the validator accepts them as integers, so the tool must receive one.
+pub fn integers_as_integers(schema: &Value, value: &mut Value) {
+    match value {
+        Value::Number(n) if n.is_f64() && wants_integer(schema) => {
+            if let Some(f) = n.as_f64()
+                && f.fract() == 0.0
+                && f.abs() <= ring0_core::canonical::SAFE_INTEGER_MAX as f64
+            {
+                *value = Value::from(f as i64);
+            }
+        }
+        Value::Object(obj) => {
+            let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+                return;
+            };
+            for (name, child) in obj.iter_mut() {
+                if let Some(s) = props.get(name) {
+                    integers_as_integers(s, child);
+                }
+            }
+        }
+        Value::Array(items) => {
+            let prefix = schema.get("prefixItems").and_then(Value::as_array);
+            for (i, child) in items.iter_mut().enumerate() {
+                let s = prefix
+                    .and_then(|p| p.get(i))
+                    .or_else(|| schema.get("items").filter(|s| s.is_object()));
+                if let Some(s) = s {
+                    integers_as_integers(s, child);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The schema accepts integers and not other numbers.
+fn wants_integer(schema: &Value) -> bool {
+    match schema.get("type") {
+        Some(Value::String(t)) => t == "integer",
+        Some(Value::Array(ts)) => {
+            ts.iter().any(|t| t == "integer") && !ts.iter().any(|t| t == "number")
+        }
+        _ => false,
+    }
 }
 
 /// Decodes arguments that arrived as a JSON string holding a JSON object, once. Returns the value

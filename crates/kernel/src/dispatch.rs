@@ -1,7 +1,7 @@
-//! Commit, dispatch and settle: running the planned epochs of one round.
+//! Dispatch: running the planned epochs of one round.
 //!
-//! For each call, in its epoch: commit the intent to the journal (a duplicate, replay or conflict
-//! never reaches the executor), then hand the recorded intent to the journal's settlement
+//! For each call, in its epoch: commit the intent to the journal (`commit`: a duplicate, replay or
+//! conflict never reaches the executor), then hand the recorded intent to the journal's settlement
 //! protocol ([`ring0_journal::drive_bounded`]) with the tool as its executor
 //! (the `settle` module): snapshot for a probe, DISPATCHED, run under the timeout, ACKED on
 //! success, FAILED only for "definitely not applied" errors, otherwise UNKNOWN followed by
@@ -17,11 +17,11 @@
 use crate::events::Event;
 use crate::plan::Epoch;
 use crate::prepare::Prepared;
-use crate::settle::{CallExecutor, bound, ms, run_job};
+use crate::settle::{CallExecutor, ms, run_job};
 use ring0_core::call::RejectionKind;
 use ring0_core::receipt::{CallOutcome, Disposition, Timing};
-use ring0_core::{IntentState, Observation, Receipt, Rejection, SemanticKey};
-use ring0_journal::{IntentRecord, Journal, Proposal, ProposeDecision};
+use ring0_core::{IntentState, Receipt, Rejection};
+use ring0_journal::{IntentRecord, Journal};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -54,6 +54,8 @@ pub(crate) struct DispatchEnv {
     pub memo_ttl_ms: u64,
     /// The host's per-call context, handed to each call's [`crate::CallContext`].
     pub extensions: crate::tool::CallExtensions,
+    /// The session's shape stage, applied to every result before its receipt.
+    pub shape: crate::shape::ShapeStage,
 }
 
 /// Writes whose outcome is uncertain in this batch.
@@ -179,14 +181,14 @@ fn cancelled(job: &Prepared) -> Receipt {
     )
 }
 
-fn rejected(job: &Prepared, kind: RejectionKind, message: String) -> Receipt {
+pub(crate) fn rejected(job: &Prepared, kind: RejectionKind, message: String) -> Receipt {
     Receipt::rejected(
         job.call.index,
         Rejection::new(kind, &job.call.tool, &job.call.call_id, message),
     )
 }
 
-fn receipt_from(
+pub(crate) fn receipt_from(
     job: &Prepared,
     record: &IntentRecord,
     disposition: Disposition,
@@ -252,66 +254,9 @@ async fn run_call(
     if !mutating && !env.journal_reads {
         return run_read(env, job, epoch_no).await;
     }
-    let semantic_key = match SemanticKey::from_canonical_args(
-        &spec.name,
-        &job.call.canonical_args,
-        &env.scope,
-        env.attempt_epoch,
-    ) {
-        Ok(k) => k,
-        Err(e) => return rejected(job, RejectionKind::InvalidJson, e.to_string()),
-    };
-    let proposal = Proposal {
-        intent_id: env.intent_ids.get(&job.call.index).copied(),
-        semantic_key,
-        scope: env.scope.to_string(),
-        attempt_epoch: env.attempt_epoch,
-        tool: spec.name.clone(),
-        canonical_args: job.call.canonical_args.clone(),
-        call_id: job.call.call_id.clone(),
-        mutating,
-    };
-    let record = match env.journal.propose(proposal).await {
-        Err(e) => {
-            return rejected(
-                job,
-                RejectionKind::JournalUnavailable,
-                format!("the intent could not be recorded, so nothing was run: {e}"),
-            );
-        }
-        Ok(ProposeDecision::Recorded(record)) => record,
-        Ok(ProposeDecision::Duplicate(record)) => {
-            return rejected(
-                job,
-                RejectionKind::DuplicateInFlight,
-                format!(
-                    "the same intent ({}) is already {}; it will not run twice",
-                    record.id, record.state
-                ),
-            );
-        }
-        Ok(ProposeDecision::Replay(record)) => {
-            let mut receipt = record.receipt.clone().unwrap_or_else(|| {
-                receipt_from(
-                    job,
-                    &record,
-                    Disposition::Replayed,
-                    CallOutcome::Completed {
-                        observation: Observation::text("already applied"),
-                    },
-                    Timing::default(),
-                )
-            });
-            receipt.call_id = job.call.call_id.clone();
-            receipt.index = job.call.index;
-            receipt.timeline = record.timeline.clone();
-            receipt.disposition = Disposition::Replayed;
-            receipt.timing = Timing::default();
-            return receipt;
-        }
-        Ok(ProposeDecision::Conflict { reason, .. }) => {
-            return rejected(job, RejectionKind::IntentConflict, reason);
-        }
+    let record = match crate::commit::commit(env, job, mutating).await {
+        Ok(record) => record,
+        Err(receipt) => return receipt,
     };
     if !announce_start(env, job, epoch_no) {
         // Cancelled between commit and dispatch: nothing external was touched.
@@ -384,7 +329,7 @@ fn unsettled(job: &Prepared, record: &IntentRecord, why: String, timing: Timing)
 }
 
 /// A read outside the journal: no effect to deduplicate or settle. Same start gate, timeout,
-/// isolation, bounding and events as every other call.
+/// isolation, shaping and events as every other call.
 async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt {
     let spec = &job.tool.spec;
     let memoizable = env.memo_ttl_ms > 0 && spec.deterministic;
@@ -418,7 +363,7 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
     };
     let (state, outcome) = match result {
         Ok(obs) => {
-            let observation = bound(obs, spec.observation_budget_bytes);
+            let observation = env.shape.observation(obs, spec.observation_budget_bytes);
             if memoizable && !observation.is_error {
                 // A failed store only costs a future cache miss.
                 let _ = env
@@ -431,11 +376,11 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
         Err((_, e)) => (
             IntentState::Failed,
             CallOutcome::Failed {
-                message: e.message,
+                message: env.shape.message(&e.message),
                 uncertain: false,
                 observation: e
                     .observation
-                    .map(|o| bound(o, spec.observation_budget_bytes)),
+                    .map(|o| env.shape.observation(o, spec.observation_budget_bytes)),
             },
         ),
     };

@@ -61,6 +61,8 @@
 //! ```
 
 pub mod admit;
+pub mod assemble;
+mod commit;
 pub mod compat;
 mod dispatch;
 pub mod events;
@@ -70,9 +72,10 @@ pub mod prepare;
 pub mod project;
 mod recover;
 pub mod registry;
+mod round;
 mod session;
 mod settle;
-pub mod stream;
+mod shape;
 mod streaming;
 pub mod tool;
 pub mod traits;
@@ -81,15 +84,16 @@ pub mod validate;
 pub use admit::{RepeatLimits, ToolChoice};
 pub use dispatch::SETTLE_REDISPATCH_MAX;
 pub use events::Event;
-pub use plan::ExecutionMode;
+pub use plan::SchedulingMode;
 pub use policy::{AuthDecision, AuthRequest, Authorizer, GrantTable, PolicyRewrite, SessionInfo};
 pub use project::{ProjectionInput, Projector};
 pub use registry::{RegistrationError, Registry};
 pub use session::{
-    Kernel, KernelBuilder, MAX_CONCURRENT_TOOLS_DEFAULT, RoundOptions, RoundOutcome, Session,
-    SessionConfig, Termination, TurnOutcome,
+    Kernel, KernelBuilder, MAX_CONCURRENT_TOOLS_DEFAULT, RoundOptions, RoundOutcome,
+    SECRET_VALUES_MAX, SecretValuesError, Session, SessionConfig, Termination, ToolRefused,
+    TurnOutcome,
 };
 pub use streaming::{LEDGER_TURNS_MAX, RoundIdentity, StreamNotice, StreamingRound};
 pub use tool::{
-    CallContext, CallExtensions, EventSink, FailureClass, ProbeVerdict, Tool, ToolError, tool_fn,
+    CallContext, CallExtensions, EventSink, FailureClass, ProbeFinding, Tool, ToolError, tool_fn,
 };

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ExecutionMode {
+pub enum SchedulingMode {
     Sequential,
     #[default]
     SafeParallel,
@@ -27,16 +27,16 @@ pub struct Epoch {
     pub barrier: bool,
 }
 
-fn overlaps(mode: ExecutionMode, effect: Effect, mark: ConcurrencyMark) -> bool {
+fn overlaps(mode: SchedulingMode, effect: Effect, mark: ConcurrencyMark) -> bool {
     match (mode, mark) {
-        (_, ConcurrencyMark::Sequential) | (ExecutionMode::Sequential, _) => false,
-        (_, ConcurrencyMark::Parallel) | (ExecutionMode::Parallel, _) => true,
-        (ExecutionMode::SafeParallel, ConcurrencyMark::Default) => effect.is_read_only(),
+        (_, ConcurrencyMark::Sequential) | (SchedulingMode::Sequential, _) => false,
+        (_, ConcurrencyMark::Parallel) | (SchedulingMode::Parallel, _) => true,
+        (SchedulingMode::SafeParallel, ConcurrencyMark::Default) => effect.is_read_only(),
     }
 }
 
 /// Splits calls, given in source order as `(effect, mark)`, into epochs.
-pub fn plan(mode: ExecutionMode, calls: &[(Effect, ConcurrencyMark)]) -> Vec<Epoch> {
+pub fn plan(mode: SchedulingMode, calls: &[(Effect, ConcurrencyMark)]) -> Vec<Epoch> {
     let mut epochs: Vec<Epoch> = Vec::new();
     for (pos, &(effect, mark)) in calls.iter().enumerate() {
         if overlaps(mode, effect, mark) {
@@ -79,7 +79,7 @@ mod tests {
             (Nullipotent, Default),
         ];
         assert_eq!(
-            shape(&plan(ExecutionMode::SafeParallel, &calls)),
+            shape(&plan(SchedulingMode::SafeParallel, &calls)),
             vec![(vec![0, 1], false), (vec![2], true), (vec![3], false)]
         );
     }
@@ -88,7 +88,7 @@ mod tests {
     fn safe_parallel_lets_writes_marked_parallel_overlap() {
         let calls = [(Nullipotent, Default), (NonIdempotent, Parallel)];
         assert_eq!(
-            shape(&plan(ExecutionMode::SafeParallel, &calls)),
+            shape(&plan(SchedulingMode::SafeParallel, &calls)),
             vec![(vec![0, 1], false)]
         );
     }
@@ -97,7 +97,7 @@ mod tests {
     fn sequential_mode_gives_every_call_its_own_epoch() {
         let calls = [(Nullipotent, Parallel), (Nullipotent, Default)];
         assert_eq!(
-            shape(&plan(ExecutionMode::Sequential, &calls)),
+            shape(&plan(SchedulingMode::Sequential, &calls)),
             vec![(vec![0], true), (vec![1], true)]
         );
     }
@@ -111,7 +111,7 @@ mod tests {
             (Idempotent, Default),
         ];
         assert_eq!(
-            shape(&plan(ExecutionMode::Parallel, &calls)),
+            shape(&plan(SchedulingMode::Parallel, &calls)),
             vec![(vec![0, 1], false), (vec![2], true), (vec![3], false)]
         );
     }

@@ -1,15 +1,17 @@
 //! Prepare: a proposed call becomes a [`PreparedCall`] or a structured [`Rejection`].
 //!
 //! In order: tool lookup, argument decoding (strict JSON, size and depth limits, double-encoded
-//! strings decoded once), defaults (unless the spec says `apply_schema_defaults: false`), schema validation reporting every error, policy rewriting
-//! (validated again), fingerprinting, authorization, and conflict-key resolution. All of it
+//! strings decoded once), defaults (unless the spec says `apply_schema_defaults: false`), schema
+//! validation reporting every error, policy rewriting (validated again), integral floats made
+//! integers where the schema asks for one, fingerprinting, authorization, and conflict-key
+//! resolution. All of it
 //! finishes before anything is dispatched.
 
 // A rejection is an ordinary result of preparation, returned once per call; boxing it would
 // only add an allocation to the common path.
 #![allow(clippy::result_large_err)]
 
-use crate::compat::{apply_defaults, decode_double_encoded};
+use crate::compat::{apply_defaults, decode_double_encoded, integers_as_integers};
 use crate::policy::{AuthDecision, AuthRequest, Authorizer, PolicyRewrite, SessionInfo};
 use crate::registry::{RegisteredTool, Registry};
 use crate::validate::{echo, validate};
@@ -116,54 +118,18 @@ fn validation_rejection(call: &ProposedCall, errors: Vec<FieldError>, omitted: u
 
 /// Prepares one call. Never panics on input; every failure is a structured rejection.
 pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Prepared, Rejection> {
-    let visible = |spec: &ring0_core::ToolSpec| cx.authorizer.visible(cx.session, spec);
-    let Some(tool) = cx
-        .registry
-        .get(&call.tool)
-        .filter(|t| visible(&t.spec))
-        .cloned()
-    else {
-        let suggestions = cx.registry.closest(&call.tool, visible);
-        let msg = if suggestions.is_empty() {
-            format!("unknown tool {:?}", call.tool)
-        } else {
-            format!(
-                "unknown tool {:?}; did you mean {}?",
-                call.tool,
-                suggestions.join(", ")
-            )
-        };
-        return Err(
-            Rejection::new(RejectionKind::UnknownTool, &call.tool, &call.call_id, msg)
-                .with_suggestions(suggestions),
-        );
-    };
+    let tool = lookup(cx, call)?;
     let spec = &tool.spec;
-    let mut args = decode_arguments(call)?;
-    if spec.apply_schema_defaults {
-        apply_defaults(&spec.input_schema, &mut args);
-    }
-    let (errors, omitted) = validate(&tool.validator, &spec.input_schema, &args);
-    if !errors.is_empty() {
-        return Err(validation_rejection(call, errors, omitted));
-    }
-    for rewrite in cx.rewrites {
-        args = rewrite.rewrite(cx.session, spec, args).map_err(|why| {
-            Rejection::new(RejectionKind::PolicyDenied, &call.tool, &call.call_id, why)
-        })?;
-        let (errors, omitted) = validate(&tool.validator, &spec.input_schema, &args);
-        if !errors.is_empty() {
-            return Err(validation_rejection(call, errors, omitted));
-        }
-    }
-    let canonical_args = canonical_string(&args).map_err(|e| {
+    let args = prepared_arguments(cx, &tool, call)?;
+    let invalid = |e: ring0_core::CanonicalError| {
         Rejection::new(
             RejectionKind::InvalidJson,
             &call.tool,
             &call.call_id,
             e.to_string(),
         )
-    })?;
+    };
+    let canonical_args = canonical_string(&args).map_err(invalid)?;
     let fingerprint =
         Fingerprint::from_canonical_args(&spec.name, &canonical_args).map_err(|e| {
             Rejection::new(
@@ -173,84 +139,8 @@ pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Pre
                 e.to_string(),
             )
         })?;
-    let args_hash = fingerprint.encode();
-    let request = AuthRequest {
-        session: cx.session,
-        spec,
-        call_id: &call.call_id,
-        args: &args,
-        args_hash: &args_hash,
-        events: cx.events.as_ref(),
-        extensions: cx.extensions,
-    };
-    match cx.authorizer.authorize(&request).await {
-        AuthDecision::Allow { .. } => {}
-        AuthDecision::Deny { rule, reason } => {
-            return Err(Rejection::new(
-                RejectionKind::PolicyDenied,
-                &call.tool,
-                &call.call_id,
-                format!("denied by {rule}: {reason}"),
-            ));
-        }
-        AuthDecision::ApprovalDenied { rule, reason } => {
-            return Err(Rejection::new(
-                RejectionKind::ApprovalDenied,
-                &call.tool,
-                &call.call_id,
-                format!("not approved ({rule}): {reason}"),
-            ));
-        }
-        AuthDecision::ApprovalTimeout { rule } => {
-            return Err(Rejection::new(
-                RejectionKind::ApprovalTimeout,
-                &call.tool,
-                &call.call_id,
-                format!("no approval arrived in time ({rule})"),
-            ));
-        }
-        AuthDecision::ApprovalRequired { rule, reason, next } => {
-            return Err(Rejection::new(
-                RejectionKind::ApprovalRequired,
-                &call.tool,
-                &call.call_id,
-                format!("waiting for a person's approval ({rule}): {reason}. Next: {next}"),
-            ));
-        }
-        AuthDecision::RateLimited {
-            rule,
-            reason,
-            retry_after_ms,
-        } => {
-            return Err(Rejection::new(
-                RejectionKind::RateLimited,
-                &call.tool,
-                &call.call_id,
-                format!("rate limited ({rule}): {reason}"),
-            )
-            .with_retry_after_ms(retry_after_ms));
-        }
-    }
-    let conflict_key = match &spec.conflict_key {
-        None => None,
-        Some(template) => Some(template.resolve(&args).map_err(|e| {
-            let field = match &e {
-                ring0_core::spec::ConflictKeyError::MissingField { field, .. } => field.clone(),
-                _ => String::new(),
-            };
-            validation_rejection(
-                call,
-                vec![FieldError {
-                    loc: format!("/{}", field.replace('.', "/")),
-                    input_value: echo(&Value::Null),
-                    error_type: "missing".into(),
-                    message: format!("{e}; it is needed to order this call against others"),
-                    expected_domain: None,
-                }],
-                0,
-            )
-        })?),
-    };
+    authorize(cx, spec, call, &args, &fingerprint.encode()).await?;
+    let conflict_key = conflict_key(spec, call, &args)?;
     Ok(Prepared {
         call: PreparedCall {
             index: call.index,
@@ -262,5 +152,143 @@ pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Pre
             conflict_key,
         },
         tool,
+    })
+}
+
+/// The registered tool the call names, if the session may see it; otherwise an `unknown_tool`
+/// rejection with the closest names it may see.
+fn lookup(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Arc<RegisteredTool>, Rejection> {
+    let visible = |spec: &ring0_core::ToolSpec| cx.authorizer.visible(cx.session, spec);
+    if let Some(tool) = cx.registry.get(&call.tool).filter(|t| visible(&t.spec)) {
+        return Ok(tool.clone());
+    }
+    let suggestions = cx.registry.closest(&call.tool, visible);
+    let msg = if suggestions.is_empty() {
+        format!("unknown tool {:?}", call.tool)
+    } else {
+        format!(
+            "unknown tool {:?}; did you mean {}?",
+            call.tool,
+            suggestions.join(", ")
+        )
+    };
+    Err(
+        Rejection::new(RejectionKind::UnknownTool, &call.tool, &call.call_id, msg)
+            .with_suggestions(suggestions),
+    )
+}
+
+/// Decoded, defaulted, validated and policy-rewritten arguments (validated again after every
+/// rewrite), with integral floats made integers where the schema asks for one.
+fn prepared_arguments(
+    cx: &PrepareContext<'_>,
+    tool: &RegisteredTool,
+    call: &ProposedCall,
+) -> Result<Value, Rejection> {
+    let spec = &tool.spec;
+    let mut args = decode_arguments(call)?;
+    if spec.apply_schema_defaults {
+        apply_defaults(&spec.input_schema, &mut args);
+    }
+    let check = |args: &Value| {
+        let (errors, omitted) = validate(&tool.validator, &spec.input_schema, args);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(validation_rejection(call, errors, omitted))
+        }
+    };
+    check(&args)?;
+    for rewrite in cx.rewrites {
+        args = rewrite.rewrite(cx.session, spec, args).map_err(|why| {
+            Rejection::new(RejectionKind::PolicyDenied, &call.tool, &call.call_id, why)
+        })?;
+        check(&args)?;
+    }
+    integers_as_integers(&spec.input_schema, &mut args);
+    Ok(args)
+}
+
+/// The authorizer's decision on the prepared arguments; anything but an allow is a rejection.
+async fn authorize(
+    cx: &PrepareContext<'_>,
+    spec: &ring0_core::ToolSpec,
+    call: &ProposedCall,
+    args: &Value,
+    args_hash: &str,
+) -> Result<(), Rejection> {
+    let request = AuthRequest {
+        session: cx.session,
+        spec,
+        call_id: &call.call_id,
+        args,
+        args_hash,
+        events: cx.events.as_ref(),
+        extensions: cx.extensions,
+    };
+    let mut retry_after_ms = None;
+    let (kind, message) = match cx.authorizer.authorize(&request).await {
+        AuthDecision::Allow { .. } => return Ok(()),
+        AuthDecision::Deny { rule, reason } => (
+            RejectionKind::PolicyDenied,
+            format!("denied by {rule}: {reason}"),
+        ),
+        AuthDecision::ApprovalDenied { rule, reason } => (
+            RejectionKind::ApprovalDenied,
+            format!("not approved ({rule}): {reason}"),
+        ),
+        AuthDecision::ApprovalTimeout { rule } => (
+            RejectionKind::ApprovalTimeout,
+            format!("no approval arrived in time ({rule})"),
+        ),
+        AuthDecision::ApprovalRequired { rule, reason, next } => (
+            RejectionKind::ApprovalRequired,
+            format!("waiting for a person's approval ({rule}): {reason}. Next: {next}"),
+        ),
+        AuthDecision::RateLimited {
+            rule,
+            reason,
+            retry_after_ms: wait_ms,
+        } => {
+            retry_after_ms = Some(wait_ms);
+            (
+                RejectionKind::RateLimited,
+                format!("rate limited ({rule}): {reason}"),
+            )
+        }
+    };
+    let rejection = Rejection::new(kind, &call.tool, &call.call_id, message);
+    Err(match retry_after_ms {
+        Some(ms) => rejection.with_retry_after_ms(ms),
+        None => rejection,
+    })
+}
+
+/// The call's conflict key from the tool's template; a field the template needs and the
+/// arguments lack is a validation error.
+fn conflict_key(
+    spec: &ring0_core::ToolSpec,
+    call: &ProposedCall,
+    args: &Value,
+) -> Result<Option<String>, Rejection> {
+    let Some(template) = &spec.conflict_key else {
+        return Ok(None);
+    };
+    template.resolve(args).map(Some).map_err(|e| {
+        let field = match &e {
+            ring0_core::spec::ConflictKeyError::MissingField { field, .. } => field.clone(),
+            _ => String::new(),
+        };
+        validation_rejection(
+            call,
+            vec![FieldError {
+                loc: format!("/{}", field.replace('.', "/")),
+                input_value: echo(&Value::Null),
+                error_type: "missing".into(),
+                message: format!("{e}; it is needed to order this call against others"),
+                expected_domain: None,
+            }],
+            0,
+        )
     })
 }

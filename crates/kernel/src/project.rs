@@ -1,11 +1,17 @@
 //! Project: the canonical receipt becomes what the model sees.
 //!
 //! By default the model sees the canonical receipt (or, for a call refused before dispatch, the
-//! rejection envelope it can correct itself from). A host may install a [`Projector`] that
-//! returns a deterministic JSON object from the stable parts of the intent and receipt. A
-//! projector that panics, errs, or returns invalid, non-object or oversized JSON yields the fixed
-//! terminating `projection_failed` result: the batch must make no further model request, and
-//! there is no fallback to the canonical receipt (which the host still has).
+//! rejection envelope it can correct itself from). Both fit [`PROJECTION_BYTES_MAX`] by
+//! construction: a rejection is bounded field by field, an observation by the shape stage to
+//! [`ring0_core::limits::OBSERVATION_BYTES_MAX`], and the rest of a receipt by
+//! [`ring0_core::limits::RECEIPT_ENVELOPE_BYTES_MAX`]; so the default projection never fails.
+//!
+//! A host may install a [`Projector`] that returns a deterministic JSON object from the stable
+//! parts of the intent and receipt. A projector that panics, errs, or returns invalid, non-object
+//! or oversized JSON yields the terminating `projection_failed` result — only a host projector can
+//! cause it. The batch must make no further model request, and there is no fallback to the
+//! canonical receipt (which the host still has). Its message says what is known about the call:
+//! whether it ran, and whether its effect may have been applied.
 
 use ring0_core::limits::PROJECTION_BYTES_MAX;
 use ring0_core::receipt::CallOutcome;
@@ -42,12 +48,30 @@ pub trait Projector: Send + Sync {
 #[error("projection failed: {0}")]
 pub struct ProjectionFailure(pub String);
 
-/// The fixed result the model sees when projection fails.
-pub fn projection_failed_result() -> Value {
+/// The result the model sees when the host's projector fails: what is known about the call, from
+/// its receipt.
+pub fn projection_failed_result(receipt: &Receipt) -> Value {
+    let known = match (&receipt.outcome, receipt.state) {
+        (CallOutcome::Rejected { .. }, _) => {
+            "The call was refused before it ran: nothing was applied."
+        }
+        (_, Some(IntentState::Acked)) => {
+            "The call ran and completed: do not run it again for the same purpose."
+        }
+        (_, Some(IntentState::Failed)) => "The call failed without an effect.",
+        (
+            CallOutcome::Failed {
+                uncertain: false, ..
+            },
+            _,
+        ) => "The call failed without an effect.",
+        _ => "The action may already have been applied: do not retry it.",
+    };
     json!({
         "status": "projection_failed",
-        "message": "the result of this call could not be shown; the run ends here. The action may \
-                    already have been applied: do not retry it.",
+        "message": format!(
+            "the host could not show the result of this call; the run ends here. {known}"
+        ),
     })
 }
 
@@ -78,11 +102,7 @@ pub fn project(
         return check_shape(rejection.to_json(), PROJECTION_BYTES_MAX);
     }
     match projector {
-        None => check_shape(
-            serde_json::to_value(receipt)
-                .map_err(|e| ProjectionFailure(format!("receipt does not serialize: {e}")))?,
-            PROJECTION_BYTES_MAX,
-        ),
+        None => Ok(canonical(receipt)),
         Some(projector) => {
             let input = ProjectionInput {
                 tool: &receipt.tool,
@@ -98,4 +118,25 @@ pub fn project(
             check_shape(produced, projector.projection_bytes_max())
         }
     }
+}
+
+/// The canonical receipt as the model sees it without a host projector. It fits the projection
+/// bound by construction; should an envelope ever outgrow it, the observation is withheld and
+/// the receipt says so, rather than ending the run.
+fn canonical(receipt: &Receipt) -> Value {
+    let value = serde_json::to_value(receipt).unwrap_or(Value::Null);
+    let size = serde_json::to_vec(&value).map_or(usize::MAX, |v| v.len());
+    debug_assert!(size <= PROJECTION_BYTES_MAX, "receipt of {size} bytes");
+    if size <= PROJECTION_BYTES_MAX && value.is_object() {
+        return value;
+    }
+    json!({
+        "call_id": receipt.call_id,
+        "tool": receipt.tool,
+        "state": receipt.state,
+        "is_error": receipt.is_error(),
+        "message": format!(
+            "the receipt of {size} bytes exceeded the projection bound of {PROJECTION_BYTES_MAX} bytes; its observation was withheld"
+        ),
+    })
 }

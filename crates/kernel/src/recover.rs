@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 /// The registered tools as the journal's executor for records found in the log.
 pub(crate) struct RegistryExecutor<'a> {
     pub registry: &'a Registry,
+    pub shape: &'a crate::shape::ShapeStage,
 }
 
 fn args_of(record: &IntentRecord) -> Value {
@@ -62,7 +63,8 @@ impl Executor for RegistryExecutor<'_> {
                 tool: &record.tool,
                 disposition: Disposition::Recovered,
                 timing: Timing::default(),
-                budget_bytes: usize::MAX,
+                budget_bytes: ring0_core::limits::OBSERVATION_BYTES_MAX,
+                shape: self.shape,
             };
             let message = format!("tool {:?} is no longer registered", record.tool);
             return dispatch_outcome(
@@ -103,6 +105,7 @@ impl Executor for RegistryExecutor<'_> {
                 run_ms: ms(started.elapsed()),
             },
             budget_bytes: tool.spec.observation_budget_bytes,
+            shape: self.shape,
         };
         dispatch_outcome(record, origin, result)
     }
@@ -118,6 +121,7 @@ impl Executor for RegistryExecutor<'_> {
             &args_of(record),
             record,
             tool.spec.observation_budget_bytes,
+            self.shape,
         )
         .await
     }

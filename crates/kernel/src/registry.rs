@@ -5,7 +5,11 @@ use crate::tool::Tool;
 use jsonschema::{Draft, Retrieve, Uri, Validator};
 use ring0_core::ToolSpec;
 use ring0_core::canonical::canonicalize;
-use ring0_core::limits::{CATALOG_TOOLS_MAX, SCHEMA_BYTES_MAX, TOOL_NAME_BYTES_MAX};
+use ring0_core::limits::{
+    CATALOG_TOOLS_MAX, OBSERVATION_BYTES_MAX, PROJECTION_BYTES_MAX, RECEIPT_ENVELOPE_BYTES_MAX,
+    SCHEMA_BYTES_MAX, TOOL_NAME_BYTES_MAX,
+};
+use ring0_shape::observation::TEXT_BUDGET_BYTES_MIN;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,6 +33,13 @@ pub enum RegistrationError {
     Compile { tool: String, why: String },
     #[error("tool {tool:?}: {why}")]
     Metadata { tool: String, why: String },
+    #[error(
+        "tool {tool:?}: an observation budget of {budget_bytes} bytes cannot be shown: a result \
+         is projected in at most {PROJECTION_BYTES_MAX} bytes, {RECEIPT_ENVELOPE_BYTES_MAX} of \
+         them for the receipt around the observation, so the budget must be between \
+         {TEXT_BUDGET_BYTES_MIN} and {OBSERVATION_BYTES_MAX} bytes"
+    )]
+    ObservationBudget { tool: String, budget_bytes: usize },
 }
 
 /// Refuses every external `$ref`: schemas are self-contained, and a validator that fetches URLs
@@ -140,7 +151,15 @@ impl Registry {
                     source,
                 }
             })?;
-        let warnings = crate::compat::strip_invalid_defaults(&mut spec.input_schema);
+        if !(TEXT_BUDGET_BYTES_MIN..=OBSERVATION_BYTES_MAX).contains(&spec.observation_budget_bytes)
+        {
+            return Err(RegistrationError::ObservationBudget {
+                tool: name,
+                budget_bytes: spec.observation_budget_bytes,
+            });
+        }
+        let mut warnings = crate::compat::strip_invalid_defaults(&mut spec.input_schema);
+        warnings.extend(crate::compat::check_required(&mut spec.input_schema));
         if spec.authority >= ring0_core::Authority::A2
             && !spec.effect.is_read_only()
             && spec.timeout_ms == 0

@@ -1,25 +1,20 @@
 //! The public agent-loop API: a [`Kernel`] holds the tools, the journal and the default policy;
 //! a [`Session`] runs model turns through the whole pipeline.
 
-use crate::admit::{
-    RepeatGuard, RepeatLimits, RepeatVerdict, ToolChoice, advisory_message, check_tool_choice,
-    oversee,
-};
-use crate::dispatch::{DispatchEnv, run_epochs};
-use crate::events::{Event, RepeatAction};
-use crate::plan::{ExecutionMode, plan};
+use crate::admit::{RepeatGuard, RepeatLimits, ToolChoice};
+use crate::dispatch::DispatchEnv;
+use crate::events::Event;
+use crate::plan::SchedulingMode;
 use crate::policy::{Authorizer, GrantTable, PolicyRewrite, SessionInfo};
-use crate::prepare::{PrepareContext, Prepared, prepare};
-use crate::project::{Projector, project, projection_failed_result};
+use crate::prepare::Prepared;
+use crate::project::Projector;
 use crate::registry::{RegistrationError, Registry};
+use crate::shape::ShapeStage;
 use crate::tool::Tool;
-use ring0_core::call::RejectionKind;
 use ring0_core::format::{FormatError, parse_turn, render_results};
-use ring0_core::limits::CALLS_PER_ROUND_MAX;
-use ring0_core::{
-    Principal, ProposedCall, ProviderFormat, Receipt, Rejection, Round, ToolResult, ToolSpec,
-};
+use ring0_core::{Principal, ProviderFormat, Receipt, Rejection, Round, ToolResult, ToolSpec};
 use ring0_journal::{Journal, MemoryJournal};
+use ring0_shape::{RedactError, Redactor};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -31,6 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Default bound on calls running at once in one epoch.
 pub const MAX_CONCURRENT_TOOLS_DEFAULT: usize = 8;
+/// Most secret values the kernel and a session may each mark: together they stay within the
+/// redactor's own bound.
+pub const SECRET_VALUES_MAX: usize = ring0_shape::redact::SECRET_VALUES_MAX / 2;
 
 pub(crate) struct KernelInner {
     pub(crate) registry: Registry,
@@ -38,6 +36,9 @@ pub(crate) struct KernelInner {
     pub(crate) authorizer: Arc<dyn Authorizer>,
     pub(crate) rewrites: Vec<Arc<dyn PolicyRewrite>>,
     pub(crate) sessions: AtomicU64,
+    /// Secret values every session redacts, and the shape stage recovery uses.
+    pub(crate) secret_values: Arc<[String]>,
+    pub(crate) shape: ShapeStage,
 }
 
 /// The mediation kernel: tools, journal and default policy, shared by its sessions.
@@ -53,13 +54,81 @@ pub struct KernelBuilder {
     journal: Option<Arc<dyn Journal>>,
     authorizer: Option<Arc<dyn Authorizer>>,
     rewrites: Vec<Arc<dyn PolicyRewrite>>,
+    secret_values: Vec<String>,
+}
+
+/// A list of secret values the kernel or a session cannot redact.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretValuesError {
+    #[error("{got} secret values given; at most {SECRET_VALUES_MAX} are accepted")]
+    TooMany { got: usize },
+    #[error(transparent)]
+    Redactor(#[from] RedactError),
+}
+
+/// Checks a list of secret values and builds its redactor.
+fn secret_list<I, S>(values: I) -> Result<Vec<String>, SecretValuesError>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    let values: Vec<String> = values.into_iter().map(Into::into).collect();
+    if values.len() > SECRET_VALUES_MAX {
+        return Err(SecretValuesError::TooMany { got: values.len() });
+    }
+    Redactor::new(&values)?;
+    Ok(values)
+}
+
+/// The redactor of the union of two checked lists.
+fn redactor_of(a: &[String], b: &[String]) -> Redactor {
+    Redactor::new(a.iter().chain(b)).expect("two checked lists within half the bound each")
+}
+
+/// A tool the builder refused, with the builder and every tool registered before it.
+pub struct ToolRefused {
+    pub error: RegistrationError,
+    /// Boxed: the error path should not make every `Ok` as large as a builder twice.
+    pub builder: Box<KernelBuilder>,
+}
+
+impl ToolRefused {
+    /// The builder, to go on without the refused tool.
+    pub fn into_builder(self) -> KernelBuilder {
+        *self.builder
+    }
+}
+
+impl std::fmt::Debug for ToolRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ToolRefused").field(&self.error).finish()
+    }
+}
+
+impl std::fmt::Display for ToolRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for ToolRefused {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<ToolRefused> for RegistrationError {
+    fn from(refused: ToolRefused) -> Self {
+        refused.error
+    }
 }
 
 impl KernelBuilder {
-    /// Registers a tool: its schema is normalized and compiled now, once.
-    pub fn tool(mut self, spec: ToolSpec, tool: Arc<dyn Tool>) -> Result<Self, RegistrationError> {
-        self.registry.register(spec, tool)?;
-        Ok(self)
+    /// Registers a tool: its schema is normalized and compiled now, once. A refused tool leaves
+    /// the builder as it was: [`ToolRefused::into_builder`] goes on without it.
+    pub fn tool(self, spec: ToolSpec, tool: Arc<dyn Tool>) -> Result<Self, ToolRefused> {
+        let callable = spec.name.clone();
+        self.tool_in(crate::traits::LOCAL_CONNECTION, &callable, spec, tool)
     }
 
     /// Registers a tool of a connection under its model-facing name, keeping its unqualified
@@ -70,10 +139,14 @@ impl KernelBuilder {
         callable: &str,
         spec: ToolSpec,
         tool: Arc<dyn Tool>,
-    ) -> Result<Self, RegistrationError> {
-        self.registry
-            .register_in(connection, callable, spec, tool)?;
-        Ok(self)
+    ) -> Result<Self, ToolRefused> {
+        match self.registry.register_in(connection, callable, spec, tool) {
+            Ok(()) => Ok(self),
+            Err(error) => Err(ToolRefused {
+                error,
+                builder: Box::new(self),
+            }),
+        }
     }
 
     /// Trait configuration of one connection (`tool_traits`), keyed by unqualified callable
@@ -105,8 +178,23 @@ impl KernelBuilder {
         self
     }
 
+    /// Values every session redacts from tool output as `[redacted:secret]` (the values of
+    /// environment variables the host keeps secret), in addition to the well-known credential
+    /// formats. Values shorter than [`ring0_shape::redact::SECRET_VALUE_BYTES_MIN`] are ignored.
+    pub fn secret_values<I, S>(mut self, values: I) -> Result<Self, SecretValuesError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.secret_values = secret_list(values)?;
+        Ok(self)
+    }
+
     pub fn build(mut self) -> Kernel {
         self.registry.apply_traits(&self.traits);
+        let shape = ShapeStage {
+            redactor: redactor_of(&self.secret_values, &[]),
+        };
         Kernel {
             inner: Arc::new(KernelInner {
                 registry: self.registry,
@@ -118,6 +206,8 @@ impl KernelBuilder {
                     .unwrap_or_else(|| Arc::new(GrantTable::deny_all())),
                 rewrites: self.rewrites,
                 sessions: AtomicU64::new(0),
+                secret_values: self.secret_values.into(),
+                shape,
             }),
         }
     }
@@ -128,7 +218,7 @@ impl KernelBuilder {
 pub struct SessionConfig {
     /// The user-intent scope: part of every semantic key.
     pub scope: String,
-    pub mode: ExecutionMode,
+    pub mode: SchedulingMode,
     pub max_concurrent_tools: usize,
     pub repeat: RepeatLimits,
     /// Bumped by the host when the user genuinely asks for the same action again.
@@ -147,13 +237,15 @@ pub struct SessionConfig {
     /// a fresh one per session when absent. A host whose one conversation spans several kernel
     /// sessions (an MCP connection across catalog generations) names it once for all of them.
     pub session_id: Option<String>,
+    /// Values this session redacts from tool output, besides the kernel's.
+    pub secret_values: Arc<[String]>,
 }
 
 impl SessionConfig {
     pub fn new(scope: impl Into<String>) -> Self {
         Self {
             scope: scope.into(),
-            mode: ExecutionMode::SafeParallel,
+            mode: SchedulingMode::SafeParallel,
             max_concurrent_tools: MAX_CONCURRENT_TOOLS_DEFAULT,
             repeat: RepeatLimits::default(),
             attempt_epoch: 0,
@@ -163,7 +255,19 @@ impl SessionConfig {
             memo_ttl_ms: 0,
             principal: Principal::local(),
             session_id: None,
+            secret_values: Arc::from([]),
         }
+    }
+
+    /// Values this session redacts from tool output as `[redacted:secret]`, in addition to the
+    /// kernel's ([`KernelBuilder::secret_values`]).
+    pub fn secret_values<I, S>(mut self, values: I) -> Result<Self, SecretValuesError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.secret_values = secret_list(values)?.into();
+        Ok(self)
     }
 
     pub fn session_id(mut self, id: impl Into<String>) -> Self {
@@ -176,7 +280,7 @@ impl SessionConfig {
         self
     }
 
-    pub fn mode(mut self, mode: ExecutionMode) -> Self {
+    pub fn mode(mut self, mode: SchedulingMode) -> Self {
         self.mode = mode;
         self
     }
@@ -294,6 +398,7 @@ pub struct Session {
     pub(crate) events: crate::events::EventHub,
     pub(crate) cancel: std::sync::Mutex<CancellationToken>,
     pub(crate) start_gate: Arc<std::sync::Mutex<()>>,
+    pub(crate) shape: ShapeStage,
 }
 
 impl Kernel {
@@ -304,6 +409,7 @@ impl Kernel {
             journal: None,
             authorizer: None,
             rewrites: Vec::new(),
+            secret_values: Vec::new(),
         }
     }
 
@@ -331,6 +437,7 @@ impl Kernel {
         .await?;
         let exec = crate::recover::RegistryExecutor {
             registry: &self.inner.registry,
+            shape: &self.inner.shape,
         };
         let mut report = ring0_journal::recover(
             self.inner.journal.as_ref(),
@@ -352,6 +459,13 @@ impl Kernel {
             .authorizer
             .clone()
             .unwrap_or_else(|| self.inner.authorizer.clone());
+        let shape = if config.secret_values.is_empty() {
+            self.inner.shape.clone()
+        } else {
+            ShapeStage {
+                redactor: redactor_of(&self.inner.secret_values, &config.secret_values),
+            }
+        };
         Session {
             kernel: self.inner.clone(),
             info: SessionInfo {
@@ -374,6 +488,7 @@ impl Kernel {
             events,
             cancel: std::sync::Mutex::new(CancellationToken::new()),
             start_gate: Arc::new(std::sync::Mutex::new(())),
+            shape,
         }
     }
 }
@@ -451,6 +566,7 @@ impl Session {
             journal_reads: self.config.journal_reads,
             memo_ttl_ms: self.config.memo_ttl_ms,
             extensions: options.extensions.clone(),
+            shape: self.shape.clone(),
         }
     }
 
@@ -467,280 +583,5 @@ impl Session {
     pub async fn run_round(&self, round: Round, options: &RoundOptions) -> RoundOutcome {
         self.run_round_with(round.calls, options, Instant::now(), BTreeMap::new())
             .await
-    }
-
-    /// [`Session::run_round`] for calls some of which a streaming round already prepared,
-    /// rejected or started early (`pre`, by position).
-    pub(crate) async fn run_round_with(
-        &self,
-        calls: Vec<ProposedCall>,
-        options: &RoundOptions,
-        round_start: Instant,
-        mut pre: BTreeMap<usize, Pre>,
-    ) -> RoundOutcome {
-        let cancel = self.cancel.lock().expect("cancel mutex").clone();
-        let mut st = self.state.lock().await;
-        st.rounds += 1;
-        let round_no = st.rounds;
-        self.emit(Event::RoundStarted {
-            round: round_no,
-            calls: calls.len(),
-        });
-        let n = calls.len();
-        let mut receipts: Vec<Option<Receipt>> = vec![None; n];
-        let reject = |receipts: &mut Vec<Option<Receipt>>, pos: usize, r: Rejection| {
-            self.emit(Event::CallRejected {
-                index: calls[pos].index,
-                call_id: r.call_id.clone(),
-                tool: r.tool_name.clone(),
-                kind: r.status,
-            });
-            receipts[pos] = Some(Receipt::rejected(calls[pos].index, r));
-        };
-
-        let choice = check_tool_choice(&options.tool_choice, &calls);
-        let mut candidates: Vec<usize> = Vec::new();
-        let mut consumed: Vec<(usize, Prepared, SharedReceipt)> = Vec::new();
-        let mut preprepared: BTreeMap<usize, Prepared> = BTreeMap::new();
-        for (pos, call) in calls.iter().enumerate() {
-            match pre.remove(&pos) {
-                // Already started early: it ran through the dispatcher once and is not validated,
-                // written or executed again.
-                Some(Pre::Consumed { prepared, receipt }) => {
-                    consumed.push((pos, prepared, receipt));
-                    continue;
-                }
-                Some(Pre::Rejected(r)) => {
-                    reject(&mut receipts, pos, r);
-                    continue;
-                }
-                Some(Pre::Prepared(p)) => {
-                    preprepared.insert(pos, p);
-                }
-                None => {}
-            }
-            if let Some(t) = &st.terminated {
-                let r = Rejection::new(
-                    RejectionKind::RepeatTerminated,
-                    &call.tool,
-                    &call.call_id,
-                    format!("this run was terminated ({t:?}); no further calls run"),
-                );
-                reject(&mut receipts, pos, r);
-            } else if n > CALLS_PER_ROUND_MAX {
-                let r = Rejection::new(
-                    RejectionKind::RoundLimit,
-                    &call.tool,
-                    &call.call_id,
-                    format!("{n} calls in one round; at most {CALLS_PER_ROUND_MAX} are accepted"),
-                );
-                reject(&mut receipts, pos, r);
-            } else if let Some(r) = choice.rejections[pos].clone() {
-                reject(&mut receipts, pos, r);
-            } else {
-                candidates.push(pos);
-            }
-        }
-
-        // Prepare: everything finishes before anything is dispatched.
-        let cx = PrepareContext {
-            registry: &self.kernel.registry,
-            session: &self.info,
-            authorizer: self.authorizer.as_ref(),
-            rewrites: &self.kernel.rewrites,
-            events: Some(crate::tool::EventSink(self.events.clone())),
-            extensions: &options.extensions,
-        };
-        let prepared_results = futures::future::join_all(candidates.iter().map(|&pos| {
-            let ready = preprepared.remove(&pos);
-            let cx = &cx;
-            let call = &calls[pos];
-            async move {
-                match ready {
-                    Some(p) => Ok(p),
-                    None => prepare(cx, call).await,
-                }
-            }
-        }))
-        .await;
-        let mut prepared: Vec<(usize, Prepared)> = Vec::new();
-        for (pos, result) in candidates.into_iter().zip(prepared_results) {
-            match result {
-                Ok(p) => prepared.push((pos, p)),
-                Err(r) => reject(&mut receipts, pos, r),
-            }
-        }
-
-        // Admit: the round overseer, then the exact-repeat guard, in source order. Calls started
-        // early count as accepted before the calls after them.
-        let early_positions: Vec<usize> = consumed.iter().map(|(pos, _, _)| *pos).collect();
-        for (pos, p, _) in &consumed {
-            prepared.push((*pos, p.clone()));
-        }
-        prepared.sort_by_key(|(pos, _)| *pos);
-        let verdicts = oversee(
-            &prepared
-                .iter()
-                .map(|(_, p)| {
-                    (
-                        p.call.tool.as_str(),
-                        p.call.call_id.as_str(),
-                        p.tool.spec.strategy,
-                    )
-                })
-                .collect::<Vec<_>>(),
-        );
-        let mut policy_message = st.pending_policy_message.take();
-        let mut terminated = None;
-        let mut accepted: Vec<(usize, Prepared)> = Vec::new();
-        let mut args_by_pos: BTreeMap<usize, Value> = BTreeMap::new();
-        for ((pos, p), verdict) in prepared.into_iter().zip(verdicts) {
-            if early_positions.contains(&pos) {
-                args_by_pos.insert(pos, p.call.args.clone());
-                continue;
-            }
-            if let Some(r) = verdict {
-                reject(&mut receipts, pos, r);
-                continue;
-            }
-            if terminated.is_some() {
-                let r = Rejection::new(
-                    RejectionKind::RepeatTerminated,
-                    &p.call.tool,
-                    &p.call.call_id,
-                    "the run was terminated by an earlier call of this round",
-                );
-                reject(&mut receipts, pos, r);
-                continue;
-            }
-            match st
-                .repeat
-                .observe(p.call.fingerprint, p.tool.spec.track_exact_repeats)
-            {
-                RepeatVerdict::Proceed => accepted.push((pos, p)),
-                RepeatVerdict::Advisory { count } => {
-                    self.emit(Event::RepeatDetected {
-                        tool: p.call.tool.clone(),
-                        fingerprint: p.call.fingerprint,
-                        count,
-                        action: RepeatAction::Advisory,
-                    });
-                    policy_message = Some(advisory_message(&p.call.tool, count));
-                    accepted.push((pos, p));
-                }
-                RepeatVerdict::Terminate { count } => {
-                    self.emit(Event::RepeatDetected {
-                        tool: p.call.tool.clone(),
-                        fingerprint: p.call.fingerprint,
-                        count,
-                        action: RepeatAction::Terminated,
-                    });
-                    let r = Rejection::new(
-                        RejectionKind::RepeatTerminated,
-                        &p.call.tool,
-                        &p.call.call_id,
-                        format!(
-                            "{:?} was called {count} times in a row with identical arguments; \
-                             the call was not run and the run ends",
-                            p.call.tool
-                        ),
-                    );
-                    reject(&mut receipts, pos, r);
-                    terminated = Some(Termination::RepeatLimit {
-                        tool: p.call.tool.clone(),
-                        count,
-                    });
-                }
-            }
-        }
-
-        // Plan, then commit / dispatch / settle.
-        let epochs = plan(
-            self.config.mode,
-            &accepted
-                .iter()
-                .map(|(_, p)| (p.tool.spec.effect, p.tool.spec.concurrency))
-                .collect::<Vec<_>>(),
-        );
-        let env = self.dispatch_env(round_start, cancel, options);
-        let positions: Vec<usize> = accepted.iter().map(|(pos, _)| *pos).collect();
-        let jobs: Vec<Prepared> = accepted
-            .into_iter()
-            .map(|(pos, p)| {
-                args_by_pos.insert(pos, p.call.args.clone());
-                p
-            })
-            .collect();
-        let dispatched = run_epochs(env, jobs, epochs).await;
-        for (pos, _, receipt) in consumed {
-            let mut r = receipt.await;
-            r.call_id = calls[pos].call_id.clone();
-            r.index = calls[pos].index;
-            receipts[pos] = Some(r);
-        }
-        for (pos, receipt) in positions.into_iter().zip(dispatched) {
-            if let ring0_core::receipt::CallOutcome::Rejected { rejection } = &receipt.outcome {
-                self.emit(Event::CallRejected {
-                    index: receipt.index,
-                    call_id: rejection.call_id.clone(),
-                    tool: rejection.tool_name.clone(),
-                    kind: rejection.status,
-                });
-            }
-            receipts[pos] = Some(receipt);
-        }
-
-        // Project, in source order.
-        let receipts: Vec<Receipt> = receipts
-            .into_iter()
-            .map(|r| r.expect("every call has a receipt"))
-            .collect();
-        let mut results = Vec::with_capacity(n);
-        for (pos, receipt) in receipts.iter().enumerate() {
-            if self.events.receiver_count() > 0 {
-                self.emit(Event::Receipt(Box::new(receipt.clone())));
-            }
-            let content = match project(
-                receipt,
-                args_by_pos.get(&pos),
-                self.config.projector.as_deref(),
-            ) {
-                Ok(v) => v,
-                Err(failure) => {
-                    self.emit(Event::ProjectionFailed {
-                        index: receipt.index,
-                        call_id: receipt.call_id.clone(),
-                        why: failure.0,
-                    });
-                    if terminated.is_none() {
-                        terminated = Some(Termination::ProjectionFailed {
-                            call_id: receipt.call_id.clone(),
-                        });
-                    }
-                    projection_failed_result()
-                }
-            };
-            results.push(ToolResult {
-                call_id: receipt.call_id.clone(),
-                tool: receipt.tool.clone(),
-                is_error: receipt.is_error()
-                    || content.get("status") == Some(&Value::from("projection_failed")),
-                content,
-            });
-        }
-        if terminated.is_some() {
-            st.terminated = terminated.clone();
-        }
-        self.emit(Event::RoundFinished {
-            round: round_no,
-            terminated: terminated.is_some(),
-        });
-        RoundOutcome {
-            receipts,
-            results,
-            terminated,
-            policy_message,
-            missing_required_call: choice.missing_call,
-        }
     }
 }

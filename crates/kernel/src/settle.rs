@@ -4,8 +4,9 @@
 //! RECONCILING → re-dispatch with the same idempotency key, probe, or DEAD_LETTER — has one
 //! implementation, [`ring0_journal::drive`]. This module only supplies what the protocol needs
 //! from the world: running a registered [`Tool`] under its timeout in its own task (a panic is
-//! that call's failure), classifying the result into a [`DispatchOutcome`], taking the tool's
-//! pre-dispatch snapshot and translating its probe verdict.
+//! that call's failure), classifying the result into a [`DispatchOutcome`] with its shaped
+//! observation (the `shape` stage, before the receipt), taking the tool's pre-dispatch snapshot and
+//! translating its probe verdict.
 //!
 //! Two executors share that code: `CallExecutor` here, for a call of a live round (receipts
 //! carry the model's call id, position and timing), and the registry executor of
@@ -13,7 +14,8 @@
 
 use crate::dispatch::DispatchEnv;
 use crate::prepare::Prepared;
-use crate::tool::{CallContext, EventSink, FailureClass, ProbeVerdict, Tool, ToolError};
+use crate::shape::ShapeStage;
+use crate::tool::{CallContext, EventSink, FailureClass, ProbeFinding, Tool, ToolError};
 use async_trait::async_trait;
 use ring0_core::receipt::{CallOutcome, Disposition, Timing};
 use ring0_core::{IntentState, Observation, Receipt, Settlement};
@@ -91,31 +93,6 @@ fn error_class(e: &ToolError) -> ErrorClass {
     }
 }
 
-/// Cuts observation text to the tool's budget on a UTF-8 boundary, saying so; never silently.
-pub(crate) fn bound(mut obs: Observation, budget: usize) -> Observation {
-    if obs.text.len() > budget {
-        let total = obs.text.len();
-        let mut cut = budget.saturating_sub(96).min(total);
-        while !obs.text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        obs.text.truncate(cut);
-        obs.text.push_str(&format!(
-            "\n[ring0: output cut to {cut} of {total} bytes by the observation budget]"
-        ));
-    }
-    if let Some(structured) = &obs.structured {
-        let size = structured.to_string().len();
-        if size > budget {
-            obs.structured = None;
-            obs.text.push_str(&format!(
-                "\n[ring0: structured result of {size} bytes exceeds the observation budget of {budget} bytes and was withheld]"
-            ));
-        }
-    }
-    obs
-}
-
 /// Where a receipt made for the journal comes from: the call it answers and how it ran.
 pub(crate) struct ReceiptOrigin<'a> {
     pub call_id: &'a str,
@@ -124,6 +101,7 @@ pub(crate) struct ReceiptOrigin<'a> {
     pub disposition: Disposition,
     pub timing: Timing,
     pub budget_bytes: usize,
+    pub shape: &'a ShapeStage,
 }
 
 /// Classifies one attempt for the journal, with the receipt to store. The journal stamps the
@@ -147,7 +125,7 @@ pub(crate) fn dispatch_outcome(
     };
     match result {
         Ok(obs) => DispatchOutcome::Applied(receipt(CallOutcome::Completed {
-            observation: bound(obs, origin.budget_bytes),
+            observation: origin.shape.observation(obs, origin.budget_bytes),
         })),
         Err((class, e)) => {
             let after_ambiguity = record.previous_state() == Some(IntentState::Reconciling);
@@ -155,9 +133,11 @@ pub(crate) fn dispatch_outcome(
             DispatchOutcome::Failed {
                 class,
                 receipt: receipt(CallOutcome::Failed {
-                    message: e.message,
+                    message: origin.shape.message(&e.message),
                     uncertain: !definite,
-                    observation: e.observation.map(|o| bound(o, origin.budget_bytes)),
+                    observation: e
+                        .observation
+                        .map(|o| origin.shape.observation(o, origin.budget_bytes)),
                 }),
             }
         }
@@ -177,19 +157,20 @@ pub(crate) async fn snapshot(
 }
 
 /// The tool's probe verdict in the journal's terms. The observation of a probe that found the
-/// effect becomes the evidence of the synthetic receipt, bounded like any observation.
+/// effect becomes the evidence of the synthetic receipt, shaped like any observation.
 pub(crate) async fn probe(
     tool: &dyn Tool,
     args: &Value,
     record: &IntentRecord,
     budget_bytes: usize,
+    shape: &ShapeStage,
 ) -> JournalVerdict {
     match tool.probe(args, record.snapshot.as_ref()).await {
-        ProbeVerdict::Applied(obs) => JournalVerdict::PostconditionHolds {
-            evidence: serde_json::to_value(bound(*obs, budget_bytes)).ok(),
+        ProbeFinding::Applied(obs) => JournalVerdict::PostconditionHolds {
+            evidence: serde_json::to_value(shape.observation(*obs, budget_bytes)).ok(),
         },
-        ProbeVerdict::Unchanged => JournalVerdict::Unchanged,
-        ProbeVerdict::Indeterminate(detail) => JournalVerdict::Diverged { detail },
+        ProbeFinding::Unchanged => JournalVerdict::Unchanged,
+        ProbeFinding::Indeterminate(detail) => JournalVerdict::Diverged { detail },
     }
 }
 
@@ -261,6 +242,7 @@ impl Executor for CallExecutor<'_> {
             },
             timing: self.timing(),
             budget_bytes: spec.observation_budget_bytes,
+            shape: &env.shape,
         };
         dispatch_outcome(record, origin, result)
     }
@@ -272,6 +254,7 @@ impl Executor for CallExecutor<'_> {
             &self.job.call.args,
             record,
             tool.spec.observation_budget_bytes,
+            &self.env.shape,
         )
         .await
     }

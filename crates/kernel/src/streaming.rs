@@ -1,7 +1,7 @@
 //! Streaming rounds and early execution.
 //!
 //! A host pushes provider stream events into a [`StreamingRound`]; each call is assembled the
-//! moment its block completes ([`crate::stream`]). A completed call starts *while the model is
+//! moment its block completes ([`crate::assemble`]). A completed call starts *while the model is
 //! still generating* only when all of these hold:
 //! - it passed preparation (validation, policy, authorization, conflict key);
 //! - the round overseer accepts it given the calls before it;
@@ -17,13 +17,13 @@
 //! siblings reordered or dropped — finds it consumed, and the end of the round uses its receipt
 //! without a second validation, write or execution.
 
-use crate::admit::{RepeatVerdict, advisory_message, check_tool_choice};
+use crate::admit::{RepeatDecision, check_tool_choice, guard_repeat};
+use crate::assemble::{Assembled, StreamAssembler, StreamError};
 use crate::dispatch::run_epochs;
-use crate::events::{Event, RepeatAction};
+use crate::events::Event;
 use crate::plan::Epoch;
 use crate::prepare::{PrepareContext, Prepared, prepare};
-use crate::session::{Pre, RoundOptions, RoundOutcome, Session, SharedReceipt, Termination};
-use crate::stream::{Assembled, StreamAssembler, StreamError};
+use crate::session::{Pre, RoundOptions, RoundOutcome, Session, SharedReceipt};
 use crate::traits::starts_early;
 use futures::FutureExt;
 use ring0_core::call::RejectionKind;
@@ -249,35 +249,40 @@ impl StreamingRound<'_> {
         notices
     }
 
+    /// A call this turn already started early is consumed: no second validation or run.
+    async fn consume_from_ledger(&mut self, call: &ProposedCall) -> Option<StreamNotice> {
+        let fp = raw_fingerprint(call)?;
+        let entry = {
+            let st = self.session.state.lock().await;
+            st.ledger.find(&self.identity, &fp, &self.used)?
+        };
+        self.used.insert(entry.original_index);
+        self.accepted.push(entry.prepared.tool.spec.strategy);
+        let mut prepared = entry.prepared.clone();
+        prepared.call.call_id = call.call_id.clone();
+        prepared.call.index = call.index;
+        self.pre.insert(
+            call.index,
+            Pre::Consumed {
+                prepared,
+                receipt: entry.receipt,
+            },
+        );
+        Some(StreamNotice::AlreadyConsumed {
+            index: call.index,
+            call_id: call.call_id.clone(),
+            tool: call.tool.clone(),
+        })
+    }
+
     async fn on_complete(&mut self, call: ProposedCall) -> StreamNotice {
         let index = call.index;
         let call_id = call.call_id.clone();
         let tool = call.tool.clone();
         self.calls.insert(index, call.clone());
 
-        // A call this turn already started early is consumed: no second validation or run.
-        if let Some(fp) = raw_fingerprint(&call) {
-            let st = self.session.state.lock().await;
-            if let Some(entry) = st.ledger.find(&self.identity, &fp, &self.used) {
-                drop(st);
-                self.used.insert(entry.original_index);
-                self.accepted.push(entry.prepared.tool.spec.strategy);
-                let mut prepared = entry.prepared.clone();
-                prepared.call.call_id = call_id.clone();
-                prepared.call.index = index;
-                self.pre.insert(
-                    index,
-                    Pre::Consumed {
-                        prepared,
-                        receipt: entry.receipt,
-                    },
-                );
-                return StreamNotice::AlreadyConsumed {
-                    index,
-                    call_id,
-                    tool,
-                };
-            }
+        if let Some(notice) = self.consume_from_ledger(&call).await {
+            return notice;
         }
 
         let completed = StreamNotice::Completed {
@@ -326,66 +331,32 @@ impl StreamingRound<'_> {
             self.pre.insert(index, Pre::Prepared(prepared));
             return completed;
         }
-        match st.repeat.observe(
-            prepared.call.fingerprint,
-            prepared.tool.spec.track_exact_repeats,
+        let tracked = prepared.tool.spec.track_exact_repeats;
+        match guard_repeat(
+            &mut st.repeat,
+            &prepared.call,
+            tracked,
+            &self.session.events,
         ) {
-            RepeatVerdict::Proceed => {}
-            RepeatVerdict::Advisory { count } => {
-                self.session.emit(Event::RepeatDetected {
-                    tool: tool.clone(),
-                    fingerprint: prepared.call.fingerprint,
-                    count,
-                    action: RepeatAction::Advisory,
-                });
-                st.pending_policy_message = Some(advisory_message(&tool, count));
+            RepeatDecision::Run { advisory } => {
+                if advisory.is_some() {
+                    st.pending_policy_message = advisory;
+                }
             }
-            RepeatVerdict::Terminate { count } => {
-                self.session.emit(Event::RepeatDetected {
-                    tool: tool.clone(),
-                    fingerprint: prepared.call.fingerprint,
-                    count,
-                    action: RepeatAction::Terminated,
-                });
-                st.terminated = Some(Termination::RepeatLimit {
-                    tool: tool.clone(),
-                    count,
-                });
+            RepeatDecision::Refuse {
+                rejection,
+                termination,
+            } => {
+                st.terminated = Some(termination);
                 drop(st);
-                let r = Rejection::new(
-                    RejectionKind::RepeatTerminated,
-                    &tool,
-                    &call_id,
-                    format!(
-                        "{tool:?} was called {count} times in a row with identical arguments; the call was not run and the run ends"
-                    ),
-                );
-                self.pre.insert(index, Pre::Rejected(r));
+                self.pre.insert(index, Pre::Rejected(rejection));
                 return completed;
             }
         }
-        // The ordinary dispatcher, as a one-call epoch, in its own task.
         let env = self
             .session
             .dispatch_env(self.started, cancel, &self.options);
-        let job = prepared.clone();
-        let fallback = prepared.clone();
-        let task = tokio::spawn(run_epochs(
-            env,
-            vec![job],
-            vec![Epoch {
-                calls: vec![0],
-                barrier: false,
-            }],
-        ));
-        let receipt: SharedReceipt = async move {
-            match task.await {
-                Ok(mut receipts) if !receipts.is_empty() => receipts.remove(0),
-                _ => crashed(&fallback),
-            }
-        }
-        .boxed()
-        .shared();
+        let receipt = spawn_early(env, &prepared);
         st.ledger.record(
             &self.identity,
             LedgerEntry {
@@ -409,6 +380,28 @@ impl StreamingRound<'_> {
             tool,
         }
     }
+}
+
+/// Starts a call through the ordinary dispatcher, as a one-call epoch in its own task; its
+/// receipt can be awaited from the stream and from the end of the round.
+fn spawn_early(env: crate::dispatch::DispatchEnv, prepared: &Prepared) -> SharedReceipt {
+    let fallback = prepared.clone();
+    let task = tokio::spawn(run_epochs(
+        env,
+        vec![prepared.clone()],
+        vec![Epoch {
+            calls: vec![0],
+            barrier: false,
+        }],
+    ));
+    async move {
+        match task.await {
+            Ok(mut receipts) if !receipts.is_empty() => receipts.remove(0),
+            _ => crashed(&fallback),
+        }
+    }
+    .boxed()
+    .shared()
 }
 
 /// The receipt of an early call whose task died: the outcome is unknown.

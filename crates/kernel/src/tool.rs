@@ -182,9 +182,10 @@ impl ToolError {
     }
 }
 
-/// A reconciliation probe's answer about an ambiguous call.
+/// What a tool's reconciliation probe found about an ambiguous call. The kernel translates it
+/// into the journal's `ring0_journal::ProbeVerdict`, which decides the record's next state.
 #[derive(Debug, Clone, PartialEq)]
-pub enum ProbeVerdict {
+pub enum ProbeFinding {
     /// The call's postcondition holds: it was applied. The observation becomes a synthetic receipt.
     Applied(Box<Observation>),
     /// The world is as the pre-dispatch snapshot recorded: it was not applied.
@@ -206,8 +207,8 @@ pub trait Tool: Send + Sync {
     }
 
     /// A nullipotent reconciliation probe for an ambiguous outcome.
-    async fn probe(&self, _args: &Value, _snapshot: Option<&Value>) -> ProbeVerdict {
-        ProbeVerdict::Indeterminate("this tool has no reconciliation probe".into())
+    async fn probe(&self, _args: &Value, _snapshot: Option<&Value>) -> ProbeFinding {
+        ProbeFinding::Indeterminate("this tool has no reconciliation probe".into())
     }
 }
 

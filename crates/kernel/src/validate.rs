@@ -1,10 +1,19 @@
 //! Schema validation with every error collected into a bounded, model-correctable envelope.
+//!
+//! Bounded field by field, so no rejection can outgrow the projection bound: at most
+//! [`VALIDATION_ERRORS_MAX`] errors (the rest counted), each text cut to
+//! [`REJECTION_TEXT_BYTES_MAX`], each echoed value to [`ECHO_BYTES_MAX`], and each list inside an
+//! expected domain (allowed properties, enum values) to [`REJECTION_LIST_ITEMS_MAX`] items with a
+//! `…_more` count of the rest. Allowed properties are listed closest to the unknown name first.
 
 use jsonschema::error::{TypeKind, ValidationErrorKind};
 use jsonschema::{ValidationError, Validator};
 use ring0_core::FieldError;
-use ring0_core::limits::{ECHO_BYTES_MAX, VALIDATION_ERRORS_MAX};
-use serde_json::{Value, json};
+use ring0_core::limits::{
+    ECHO_BYTES_MAX, REJECTION_LIST_ITEMS_MAX, REJECTION_TEXT_BYTES_MAX, VALIDATION_ERRORS_MAX,
+    clip_with_length, truncate_str,
+};
+use serde_json::{Map, Value, json};
 
 /// Validates `args`, returning at most [`VALIDATION_ERRORS_MAX`] field errors and the count of
 /// the rest.
@@ -27,26 +36,63 @@ pub fn validate(validator: &Validator, schema: &Value, args: &Value) -> (Vec<Fie
 pub fn echo(value: &Value) -> Value {
     match value {
         Value::String(s) if s.len() > ECHO_BYTES_MAX => {
-            let mut cut = ECHO_BYTES_MAX;
-            while !s.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            Value::String(format!("{}… ({} bytes in all)", &s[..cut], s.len()))
+            Value::String(clip_with_length(s, ECHO_BYTES_MAX).into_owned())
         }
         Value::Array(_) | Value::Object(_) => {
             let text = value.to_string();
             if text.len() <= ECHO_BYTES_MAX {
                 value.clone()
             } else {
-                let mut cut = ECHO_BYTES_MAX;
-                while !text.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                Value::String(format!("{}… ({} bytes in all)", &text[..cut], text.len()))
+                Value::String(clip_with_length(&text, ECHO_BYTES_MAX).into_owned())
             }
         }
         other => other.clone(),
     }
+}
+
+/// A text of a rejection, within [`REJECTION_TEXT_BYTES_MAX`].
+fn bounded_text(s: &str) -> String {
+    clip_with_length(s, REJECTION_TEXT_BYTES_MAX).into_owned()
+}
+
+/// `{key: [first items], key_more: N}`: a list inside a rejection, bounded.
+fn bounded_list(domain: &mut Map<String, Value>, key: &str, items: Vec<Value>) {
+    let more = items.len().saturating_sub(REJECTION_LIST_ITEMS_MAX);
+    let kept: Vec<Value> = items.into_iter().take(REJECTION_LIST_ITEMS_MAX).collect();
+    domain.insert(key.into(), Value::Array(kept));
+    if more > 0 {
+        domain.insert(format!("{key}_more"), json!(more));
+    }
+}
+
+/// An enum's values, each echoed, as a bounded list.
+fn enum_domain(values: &Value) -> Map<String, Value> {
+    let mut d = Map::new();
+    let items = values
+        .as_array()
+        .map(|vs| vs.iter().map(echo).collect())
+        .unwrap_or_default();
+    bounded_list(&mut d, "enum", items);
+    d
+}
+
+/// The declared properties, closest to `unknown` first, as a bounded list.
+fn allowed_domain(properties: Option<&Map<String, Value>>, unknown: &str) -> Value {
+    let mut names: Vec<(f64, &String)> = properties
+        .map(|p| {
+            p.keys()
+                .map(|k| (strsim::jaro_winkler(unknown, k), k))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
+    let items = names
+        .into_iter()
+        .map(|(_, k)| Value::String(truncate_str(k, REJECTION_TEXT_BYTES_MAX).to_string()))
+        .collect();
+    let mut d = Map::new();
+    bounded_list(&mut d, "allowed_properties", items);
+    Value::Object(d)
 }
 
 fn pointer_join(base: &str, name: &str) -> String {
@@ -75,9 +121,9 @@ fn type_name(kind: &TypeKind) -> Value {
 }
 
 fn field_errors(e: &ValidationError<'_>, schema: &Value) -> Vec<FieldError> {
-    let loc = e.instance_path().as_str().to_string();
+    let loc = bounded_text(e.instance_path().as_str());
     let input = echo(e.instance());
-    let message = e.to_string();
+    let message = bounded_text(&e.to_string());
     let one = |error_type: &str, expected: Option<Value>| {
         vec![FieldError {
             loc: loc.clone(),
@@ -90,40 +136,44 @@ fn field_errors(e: &ValidationError<'_>, schema: &Value) -> Vec<FieldError> {
     match e.kind() {
         ValidationErrorKind::Required { property } => {
             let name = property.as_str().unwrap_or_default();
-            let prop_loc = pointer_join(&loc, name);
+            let prop_loc = pointer_join(e.instance_path().as_str(), name);
             let expected = schema_at(schema, &prop_loc).map(domain_of);
             vec![FieldError {
-                loc: prop_loc,
+                loc: bounded_text(&prop_loc),
                 input_value: Value::Null,
                 error_type: "missing".into(),
-                message: format!("required property {name:?} is missing"),
+                message: bounded_text(&format!("required property {name:?} is missing")),
                 expected_domain: expected,
             }]
         }
         ValidationErrorKind::AdditionalProperties { unexpected } => {
-            let allowed: Vec<String> = schema_at(schema, &loc)
+            let here = e.instance_path().as_str();
+            let properties = schema_at(schema, here)
                 .and_then(|s| s.get("properties"))
-                .and_then(Value::as_object)
-                .map(|p| p.keys().cloned().collect())
-                .unwrap_or_default();
+                .and_then(Value::as_object);
+            // Names beyond the reported errors are only counted: no domain is worked out for
+            // them, so many unknown keys cost no more than the ones shown.
             unexpected
                 .iter()
-                .map(|name| FieldError {
-                    loc: pointer_join(&loc, name),
+                .enumerate()
+                .map(|(i, name)| FieldError {
+                    loc: bounded_text(&pointer_join(here, name)),
                     input_value: echo(e.instance().get(name).unwrap_or(&Value::Null)),
                     error_type: "additional_property".into(),
-                    message: format!("property {name:?} is not allowed"),
-                    expected_domain: Some(json!({"allowed_properties": allowed})),
+                    message: bounded_text(&format!("property {name:?} is not allowed")),
+                    expected_domain: (i < VALIDATION_ERRORS_MAX)
+                        .then(|| allowed_domain(properties, name)),
                 })
                 .collect()
         }
         ValidationErrorKind::Type { kind } => one("type", Some(json!({"type": type_name(kind)}))),
         ValidationErrorKind::Enum { options } => {
-            one("enum", Some(json!({"enum": options.as_ref()})))
+            one("enum", Some(Value::Object(enum_domain(options.as_ref()))))
         }
-        ValidationErrorKind::Constant { expected_value } => {
-            one("const", Some(json!({"const": expected_value.as_ref()})))
-        }
+        ValidationErrorKind::Constant { expected_value } => one(
+            "const",
+            Some(json!({"const": echo(expected_value.as_ref())})),
+        ),
         ValidationErrorKind::Minimum { limit } => one("range", Some(json!({"minimum": limit}))),
         ValidationErrorKind::Maximum { limit } => one("range", Some(json!({"maximum": limit}))),
         ValidationErrorKind::ExclusiveMinimum { limit } => {
@@ -141,7 +191,7 @@ fn field_errors(e: &ValidationError<'_>, schema: &Value) -> Vec<FieldError> {
         ValidationErrorKind::MinItems { limit } => one("length", Some(json!({"minItems": limit}))),
         ValidationErrorKind::MaxItems { limit } => one("length", Some(json!({"maxItems": limit}))),
         ValidationErrorKind::Pattern { pattern } => {
-            one("pattern", Some(json!({"pattern": pattern})))
+            one("pattern", Some(json!({"pattern": bounded_text(pattern)})))
         }
         ValidationErrorKind::Format { format } => one("format", Some(json!({"format": format}))),
         kind => one(kind.keyword(), None),
@@ -150,12 +200,13 @@ fn field_errors(e: &ValidationError<'_>, schema: &Value) -> Vec<FieldError> {
 
 /// What a schema accepts, for `expected_domain`.
 fn domain_of(schema: &Value) -> Value {
-    let mut d = serde_json::Map::new();
-    for key in [
-        "type", "enum", "const", "minimum", "maximum", "pattern", "format",
-    ] {
+    let mut d = match schema.get("enum") {
+        Some(values) => enum_domain(values),
+        None => Map::new(),
+    };
+    for key in ["type", "const", "minimum", "maximum", "pattern", "format"] {
         if let Some(v) = schema.get(key) {
-            d.insert(key.into(), v.clone());
+            d.insert(key.into(), echo(v));
         }
     }
     if let Some(desc) = schema.get("description").and_then(Value::as_str) {

@@ -635,3 +635,182 @@ fn every_mutation_is_rejected_with_its_error_type_and_location() {
         );
     }
 }
+
+// Cases found on BFCL live data; each test reproduces the definition that showed the fault.
+
+/// A kernel over one tool whose executor hands back the arguments it received.
+fn echo_kernel(name: &str, parameters: Value) -> Kernel {
+    Kernel::builder()
+        .tool(
+            ToolSpec::read(name, "", parameters),
+            tool_fn(|_ctx, args| async move { Ok(Observation::json(args)) }),
+        )
+        .unwrap()
+        .authorizer(Arc::new(GrantTable::allow(&["*"], Authority::A0)))
+        .build()
+}
+
+async fn run_one(kernel: &Kernel, tool: &str, args: Value) -> Result<Value, Rejection> {
+    let Value::Object(args) = args else {
+        panic!("arguments must be an object")
+    };
+    let session = kernel.open_session(SessionConfig::new("bfcl"));
+    let round = Round {
+        calls: vec![ProposedCall {
+            index: 0,
+            call_id: "c0".into(),
+            tool: tool.into(),
+            arguments: ProposedArguments::Value(Value::Object(args)),
+        }],
+        text: None,
+    };
+    let out = session.run_round(round, &RoundOptions::default()).await;
+    match out.receipts.into_iter().next().unwrap().outcome {
+        CallOutcome::Rejected { rejection } => Err(rejection),
+        CallOutcome::Completed { observation } => Ok(observation.structured.unwrap()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// BFCL live: `{"type": "array", "items": {"type": "string"}, "enum": [...]}` — the enum meant
+/// for the items.
+fn array_enum_tool() -> Kernel {
+    echo_kernel(
+        "get_news",
+        json!({"type": "dict", "required": ["topics"], "properties": {
+            "topics": {"type": "array", "items": {"type": "string"},
+                       "enum": ["sports", "politics", "science"],
+                       "description": "Topics to include."}
+        }}),
+    )
+}
+
+#[tokio::test]
+async fn an_enum_on_an_array_property_constrains_its_items() {
+    let kernel = array_enum_tool();
+    let ok = run_one(
+        &kernel,
+        "get_news",
+        json!({"topics": ["sports", "science"]}),
+    )
+    .await;
+    assert_eq!(ok.unwrap(), json!({"topics": ["sports", "science"]}));
+}
+
+#[tokio::test]
+async fn an_item_outside_an_array_enum_is_named_and_not_listed_as_allowed() {
+    let kernel = array_enum_tool();
+    let err = run_one(&kernel, "get_news", json!({"topics": ["sports", "gossip"]}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.errors.len(), 1, "{:?}", err.errors);
+    let e = &err.errors[0];
+    assert_eq!(
+        (e.loc.as_str(), e.error_type.as_str()),
+        ("/topics/1", "enum")
+    );
+    assert_eq!(
+        e.expected_domain,
+        Some(json!({"enum": ["sports", "politics", "science"]}))
+    );
+}
+
+#[tokio::test]
+async fn an_integral_float_for_an_integer_reaches_the_tool_as_an_integer() {
+    // BFCL live: a port given as 7890.0 for `"type": "integer"`.
+    let kernel = echo_kernel(
+        "connect",
+        json!({"type": "dict", "required": ["host", "port"], "properties": {
+            "host": {"type": "string"}, "port": {"type": "integer"},
+            "ratios": {"type": "array", "items": {"type": "integer"}},
+            "scale": {"type": "float"}
+        }}),
+    );
+    let args = run_one(
+        &kernel,
+        "connect",
+        json!({"host": "db", "port": 7890.0, "ratios": [1.0, 2.0], "scale": 2.0}),
+    )
+    .await
+    .unwrap();
+    assert!(args["port"].is_i64(), "{}", args["port"]);
+    assert_eq!(
+        args.to_string(),
+        r#"{"host":"db","port":7890,"ratios":[1,2],"scale":2.0}"#
+    );
+}
+
+#[tokio::test]
+async fn a_fractional_float_for_an_integer_is_still_a_type_error() {
+    let kernel = echo_kernel(
+        "connect",
+        json!({"type": "dict", "properties": {"port": {"type": "integer"}}}),
+    );
+    let err = run_one(&kernel, "connect", json!({"port": 7890.5}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.errors[0].error_type, "type");
+}
+
+#[test]
+fn a_required_name_the_schema_does_not_declare_registers_with_a_warning() {
+    // Corpus case parallel_29: `population` is a `dict` whose `required` names properties it
+    // does not declare. The object is open, so they stay required; the warning says so.
+    let case = load_cases()
+        .into_iter()
+        .find(|c| c.id == "parallel_29")
+        .expect("corpus case parallel_29");
+    let kernel = noop_kernel(&case).unwrap();
+    let tool = kernel
+        .registry()
+        .get("waste_calculation.calculate")
+        .unwrap();
+    let warnings = tool.warnings.join("\n");
+    for name in ["adults", "children", "singles"] {
+        assert!(
+            warnings.contains(&format!("required property {name:?} is not declared")),
+            "{warnings}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_undeclared_required_name_of_a_closed_object_no_longer_blocks_every_call() {
+    let kernel = echo_kernel(
+        "book",
+        json!({"type": "dict", "required": ["city", "date"], "properties": {
+            "city": {"type": "string"}
+        }}),
+    );
+    let tool = kernel.registry().get("book").unwrap();
+    assert_eq!(tool.warnings.len(), 1, "{:?}", tool.warnings);
+    assert!(tool.warnings[0].contains("\"date\" is not declared and no other property is allowed"));
+    let ok = run_one(&kernel, "book", json!({"city": "Oslo"})).await;
+    assert_eq!(ok.unwrap(), json!({"city": "Oslo"}));
+}
+
+#[tokio::test]
+async fn a_refused_registration_keeps_the_builder_and_every_earlier_tool() {
+    let ok = ToolSpec::read("first", "", json!({"type": "object"}));
+    let bad = ToolSpec::read("second", "", json!({"type": "Widget"}));
+    let builder = Kernel::builder()
+        .tool(
+            ok,
+            tool_fn(|_c, _a| async { Ok(Observation::json(json!({"ran": 1}))) }),
+        )
+        .unwrap();
+    let refused = match builder.tool(bad, tool_fn(|_c, _a| async { Ok(Observation::text("")) })) {
+        Ok(_) => panic!("an unknown type name was accepted"),
+        Err(refused) => refused,
+    };
+    assert!(refused.to_string().contains("unknown type name \"Widget\""));
+    let kernel = refused
+        .into_builder()
+        .authorizer(Arc::new(GrantTable::allow(&["*"], Authority::A0)))
+        .build();
+    assert_eq!(kernel.registry().len(), 1);
+    assert_eq!(
+        run_one(&kernel, "first", json!({})).await.unwrap(),
+        json!({"ran": 1})
+    );
+}

@@ -10,7 +10,7 @@ use ring0_core::receipt::{CallOutcome, Disposition};
 use ring0_core::{Authority, Effect, IntentState, Observation, Settlement, Strategy, ToolSpec};
 use ring0_journal::{Journal, MemoryJournal};
 use ring0_kernel::{
-    CallContext, ExecutionMode, GrantTable, Kernel, ProbeVerdict, RoundOptions, SessionConfig,
+    CallContext, GrantTable, Kernel, ProbeFinding, RoundOptions, SchedulingMode, SessionConfig,
     Tool, ToolError,
 };
 use serde_json::{Value, json};
@@ -136,7 +136,7 @@ async fn safe_parallel_runs_writes_as_barriers() {
 #[tokio::test]
 async fn parallel_mode_overlaps_writes() {
     let session = rendezvous_kernel(false)
-        .open_session(SessionConfig::new("s").mode(ExecutionMode::Parallel));
+        .open_session(SessionConfig::new("s").mode(SchedulingMode::Parallel));
     let out = session
         .run_round(
             round(vec![
@@ -511,7 +511,7 @@ struct Flaky {
     keys: Mutex<Vec<String>>,
     attempts: AtomicUsize,
     honour_keys: bool,
-    probe_answer: Mutex<Option<ProbeVerdict>>,
+    probe_answer: Mutex<Option<ProbeFinding>>,
     apply_before_loss: bool,
 }
 
@@ -542,15 +542,15 @@ impl Tool for FlakyTool {
         Some(json!({"effects": self.0.effects.lock().unwrap().len()}))
     }
 
-    async fn probe(&self, _args: &Value, snapshot: Option<&Value>) -> ProbeVerdict {
+    async fn probe(&self, _args: &Value, snapshot: Option<&Value>) -> ProbeFinding {
         if let Some(v) = self.0.probe_answer.lock().unwrap().clone() {
             return v;
         }
         let before = snapshot.and_then(|s| s["effects"].as_u64()).unwrap_or(0) as usize;
         if self.0.effects.lock().unwrap().len() > before {
-            ProbeVerdict::Applied(Box::new(Observation::text("found the effect")))
+            ProbeFinding::Applied(Box::new(Observation::text("found the effect")))
         } else {
-            ProbeVerdict::Unchanged
+            ProbeFinding::Unchanged
         }
     }
 }
@@ -640,7 +640,7 @@ async fn an_indeterminate_probe_or_no_settlement_goes_to_a_person() {
         apply_before_loss: true,
         ..Flaky::default()
     });
-    *f.probe_answer.lock().unwrap() = Some(ProbeVerdict::Indeterminate("partial".into()));
+    *f.probe_answer.lock().unwrap() = Some(ProbeFinding::Indeterminate("partial".into()));
     assert_eq!(
         pay(&flaky_kernel(&f, Settlement::Probe)).await.state,
         Some(IntentState::DeadLetter)

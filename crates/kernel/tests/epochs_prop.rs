@@ -8,7 +8,7 @@ use common::*;
 use proptest::prelude::*;
 use ring0_core::{Authority, ConcurrencyMark, Effect, Observation, Strategy as Trait, ToolSpec};
 use ring0_kernel::{
-    CallContext, Event, ExecutionMode, GrantTable, Kernel, RoundOptions, Session, SessionConfig,
+    CallContext, Event, GrantTable, Kernel, RoundOptions, SchedulingMode, Session, SessionConfig,
     Tool, ToolError,
 };
 use serde_json::{Value, json};
@@ -37,11 +37,11 @@ fn tool_name(c: &CallPlan) -> String {
 }
 
 /// The oracle: does this call run alone under this mode?
-fn is_barrier(mode: ExecutionMode, c: &CallPlan) -> bool {
+fn is_barrier(mode: SchedulingMode, c: &CallPlan) -> bool {
     match (mode, c.mark) {
-        (ExecutionMode::Sequential, _) | (_, ConcurrencyMark::Sequential) => true,
-        (_, ConcurrencyMark::Parallel) | (ExecutionMode::Parallel, _) => false,
-        (ExecutionMode::SafeParallel, ConcurrencyMark::Default) => !c.read,
+        (SchedulingMode::Sequential, _) | (_, ConcurrencyMark::Sequential) => true,
+        (_, ConcurrencyMark::Parallel) | (SchedulingMode::Parallel, _) => false,
+        (SchedulingMode::SafeParallel, ConcurrencyMark::Default) => !c.read,
     }
 }
 
@@ -137,11 +137,11 @@ fn call_plan() -> impl Strategy<Value = CallPlan> {
         })
 }
 
-fn mode() -> impl Strategy<Value = ExecutionMode> {
+fn mode() -> impl Strategy<Value = SchedulingMode> {
     prop_oneof![
-        Just(ExecutionMode::Sequential),
-        Just(ExecutionMode::SafeParallel),
-        Just(ExecutionMode::Parallel)
+        Just(SchedulingMode::Sequential),
+        Just(SchedulingMode::SafeParallel),
+        Just(SchedulingMode::Parallel)
     ]
 }
 
@@ -151,7 +151,7 @@ struct Run {
     result_ids: Vec<String>,
 }
 
-fn run(calls: &[CallPlan], mode: ExecutionMode, max: usize, cancel_at: Option<usize>) -> Run {
+fn run(calls: &[CallPlan], mode: SchedulingMode, max: usize, cancel_at: Option<usize>) -> Run {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_time()
@@ -197,7 +197,7 @@ fn run(calls: &[CallPlan], mode: ExecutionMode, max: usize, cancel_at: Option<us
 
 fn check(
     calls: &[CallPlan],
-    mode: ExecutionMode,
+    mode: SchedulingMode,
     max: usize,
     r: &Run,
 ) -> Result<(), TestCaseError> {

@@ -10,7 +10,7 @@ use ring0_core::{
 };
 use ring0_journal::{Journal, MemoryJournal, Proposal, ProposeDecision, Transition};
 use ring0_kernel::{
-    CallContext, GrantTable, Kernel, ProbeVerdict, RoundOptions, SessionConfig, Tool, ToolError,
+    CallContext, GrantTable, Kernel, ProbeFinding, RoundOptions, SessionConfig, Tool, ToolError,
 };
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -35,12 +35,12 @@ impl Tool for CounterTool {
     async fn snapshot(&self, _args: &Value) -> Option<Value> {
         Some(json!(self.0.effects.load(Ordering::SeqCst)))
     }
-    async fn probe(&self, _args: &Value, snapshot: Option<&Value>) -> ProbeVerdict {
+    async fn probe(&self, _args: &Value, snapshot: Option<&Value>) -> ProbeFinding {
         let before = snapshot.and_then(Value::as_u64).unwrap_or(0) as usize;
         if self.0.effects.load(Ordering::SeqCst) > before {
-            ProbeVerdict::Applied(Box::new(Observation::text("the increment is there")))
+            ProbeFinding::Applied(Box::new(Observation::text("the increment is there")))
         } else {
-            ProbeVerdict::Unchanged
+            ProbeFinding::Unchanged
         }
     }
 }

@@ -23,7 +23,7 @@ use ring0_core::observation::Provenance;
 use ring0_core::{Authority, Effect, Observation, Strategy, StrategySet, ToolSpec};
 use ring0_journal::Journal;
 use ring0_kernel::{
-    AuthDecision, AuthRequest, Authorizer, CallContext, Kernel, ProbeVerdict, SessionInfo, Tool,
+    AuthDecision, AuthRequest, Authorizer, CallContext, Kernel, ProbeFinding, SessionInfo, Tool,
     ToolError,
 };
 use ring0_shape::SpillStore;
@@ -233,7 +233,7 @@ impl UpstreamExecutor {
 }
 
 /// Reads a probe tool's verdict. Anything but the two recognized verdicts is inconclusive.
-fn probe_verdict(answer: &Value) -> ProbeVerdict {
+fn probe_verdict(answer: &Value) -> ProbeFinding {
     match answer.get("verdict").and_then(Value::as_str) {
         Some("applied") => {
             let mut text = "the reconciliation probe found the effect".to_string();
@@ -242,10 +242,10 @@ fn probe_verdict(answer: &Value) -> ProbeVerdict {
             }
             let mut obs = Observation::text(text);
             obs.structured = answer.get("evidence").cloned();
-            ProbeVerdict::Applied(Box::new(obs))
+            ProbeFinding::Applied(Box::new(obs))
         }
-        Some("unchanged") => ProbeVerdict::Unchanged,
-        _ => ProbeVerdict::Indeterminate(format!(
+        Some("unchanged") => ProbeFinding::Unchanged,
+        _ => ProbeFinding::Indeterminate(format!(
             "the probe's answer is not a recognized verdict: {}",
             bounded_text(&answer.to_string(), 512)
         )),
@@ -296,9 +296,9 @@ impl Tool for UpstreamExecutor {
         }
     }
 
-    async fn probe(&self, args: &Value, snapshot: Option<&Value>) -> ProbeVerdict {
+    async fn probe(&self, args: &Value, snapshot: Option<&Value>) -> ProbeFinding {
         let Some(probe) = self.probe.as_deref() else {
-            return ProbeVerdict::Indeterminate(format!(
+            return ProbeFinding::Indeterminate(format!(
                 "upstream tool {:?} declares no probe",
                 self.tool
             ));
@@ -310,7 +310,7 @@ impl Tool for UpstreamExecutor {
         });
         match self.ask_probe(probe, arguments).await {
             Ok(answer) => probe_verdict(&answer),
-            Err(why) => ProbeVerdict::Indeterminate(why),
+            Err(why) => ProbeFinding::Indeterminate(why),
         }
     }
 }
@@ -718,7 +718,7 @@ mod tests {
     #[test]
     fn an_applied_verdict_carries_its_evidence() {
         let v = probe_verdict(&json!({"verdict": "applied", "evidence": {"applied": 1}}));
-        let ProbeVerdict::Applied(obs) = v else {
+        let ProbeFinding::Applied(obs) = v else {
             panic!("expected Applied, got {v:?}")
         };
         assert_eq!(obs.structured, Some(json!({"applied": 1})));
@@ -728,7 +728,7 @@ mod tests {
     fn unchanged_is_recognized() {
         assert_eq!(
             probe_verdict(&json!({"verdict": "unchanged"})),
-            ProbeVerdict::Unchanged
+            ProbeFinding::Unchanged
         );
     }
 
@@ -741,7 +741,7 @@ mod tests {
             json!({"state": 1}),
         ] {
             assert!(
-                matches!(probe_verdict(&answer), ProbeVerdict::Indeterminate(_)),
+                matches!(probe_verdict(&answer), ProbeFinding::Indeterminate(_)),
                 "{answer}"
             );
         }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use ring0_core::observation::Provenance;
 
 use crate::framing::FramingDefense;
+use crate::redact::Redactor;
 use crate::spill::SpillStore;
 
 /// Default model-visible budget of one observation, in bytes (both streams and the status lines).
@@ -52,6 +53,8 @@ pub struct ShapeConfig {
     pub spill: Option<Arc<SpillStore>>,
     /// Neutralization of text imitating a provider's framing; [`FramingDefense::off`] disables it.
     pub framing: FramingDefense,
+    /// Secret redaction; [`Redactor::default`] knows the common formats.
+    pub redactor: Redactor,
     /// Count tokens with the o200k tokenizer.
     pub count_tokens: bool,
     /// Raw bytes tokenized exactly before extrapolating.
@@ -70,6 +73,7 @@ impl Default for ShapeConfig {
             head_percent: HEAD_PERCENT_DEFAULT,
             spill: None,
             framing: FramingDefense::default(),
+            redactor: Redactor::default(),
             count_tokens: true,
             raw_token_sample_bytes: RAW_TOKEN_SAMPLE_BYTES_DEFAULT,
             workspace_root: None,

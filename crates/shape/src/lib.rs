@@ -3,7 +3,7 @@
 //! This crate owns the `shape` stage of a call. It turns untrusted tool output — a process's
 //! stdout and stderr as they stream, a whole text, an MCP content array — into an
 //! [`Observation`]: sanitized (escape sequences parsed and removed, control and invisible
-//! characters dropped, progress redraws collapsed to their final lines), bounded (a byte budget
+//! characters dropped, progress redraws collapsed to their final lines, secrets redacted), bounded (a byte budget
 //! with head, tail and a counting tombstone; the full raw output spilled to a content-addressed
 //! store), and typed (exit status as reported, diagnostics extracted, token counts, provenance).
 //! It also signs the pagination cursors structured tools hand out.
@@ -20,6 +20,9 @@
 //! - [`shape_mcp_content`]: an MCP `tools/call` result's content array and structured content;
 //! - [`clean_text`] / [`clean_value`]: text an MCP server gives outside a result (definitions,
 //!   prompts, resources, instructions) sanitized and framing-neutralized, unbounded;
+//! - [`shape_observation`]: any finished observation (the kernel's `shape` stage), idempotent;
+//! - [`Redactor`]: secret redaction (private keys, tokens, credentials, host-marked values),
+//!   applied by every entry point above;
 //! - [`read_spill`]: pages of a spilled stream;
 //! - [`CursorSigner`]: signed, expiring, session-bound pagination cursors and page ceilings.
 
@@ -29,6 +32,8 @@ pub mod cursor;
 mod diagnostics;
 pub mod framing;
 pub mod mcp;
+pub mod observation;
+pub mod redact;
 mod sanitize;
 mod screen;
 pub mod spill;
@@ -41,6 +46,8 @@ pub use config::{ConfigError, ShapeConfig};
 pub use cursor::{CursorError, CursorSigner, PageSize, clamp_page_size};
 pub use framing::FramingDefense;
 pub use mcp::{Cleaned, clean_text, clean_value, shape_mcp_content};
+pub use observation::{Shaping, shape_observation, shape_text};
+pub use redact::{RedactError, Redactor};
 pub use ring0_core::Observation;
 pub use spill::{SpillError, SpillPage, SpillStore, read_spill};
 pub use stream::{ExitInfo, Stream, StreamShaper};

@@ -5,7 +5,7 @@
 //! one-line placeholder naming its type and size. Structured content is JSON and is never cut
 //! inside a value: it is kept whole when it fits its share of the budget, otherwise it is replaced
 //! by a spill handle (or, without a store, by its size) and the notice says so. Strings inside it
-//! are sanitized like text, since a server can hide escape sequences or invisible characters in
+//! are sanitized, framing-neutralized and redacted like text, since a server can hide escape sequences or invisible characters in
 //! JSON as easily as in a stream.
 
 use ring0_core::Observation;
@@ -15,6 +15,7 @@ use crate::config::{BUDGET_BYTES_MIN, ConfigError, ShapeConfig};
 use crate::framing::FramingDefense;
 use crate::sanitize::Sanitizer;
 use crate::screen::{LineSink, Screen};
+use crate::observation::{CleanStats, Shaping, clean_value as clean_result_value};
 use crate::stream::{ExitInfo, Stream, StreamShaper};
 
 /// Shapes an MCP result. `content` is the `content` array (anything else is treated as empty),
@@ -26,12 +27,17 @@ pub fn shape_mcp_content(
     config: &ShapeConfig,
 ) -> Result<Observation, ConfigError> {
     config.validate()?;
-    let mut invisible = 0;
+    let shaping = Shaping {
+        framing: config.framing.clone(),
+        redactor: config.redactor.clone(),
+        ..Shaping::new(config.budget_bytes, usize::MAX)
+    };
+    let mut stats = CleanStats::default();
     let mut structured_out = None;
     let mut structured_notice = None;
     let mut text_budget = config.budget_bytes;
     if let Some(value) = structured {
-        let clean = sanitize_value(value, &mut invisible);
+        let clean = clean_result_value(value, &shaping, &mut stats, 0);
         let bytes = serde_json::to_vec(&clean).unwrap_or_default();
         let fits = bytes.len() <= config.budget_bytes / 2
             && config.budget_bytes - bytes.len() >= BUDGET_BYTES_MIN;
@@ -86,7 +92,9 @@ pub fn shape_mcp_content(
     let mut obs = shaper.finish(ExitInfo::none());
     obs.is_error = is_error;
     obs.structured = structured_out;
-    obs.invisible_removed += invisible;
+    obs.invisible_removed += stats.invisible;
+    obs.framing_neutralized += stats.framing;
+    obs.secrets_redacted += stats.secrets;
     if let Some(n) = structured_notice {
         obs.truncated = true;
         obs.truncation_notice = Some(match obs.truncation_notice.take() {
@@ -125,22 +133,6 @@ fn item_text(item: &Value) -> String {
             str_of(item, "uri").unwrap_or_default()
         ),
         other => format!("[content of type {other:?} not shown]"),
-    }
-}
-
-/// A copy of `value` whose strings (and keys) are sanitized.
-fn sanitize_value(value: &Value, invisible: &mut u64) -> Value {
-    match value {
-        Value::String(s) => Value::String(sanitize_str(s, invisible)),
-        Value::Array(a) => Value::Array(a.iter().map(|v| sanitize_value(v, invisible)).collect()),
-        Value::Object(o) => {
-            let mut m = Map::with_capacity(o.len());
-            for (k, v) in o {
-                m.insert(sanitize_str(k, invisible), sanitize_value(v, invisible));
-            }
-            Value::Object(m)
-        }
-        other => other.clone(),
     }
 }
 
@@ -227,22 +219,6 @@ impl LineSink for Collect {
     fn lines(&mut self, block: &[u8], _: u64) {
         self.0.extend_from_slice(block);
     }
-}
-
-/// Sanitizes one string (no budget: the caller bounds the whole value).
-fn sanitize_str(s: &str, invisible: &mut u64) -> String {
-    // Plain strings are the rule; skip the machinery for them.
-    if s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-        return s.to_string();
-    }
-    let mut san = Sanitizer::default();
-    let mut screen = Screen::default();
-    let mut out = Collect::default();
-    san.push(s.as_bytes(), &mut screen, &mut out);
-    san.finish(&mut screen, &mut out);
-    screen.finish(&mut out);
-    *invisible += san.stats.invisible;
-    String::from_utf8_lossy(&out.0).into_owned()
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ use crate::budget::{StreamBudget, group};
 use crate::config::{ConfigError, RENDER_RESERVE_BYTES, ShapeConfig};
 use crate::diagnostics::Extractor;
 use crate::framing::FramingDefense;
+use crate::redact::Redactor;
 use crate::sanitize::Sanitizer;
 use crate::screen::{LineSink, Screen};
 use crate::spill::SpillWriter;
@@ -140,11 +141,15 @@ struct StreamState {
     spill: Option<SpillWriter>,
 }
 
-/// Where finished lines go: framing defense, then diagnostics, then the budget.
+/// Where finished lines go: framing defense, secret redaction, then diagnostics, then the budget.
 struct Sink {
     framing: FramingDefense,
     scratch: Vec<u8>,
     framing_neutralized: u64,
+    redactor: Redactor,
+    /// A private-key block opened in an earlier block and not yet closed.
+    in_private_key: bool,
+    secrets_redacted: u64,
     extractor: Extractor,
     budget: StreamBudget,
 }
@@ -154,8 +159,19 @@ impl LineSink for Sink {
         let n = self.framing.neutralize(block, &mut self.scratch);
         self.framing_neutralized += n;
         let text = if n > 0 { &self.scratch[..] } else { block };
-        self.extractor.feed(text);
-        self.budget.push(text, newlines);
+        // The sanitizer emits UTF-8 only; the lossy view is a borrow of the same bytes.
+        let utf8 = String::from_utf8_lossy(text);
+        let (redacted, found) = self.redactor.redact_block(&utf8, &mut self.in_private_key);
+        if found == 0 && !self.in_private_key && redacted.len() == utf8.len() {
+            self.extractor.feed(text);
+            self.budget.push(text, newlines);
+            return;
+        }
+        self.secrets_redacted += found;
+        let bytes = redacted.as_bytes();
+        let lines = memchr::memchr_iter(b'\n', bytes).count() as u64;
+        self.extractor.feed(bytes);
+        self.budget.push(bytes, lines);
     }
 }
 
@@ -178,6 +194,9 @@ impl StreamShaper {
                 framing: config.framing.clone(),
                 scratch: Vec::new(),
                 framing_neutralized: 0,
+                redactor: config.redactor.clone(),
+                in_private_key: false,
+                secrets_redacted: 0,
                 extractor: Extractor::new(stream.name(), root.clone()),
                 budget: StreamBudget::new(head_cap, tail_cap),
             },
@@ -261,6 +280,7 @@ impl StreamShaper {
         let mut diagnostics_omitted = 0;
         let mut invisible = 0;
         let mut framing = 0;
+        let mut secrets = 0;
         for (i, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
             let s = &mut self.streams[i];
             let budget = &s.sink.budget;
@@ -296,6 +316,7 @@ impl StreamShaper {
             diagnostics_omitted += s.sink.extractor.omitted;
             invisible += s.sanitizer.stats.invisible;
             framing += s.sink.framing_neutralized;
+            secrets += s.sink.secrets_redacted;
             if s.raw_bytes > 0 || stream == Stream::Stdout {
                 reports[i] = Some(StreamReport {
                     text: cut.text,
@@ -390,6 +411,7 @@ impl StreamShaper {
             tokens,
             invisible_removed: invisible,
             framing_neutralized: framing,
+            secrets_redacted: secrets,
         }
     }
 }

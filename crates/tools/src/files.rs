@@ -7,7 +7,7 @@ use crate::{Workspace, args_of, not_applied};
 use async_trait::async_trait;
 use ring0_core::text::truncate_utf8;
 use ring0_core::{Authority, Effect, Observation, Settlement, Strategy, ToolSpec};
-use ring0_kernel::{CallContext, ProbeVerdict, Tool, ToolError};
+use ring0_kernel::{CallContext, ProbeFinding, Tool, ToolError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -582,15 +582,15 @@ impl Tool for WriteFile {
         Some(json!({"before": self.current_hash(path)?}))
     }
 
-    async fn probe(&self, args: &Value, snapshot: Option<&Value>) -> ProbeVerdict {
+    async fn probe(&self, args: &Value, snapshot: Option<&Value>) -> ProbeFinding {
         let (Some(path), Some(content)) = (
             args.get("path").and_then(Value::as_str),
             args.get("content").and_then(Value::as_str),
         ) else {
-            return ProbeVerdict::Indeterminate("arguments lack path or content".into());
+            return ProbeFinding::Indeterminate("arguments lack path or content".into());
         };
         let Some(now) = self.current_hash(path) else {
-            return ProbeVerdict::Indeterminate(format!("{path:?} cannot be read"));
+            return ProbeFinding::Indeterminate(format!("{path:?} cannot be read"));
         };
         let wanted = sha256_hex(content.as_bytes());
         if now.as_deref() == Some(wanted.as_str()) {
@@ -599,8 +599,8 @@ impl Tool for WriteFile {
             })));
         }
         match snapshot.and_then(|s| s.get("before")) {
-            Some(before) if *before == json!(now) => ProbeVerdict::Unchanged,
-            _ => ProbeVerdict::Indeterminate(format!(
+            Some(before) if *before == json!(now) => ProbeFinding::Unchanged,
+            _ => ProbeFinding::Indeterminate(format!(
                 "{path:?} holds neither the intended content nor what it held before the call"
             )),
         }

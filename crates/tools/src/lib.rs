@@ -227,6 +227,6 @@ pub(crate) fn not_applied(message: String) -> ToolError {
 }
 
 /// A probe's "applied" verdict.
-pub(crate) fn applied(observation: ring0_core::Observation) -> ring0_kernel::ProbeVerdict {
-    ring0_kernel::ProbeVerdict::Applied(Box::new(observation))
+pub(crate) fn applied(observation: ring0_core::Observation) -> ring0_kernel::ProbeFinding {
+    ring0_kernel::ProbeFinding::Applied(Box::new(observation))
 }

@@ -37,7 +37,7 @@ use crate::{Workspace, args_of};
 use async_trait::async_trait;
 use cap_std::fs::Dir;
 use ring0_core::{Authority, Effect, Observation, Settlement, Strategy, ToolSpec};
-use ring0_kernel::{CallContext, ProbeVerdict, Tool, ToolError};
+use ring0_kernel::{CallContext, ProbeFinding, Tool, ToolError};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
@@ -924,14 +924,14 @@ impl Tool for ApplyPatch {
         .flatten()
     }
 
-    async fn probe(&self, args: &Value, snapshot: Option<&Value>) -> ProbeVerdict {
+    async fn probe(&self, args: &Value, snapshot: Option<&Value>) -> ProbeFinding {
         if args.get("dry_run") == Some(&Value::Bool(true)) {
             return crate::applied(Observation::json(
                 json!({"applied": false, "dry_run": true}),
             ));
         }
         let Some(snapshot) = snapshot else {
-            return ProbeVerdict::Indeterminate(
+            return ProbeFinding::Indeterminate(
                 "no snapshot was taken before dispatch (the patch did not apply then)".into(),
             );
         };
@@ -939,7 +939,7 @@ impl Tool for ApplyPatch {
             snapshot.get("before").and_then(Value::as_object),
             snapshot.get("after").and_then(Value::as_object),
         ) else {
-            return ProbeVerdict::Indeterminate("the snapshot is malformed".into());
+            return ProbeFinding::Indeterminate("the snapshot is malformed".into());
         };
         let paths: Vec<String> = before.keys().cloned().collect();
         let ws = self.ws.clone();
@@ -954,14 +954,14 @@ impl Tool for ApplyPatch {
             })));
         }
         if now == *before {
-            return ProbeVerdict::Unchanged;
+            return ProbeFinding::Unchanged;
         }
         let differing: Vec<&String> = now
             .iter()
             .filter(|(k, v)| after.get(*k) != Some(*v))
             .map(|(k, _)| k)
             .collect();
-        ProbeVerdict::Indeterminate(format!(
+        ProbeFinding::Indeterminate(format!(
             "the patch is partly applied: {} do not hold the expected content",
             differing
                 .iter()

@@ -13,7 +13,7 @@ use ring0_exec::{
     CommandSpec, ExecPolicy, JobError, JobEvent, JobManager, JobsConfig, SessionId, StdinMode,
     run_command,
 };
-use ring0_kernel::{CallContext, EventSink, ProbeVerdict, Tool, ToolError};
+use ring0_kernel::{CallContext, EventSink, ProbeFinding, Tool, ToolError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -416,13 +416,13 @@ impl Tool for JobTool {
             .map_err(|e| ToolError::not_applied(e.to_string()))
     }
 
-    async fn probe(&self, args: &Value, _snapshot: Option<&Value>) -> ProbeVerdict {
+    async fn probe(&self, args: &Value, _snapshot: Option<&Value>) -> ProbeFinding {
         // Only job_cancel is settled by probe: the job is finished, or it is not.
         let Some(job) = args.get("job").and_then(Value::as_str) else {
-            return ProbeVerdict::Indeterminate("no job handle".into());
+            return ProbeFinding::Indeterminate("no job handle".into());
         };
         let Ok(manager) = self.jobs.manager().await else {
-            return ProbeVerdict::Indeterminate("the job table is unavailable".into());
+            return ProbeFinding::Indeterminate("the job table is unavailable".into());
         };
         // The probe has no scope; look the handle up in every session this tool opened.
         for status in self.jobs.all_statuses(manager) {
@@ -432,11 +432,11 @@ impl Tool for JobTool {
                         serde_json::to_value(&status).unwrap_or(Value::Null),
                     ))
                 } else {
-                    ProbeVerdict::Unchanged
+                    ProbeFinding::Unchanged
                 };
             }
         }
-        ProbeVerdict::Indeterminate(format!("job {job:?} is not known"))
+        ProbeFinding::Indeterminate(format!("job {job:?} is not known"))
     }
 }
 

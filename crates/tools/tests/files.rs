@@ -220,7 +220,7 @@ async fn write_file_creates_directories_only_when_asked() {
 
 #[tokio::test]
 async fn write_file_probe_recognises_its_own_result() {
-    use ring0_kernel::ProbeVerdict;
+    use ring0_kernel::ProbeFinding;
     let env = Env::new();
     let cfg = common::config(&env.ws, &env.dir.path().join("state"));
     let tools = ring0_tools::builtin_tools(&cfg).unwrap();
@@ -234,17 +234,17 @@ async fn write_file_probe_recognises_its_own_result() {
     let snapshot = write.snapshot(&args).await;
     assert_eq!(
         write.probe(&args, snapshot.as_ref()).await,
-        ProbeVerdict::Unchanged
+        ProbeFinding::Unchanged
     );
     env.write("p.txt", "v2");
     assert!(matches!(
         write.probe(&args, snapshot.as_ref()).await,
-        ProbeVerdict::Applied(_)
+        ProbeFinding::Applied(_)
     ));
     env.write("p.txt", "someone else");
     assert!(matches!(
         write.probe(&args, snapshot.as_ref()).await,
-        ProbeVerdict::Indeterminate(_)
+        ProbeFinding::Indeterminate(_)
     ));
 }
 

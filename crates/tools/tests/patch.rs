@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use common::{Env, failure, structured, workspace};
 use ring0_core::{Authority, Observation, ProviderFormat};
 use ring0_kernel::{
-    CallContext, GrantTable, Kernel, ProbeVerdict, RoundOptions, Session, SessionConfig, Tool,
+    CallContext, GrantTable, Kernel, ProbeFinding, RoundOptions, Session, SessionConfig, Tool,
     ToolError,
 };
 use ring0_tools::ApplyPatch;
@@ -248,7 +248,7 @@ impl Tool for Flaky {
     async fn snapshot(&self, args: &Value) -> Option<Value> {
         self.inner.snapshot(args).await
     }
-    async fn probe(&self, args: &Value, snapshot: Option<&Value>) -> ProbeVerdict {
+    async fn probe(&self, args: &Value, snapshot: Option<&Value>) -> ProbeFinding {
         self.inner.probe(args, snapshot).await
     }
 }

@@ -1,0 +1,44 @@
+//! Shape: every result of every tool bounded, sanitized and redacted before its receipt.
+//!
+//! Whatever a tool returns — a plain text, a JSON value, an observation it shaped itself — passes
+//! through [`ring0_shape::shape_observation`] here, between settle and project: escape sequences
+//! (OSC 52 included), control, invisible and bidirectional-control characters removed, framing
+//! tokens neutralized, secrets redacted (the common formats and the values the host marked
+//! secret), the text cut to the tool's observation budget and the whole serialized observation
+//! bounded by [`OBSERVATION_BYTES_MAX`], so every receipt fits the projection bound. A tool's
+//! failure message is shaped the same way, to [`FAILURE_MESSAGE_BYTES_MAX`]. The pass is
+//! idempotent, so an already-shaped observation comes back unchanged, and it is never skipped.
+
+use ring0_core::Observation;
+use ring0_core::limits::{FAILURE_MESSAGE_BYTES_MAX, OBSERVATION_BYTES_MAX};
+use ring0_shape::{Redactor, Shaping, shape_observation, shape_text};
+
+/// What the shape stage applies to the results of one session (or of recovery).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ShapeStage {
+    pub redactor: Redactor,
+}
+
+impl ShapeStage {
+    fn shaping(&self, budget_bytes: usize) -> Shaping {
+        Shaping {
+            redactor: self.redactor.clone(),
+            ..Shaping::new(budget_bytes, OBSERVATION_BYTES_MAX)
+        }
+    }
+
+    /// One observation, within `budget_bytes` of text and [`OBSERVATION_BYTES_MAX`] serialized.
+    pub fn observation(&self, obs: Observation, budget_bytes: usize) -> Observation {
+        shape_observation(obs, &self.shaping(budget_bytes))
+    }
+
+    /// A tool's failure message.
+    pub fn message(&self, message: &str) -> String {
+        shape_text(
+            message,
+            FAILURE_MESSAGE_BYTES_MAX,
+            &self.shaping(FAILURE_MESSAGE_BYTES_MAX),
+        )
+        .0
+    }
+}
