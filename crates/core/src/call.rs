@@ -4,8 +4,8 @@
 use crate::identity::Fingerprint;
 use crate::limits::{
     REJECTION_BYTES_MAX, REJECTION_LIST_ITEMS_MAX, REJECTION_TEXT_BYTES_MAX, clip_with_length,
-    truncate_str,
 };
+use crate::text::truncate_utf8;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::borrow::Cow;
@@ -228,7 +228,7 @@ impl Rejection {
         self.suggestions = suggestions
             .into_iter()
             .take(REJECTION_LIST_ITEMS_MAX)
-            .map(|s| truncate_str(&s, REJECTION_TEXT_BYTES_MAX).to_string())
+            .map(|s| truncate_utf8(&s, REJECTION_TEXT_BYTES_MAX).to_string())
             .collect();
         self
     }

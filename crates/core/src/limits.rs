@@ -42,11 +42,6 @@ const _: () = assert!(
     VALIDATION_ERRORS_MAX * (3 * REJECTION_TEXT_BYTES_MAX + ECHO_BYTES_MAX) < REJECTION_BYTES_MAX
 );
 
-/// `s` cut to at most `max` bytes on a character boundary.
-pub fn truncate_str(s: &str, max: usize) -> &str {
-    &s[..s.floor_char_boundary(max.min(s.len()))]
-}
-
 /// `s` cut to at most `max` bytes on a character boundary, saying how long it was when cut.
 pub fn clip_with_length(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
     if s.len() <= max {
@@ -54,7 +49,7 @@ pub fn clip_with_length(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
     }
     std::borrow::Cow::Owned(format!(
         "{}… ({} bytes in all)",
-        truncate_str(s, max),
+        crate::text::truncate_utf8(s, max),
         s.len()
     ))
 }

@@ -192,13 +192,7 @@ pub fn advisory_message(tool: &str, count: u32) -> String {
          its result will not change. Use the result you have or try a different approach; \
          further identical calls will end the run."
     );
-    if msg.len() > POLICY_MESSAGE_BYTES_MAX {
-        let mut cut = POLICY_MESSAGE_BYTES_MAX;
-        while !msg.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        msg.truncate(cut);
-    }
+    msg.truncate(msg.floor_char_boundary(POLICY_MESSAGE_BYTES_MAX));
     msg
 }
 

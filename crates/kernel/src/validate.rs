@@ -11,8 +11,9 @@ use jsonschema::{ValidationError, Validator};
 use ring0_core::FieldError;
 use ring0_core::limits::{
     ECHO_BYTES_MAX, REJECTION_LIST_ITEMS_MAX, REJECTION_TEXT_BYTES_MAX, VALIDATION_ERRORS_MAX,
-    clip_with_length, truncate_str,
+    clip_with_length,
 };
+use ring0_core::text::truncate_utf8;
 use serde_json::{Map, Value, json};
 
 /// Validates `args`, returning at most [`VALIDATION_ERRORS_MAX`] field errors and the count of
@@ -88,7 +89,7 @@ fn allowed_domain(properties: Option<&Map<String, Value>>, unknown: &str) -> Val
     names.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
     let items = names
         .into_iter()
-        .map(|(_, k)| Value::String(truncate_str(k, REJECTION_TEXT_BYTES_MAX).to_string()))
+        .map(|(_, k)| Value::String(truncate_utf8(k, REJECTION_TEXT_BYTES_MAX).to_string()))
         .collect();
     let mut d = Map::new();
     bounded_list(&mut d, "allowed_properties", items);

@@ -253,14 +253,7 @@ fn probe_verdict(answer: &Value) -> ProbeFinding {
 }
 
 fn bounded_text(s: &str, max_bytes: usize) -> String {
-    if s.len() <= max_bytes {
-        return s.to_string();
-    }
-    let mut cut = max_bytes;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}… ({} bytes in all)", &s[..cut], s.len())
+    ring0_core::limits::clip_with_length(s, max_bytes).into_owned()
 }
 
 #[async_trait]

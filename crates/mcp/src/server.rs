@@ -926,7 +926,8 @@ mod tests {
 
     #[test]
     fn a_failed_projection_is_shown_as_an_error_and_never_replaced_by_the_receipt() {
-        let failed = ring0_kernel::project::projection_failed_result();
+        let receipted = outcome("from the receipt", Value::Null);
+        let failed = ring0_kernel::project::projection_failed_result(&receipted.receipts[0]);
         let out = render(&outcome("from the receipt", failed));
         assert_eq!(out["isError"], true);
         let text = out["content"][0]["text"].as_str().unwrap();

@@ -318,10 +318,7 @@ async fn mediated(
 
 fn bounded(mut text: String) -> String {
     if text.len() > TASK_STATUS_BYTES_MAX {
-        let mut cut = text.len() - TASK_STATUS_BYTES_MAX;
-        while !text.is_char_boundary(cut) {
-            cut += 1;
-        }
+        let cut = text.ceil_char_boundary(text.len() - TASK_STATUS_BYTES_MAX);
         let dropped = cut;
         text = format!("[{dropped} earlier bytes not shown]\n{}", &text[cut..]);
     }

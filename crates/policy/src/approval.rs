@@ -167,10 +167,7 @@ pub(crate) fn bounded(text: &str, max: usize) -> String {
         return text.to_string();
     }
     let note_room = 40;
-    let mut cut = max.saturating_sub(note_room);
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
+    let cut = text.floor_char_boundary(max.saturating_sub(note_room));
     format!("{}… ({} more bytes)", &text[..cut], text.len() - cut)
 }
 

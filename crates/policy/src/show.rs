@@ -61,10 +61,7 @@ pub fn shown_args(args: &Value, approval_id: &str, args_hash: &str) -> (String, 
     }
     // The note's fixed text and two numbers fit in 160 bytes besides the id and digest.
     let note_room = 160 + approval_id.len() + args_hash.len();
-    let mut cut = ARGS_SHOWN_BYTES_MAX.saturating_sub(note_room);
-    while !whole.is_char_boundary(cut) {
-        cut -= 1;
-    }
+    let cut = whole.floor_char_boundary(ARGS_SHOWN_BYTES_MAX.saturating_sub(note_room));
     let note = format!(
         " … [cut: {cut} of {} bytes shown; the whole arguments (digest {args_hash}) are shown by `ring0 approve --show {approval_id}`]",
         whole.len()

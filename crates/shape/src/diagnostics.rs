@@ -674,14 +674,7 @@ fn parse_location(s: &str) -> Option<Location> {
 
 /// Cuts text to [`DIAGNOSTIC_TEXT_BYTES_MAX`] on a character boundary.
 fn clip(s: &str) -> String {
-    if s.len() <= DIAGNOSTIC_TEXT_BYTES_MAX {
-        return s.to_string();
-    }
-    let mut end = DIAGNOSTIC_TEXT_BYTES_MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
+    ring0_core::text::truncate_utf8(s, DIAGNOSTIC_TEXT_BYTES_MAX).to_string()
 }
 
 #[cfg(test)]

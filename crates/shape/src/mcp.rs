@@ -13,9 +13,9 @@ use serde_json::{Map, Value, json};
 
 use crate::config::{BUDGET_BYTES_MIN, ConfigError, ShapeConfig};
 use crate::framing::FramingDefense;
+use crate::observation::{CleanStats, Shaping, clean_value as clean_result_value};
 use crate::sanitize::Sanitizer;
 use crate::screen::{LineSink, Screen};
-use crate::observation::{CleanStats, Shaping, clean_value as clean_result_value};
 use crate::stream::{ExitInfo, Stream, StreamShaper};
 
 /// Shapes an MCP result. `content` is the `content` array (anything else is treated as empty),

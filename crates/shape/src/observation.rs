@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 
 use ring0_core::Observation;
-use ring0_core::limits::truncate_str;
+use ring0_core::text::truncate_utf8;
 use serde_json::{Map, Value};
 
 use crate::config::HEAD_PERCENT_DEFAULT;
@@ -275,7 +275,7 @@ fn cut_text(text: &str, budget: usize, head_percent: u8) -> (Cow<'_, str>, bool)
     // The tombstone's numbers are at most as long as `total`'s; size it with those.
     let probe = tombstone(total, total);
     let keep = budget.saturating_sub(probe.len());
-    let head = truncate_str(text, keep * usize::from(head_percent.min(100)) / 100);
+    let head = truncate_utf8(text, keep * usize::from(head_percent.min(100)) / 100);
     let tail_len = keep - head.len();
     let tail = &text[text.ceil_char_boundary(total - tail_len)..];
     let omitted = total - head.len() - tail.len();
@@ -295,7 +295,7 @@ fn tombstone(omitted: usize, total: usize) -> String {
 fn clean_envelope(obs: &mut Observation, shaping: &Shaping, stats: &mut CleanStats) {
     let note = |s: &str, stats: &mut CleanStats| {
         let clean = clean_text(s, shaping, stats);
-        truncate_str(&clean, NOTE_BYTES_MAX).to_string()
+        truncate_utf8(&clean, NOTE_BYTES_MAX).to_string()
     };
     if let Some(n) = obs.truncation_notice.take() {
         obs.truncation_notice = Some(note(&n, stats));

@@ -511,14 +511,7 @@ fn signal_name(sig: i32) -> Option<&'static str> {
 
 /// Cuts to `max` bytes on a character boundary.
 pub(crate) fn clip(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
+    ring0_core::text::truncate_utf8(s, max).to_string()
 }
 
 #[cfg(test)]

@@ -562,11 +562,7 @@ async fn resume(
 fn clip(text: &str) -> String {
     let mut s = text.to_string();
     if s.len() > 512 {
-        let mut cut = 512;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
+        s.truncate(s.floor_char_boundary(512));
         s.push('…');
     }
     s
