@@ -3,8 +3,8 @@
 //! prints one request's whole arguments (escaped, see `ring0_policy::render_args`) and decides
 //! nothing.
 
-use crate::config::{Config, approvals_dir};
 use clap::Args;
+use ring0_config::{Config, approvals_dir};
 use ring0_policy::{Decision, decide_pending, list_pending, read_pending, render_args};
 use std::path::PathBuf;
 

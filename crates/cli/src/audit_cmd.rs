@@ -1,8 +1,8 @@
 //! `ring0 audit verify [--path FILE]`: checks the audit log's hash chain and reports the first
 //! broken or missing link with its line number (exit status 1), or how many lines are intact.
 
-use crate::config::Config;
 use clap::{Args, Subcommand};
+use ring0_config::Config;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]

@@ -1,7 +1,7 @@
 //! `ring0 call TOOL 'JSON'`: one mediated call with the configured grants.
 
-use crate::config::{Built, Config, Loaded, approvals_dir, build_kernel};
 use clap::Args;
+use ring0_config::{Built, Config, Loaded, approvals_dir, build_kernel};
 use ring0_core::ProviderFormat;
 use ring0_kernel::RoundOptions;
 use ring0_policy::DirectoryApprover;

@@ -31,10 +31,10 @@ pub fn run(
         None if matches!(command, JournalCommand::Sim { .. }) => PathBuf::new(),
         None => {
             let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-            crate::config::Config::load(None, &cwd, state_dir)
+            ring0_config::Config::load(None, &cwd, state_dir)
                 .map_err(|e| e.to_string())?
                 .state_dir
-                .join(crate::state::JOURNAL_FILE)
+                .join(ring0_config::state::JOURNAL_FILE)
         }
     };
     match command {

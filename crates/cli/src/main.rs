@@ -12,12 +12,10 @@ use std::process::ExitCode;
 mod approve_cmd;
 mod audit_cmd;
 mod call_cmd;
-mod config;
 mod journal_cmd;
 mod run_cmd;
 mod serve_cmd;
 mod shape_cmd;
-mod state;
 mod token_cmd;
 mod turn_cmd;
 

@@ -18,8 +18,8 @@
 //! `ring0 approve-tool NAME` approves a quarantined upstream tool (its new definition's pin is
 //! written to `ring0.lock`; a running server picks it up within a second).
 
-use crate::config::{Config, Loaded, build_kernel};
 use clap::Args;
+use ring0_config::{Config, Loaded, build_kernel};
 use ring0_mcp::approval::{Approvals, McpApprover};
 use ring0_mcp::http::{HttpOptions, MCP_PATH};
 use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log};
@@ -225,7 +225,10 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
         log.line(&format!("state: {}", loaded.state_dir.display()));
         log.line(&format!(
             "journal: {}",
-            loaded.state_dir.join(crate::state::JOURNAL_FILE).display()
+            loaded
+                .state_dir
+                .join(ring0_config::state::JOURNAL_FILE)
+                .display()
         ));
         log.line(&format!("grants: {}", describe_grants(&loaded)));
         let visible = generation

@@ -7,8 +7,8 @@
 //! entry, so the default grants stay in force. The file is replaced whole (written beside it,
 //! then renamed), and only after the new content has been checked like any configuration.
 
-use crate::config::{CONFIG_FILE_DEFAULT, Config, DEFAULT_CONFIG, read_bounded};
 use clap::{Args, Subcommand};
+use ring0_config::{CONFIG_FILE_DEFAULT, Config, DEFAULT_CONFIG, read_bounded};
 use ring0_mcp::auth::token::{self, TokenEntry};
 use std::path::{Path, PathBuf};
 

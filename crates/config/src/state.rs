@@ -38,7 +38,9 @@ const MANIFEST_VERSION: u32 = 1;
 
 /// The state directory chosen, and whether it is the legacy one.
 pub struct Choice {
+    /// The state directory, absolute (its existing part canonicalized).
     pub dir: PathBuf,
+    /// It is the legacy `.ring0` inside the workspace.
     pub legacy: bool,
 }
 

@@ -1,0 +1,190 @@
+//! Assembling a kernel from a loaded configuration: the built-in tools, the SQLite journal and
+//! the session's policy. `ring0 call`, `ring0 turn` and `ring0 serve` (and any other front end)
+//! share it.
+
+use crate::load::Loaded;
+use crate::schema::ConfigError;
+use ring0_journal::SqliteJournal;
+use ring0_kernel::{Authorizer, Kernel, SessionConfig};
+use ring0_policy::{Approver, JsonlAudit, Policy, RateLimit};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The session's authorizer and a kernel with the built-in tools and the SQLite journal.
+pub struct Built {
+    /// The kernel: the built-in tools, the SQLite journal and the policy as its authorizer.
+    pub kernel: Kernel,
+    /// The policy, as the authorizer every session of this kernel is opened with.
+    pub authorizer: Arc<dyn Authorizer>,
+    /// The policy behind `authorizer` (its state is keyed by principal and session, so every
+    /// session of a front end shares it).
+    pub policy: Policy,
+    /// `[limits] max_concurrent_tools`.
+    pub max_concurrent_tools: usize,
+    /// The state directory's manifest, recorded again when the kernel is dropped.
+    _state: crate::state::Manifest,
+}
+
+impl Built {
+    /// A session configuration with this configuration's authorizer and limits.
+    pub fn session_config(&self, scope: &str) -> SessionConfig {
+        SessionConfig::new(scope)
+            .authorizer(self.authorizer.clone())
+            .max_concurrent_tools(self.max_concurrent_tools)
+    }
+}
+
+/// The cursor-signing key under the state directory, created (private) on first use so cursors
+/// stay valid across processes.
+fn cursor_key(state_dir: &Path) -> Result<Vec<u8>, String> {
+    let path = state_dir.join("cursor.key");
+    if let Ok(key) = std::fs::read(&path)
+        && key.len() >= 32
+    {
+        return Ok(key);
+    }
+    let mut key = Vec::with_capacity(32);
+    key.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
+    key.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    use std::io::Write;
+    options
+        .open(&path)
+        .and_then(|mut f| f.write_all(&key))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(key)
+}
+
+/// What a configuration provides before a kernel is built: the built-in tools, the session's
+/// policy and the journal. A front end that builds its own kernel (an MCP gateway adding
+/// upstream tools) takes these; [`build_kernel`] assembles them into a kernel.
+pub struct Parts {
+    /// The built-in tools, configured from `[paths]`, `[limits]` and `[shell]`.
+    pub tools: Vec<ring0_tools::ToolEntry>,
+    /// The policy from `[[grants]]`, `[limits]`, `[approval]` and `[audit]`.
+    pub policy: Policy,
+    /// The SQLite journal at `journal.db` in the state directory.
+    pub journal: Arc<SqliteJournal>,
+    /// `[limits] max_concurrent_tools`.
+    pub max_concurrent_tools: usize,
+    /// The state directory's manifest (recorded again on drop: the audit log's length at exit).
+    pub state: crate::state::Manifest,
+}
+
+/// The built-in tools (configured from `[paths]`, `[limits]`, `[shell]`), the policy (from
+/// `[[grants]]`, `[limits]`, `[approval]`, `[audit]`) and the SQLite journal at
+/// `state_dir/journal.db`. `approver` decides held calls (the terminal's approvals directory for
+/// the CLI; an MCP client's elicitation for a server).
+pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts, ConfigError> {
+    let config = &loaded.config;
+    let err = |key: &str, why: String| ConfigError {
+        file: loaded.source.clone(),
+        key: key.to_string(),
+        why,
+    };
+    crate::state::prepare(&loaded.state_dir).map_err(|why| err("workspace.state_dir", why))?;
+    if loaded.legacy_state {
+        eprintln!(
+            "ring0: {}",
+            crate::state::legacy_warning(&loaded.state_dir, &loaded.workspace)
+        );
+    }
+    let audit_path = loaded.state_dir.join(&config.audit.path);
+    let journal_path = loaded.state_dir.join(crate::state::JOURNAL_FILE);
+    let mut manifest = crate::state::Manifest::check(&loaded.state_dir, &journal_path, &audit_path)
+        .map_err(|why| err("workspace.state_dir", why))?;
+    let mut tools_config = ring0_tools::ToolsConfig::new(
+        &loaded.workspace,
+        &loaded.state_dir,
+        cursor_key(&loaded.state_dir).map_err(|why| err("workspace.state_dir", why))?,
+    );
+    tools_config.protected = loaded.protected();
+    tools_config.read_roots = config.paths.read.clone();
+    tools_config.write_roots = config.paths.write.clone();
+    tools_config.read_text_bytes_max = config.limits.read_text_bytes;
+    tools_config.search_workers = config.limits.search_workers;
+    tools_config.shell.authority = config.shell.authority;
+    tools_config.shell.allow_command_string = config.grants.iter().any(|g| g.shell);
+    if let Some(env) = &config.shell.env_allow {
+        tools_config.shell.env_allow = env.clone();
+    }
+    let tools =
+        ring0_tools::builtin_tools(&tools_config).map_err(|e| err("paths", e.to_string()))?;
+    crate::state::create_journal_files(&journal_path)
+        .map_err(|why| err("workspace.state_dir", why))?;
+    let journal = SqliteJournal::open(&journal_path).map_err(|e| {
+        err(
+            "workspace.state_dir",
+            format!("journal {}: {e}", journal_path.display()),
+        )
+    })?;
+    let audit = JsonlAudit::open(&audit_path)
+        .map_err(|e| err("audit.path", format!("{}: {e}", audit_path.display())))?;
+    manifest
+        .record()
+        .map_err(|why| err("workspace.state_dir", why))?;
+    let mut policy = Policy::builder()
+        .approver(approver)
+        .approval_timeout(Duration::from_secs(config.approval.timeout_secs))
+        .audit(Arc::new(audit))
+        .audit_args(config.audit.include_args)
+        .sandboxed_tools(ring0_tools::SANDBOXED_TOOLS.iter().copied())
+        .shell_arg(
+            ring0_tools::SHELL_STRING_ARG.0,
+            ring0_tools::SHELL_STRING_ARG.1,
+        )
+        // The same tool's explicit argv: an inline script there is a command string too.
+        .argv_arg(ring0_tools::SHELL_STRING_ARG.0, "argv");
+    for (i, g) in config.grants.iter().enumerate() {
+        let grant = config.grant(i, g).map_err(|(key, why)| err(&key, why))?;
+        policy = policy
+            .grant(grant)
+            .map_err(|why| err(&format!("grants[{i}]"), why))?;
+    }
+    if let Some(rate) = &config.limits.session_rate {
+        policy = policy.session_rate(
+            RateLimit::parse(rate).map_err(|e| err("limits.session_rate", e.to_string()))?,
+        );
+    }
+    if let Some(rate) = &config.limits.principal_rate {
+        policy = policy.principal_rate(
+            RateLimit::parse(rate).map_err(|e| err("limits.principal_rate", e.to_string()))?,
+        );
+    }
+    Ok(Parts {
+        tools,
+        policy: policy.build(),
+        journal: Arc::new(journal),
+        max_concurrent_tools: config.limits.max_concurrent_tools,
+        state: manifest,
+    })
+}
+
+/// Builds the kernel (built-in tools, SQLite journal) and the session's authorizer from a loaded
+/// configuration; see [`build_parts`].
+pub fn build_kernel(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Built, ConfigError> {
+    let parts = build_parts(loaded, approver)?;
+    let mut builder = Kernel::builder().journal(parts.journal);
+    for (spec, tool) in parts.tools {
+        builder = builder.tool(spec, tool).map_err(|e| ConfigError {
+            file: loaded.source.clone(),
+            key: "(tools)".into(),
+            why: e.to_string(),
+        })?;
+    }
+    let authorizer: Arc<dyn Authorizer> = Arc::new(parts.policy.clone());
+    Ok(Built {
+        kernel: builder.authorizer(authorizer.clone()).build(),
+        authorizer,
+        policy: parts.policy,
+        max_concurrent_tools: parts.max_concurrent_tools,
+        _state: parts.state,
+    })
+}

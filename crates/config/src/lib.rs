@@ -1,0 +1,40 @@
+//! The configuration file (`ring0.toml`) of ring0, and the kernel it builds.
+//!
+//! Every front end of ring0 (the `ring0` binary, an HTTP agent API, a Python package) loads the
+//! same file through this crate, so each refuses the same invalid file with the same message:
+//!
+//! - [`schema`]: every section and key, its default and its documentation ([`Config`]), and the
+//!   embedded defaults ([`DEFAULT_CONFIG`]) used when no file exists.
+//! - [`load`]: parsing with errors named by key ([`ConfigError`]), checking every value, and
+//!   resolving the workspace, the state directory and ring0's protected paths ([`Loaded`]).
+//! - [`state`]: the state directory — where it is, how it is created private, and the manifest
+//!   that refuses a journal or audit log replaced or truncated behind ring0's back.
+//! - [`build`]: the built-in tools, the SQLite journal and the session's policy ([`Parts`]), and
+//!   a kernel assembled from them ([`Built`]).
+//!
+//! ```
+//! let config = ring0_config::Config::parse(
+//!     "[limits]\nmax_concurrent_tools = 4\n",
+//!     "example.toml",
+//! )
+//! .unwrap();
+//! assert_eq!(config.limits.max_concurrent_tools, 4);
+//!
+//! let err = ring0_config::Config::parse("[limits]\nsesion_rate = \"1/s\"\n", "example.toml")
+//!     .unwrap_err();
+//! assert!(err.key.starts_with("limits.sesion_rate"));
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod build;
+pub mod load;
+pub mod schema;
+pub mod state;
+
+pub use build::{Built, Parts, build_kernel, build_parts};
+pub use load::{Loaded, approvals_dir, read_bounded};
+pub use schema::{
+    ApprovalSection, AuditSection, CONFIG_BYTES_MAX, CONFIG_FILE_DEFAULT, Config, ConfigError,
+    DEFAULT_CONFIG, GrantSection, LimitsSection, PathsSection, ShellSection, WorkspaceSection,
+};

@@ -1,0 +1,299 @@
+//! The schema of `ring0.toml`: every section and key, with its default and its documentation.
+//!
+//! Without a file, the embedded defaults ([`DEFAULT_CONFIG`]) apply: the current directory is the
+//! workspace; reads and sandboxed writes in it are granted; `shell` (and `job_send_input`) and
+//! anything A3 are held for a person's approval. Every key is documented on its field below and
+//! in `docs/config.md`. Each section rejects unknown keys.
+
+use ring0_core::Authority;
+use serde::Deserialize;
+use std::path::PathBuf;
+
+/// File looked for in the current directory when `--config` is not given.
+pub const CONFIG_FILE_DEFAULT: &str = "ring0.toml";
+/// Largest configuration file read.
+pub const CONFIG_BYTES_MAX: u64 = 1024 * 1024;
+
+/// The embedded defaults, used when no configuration file exists.
+pub const DEFAULT_CONFIG: &str = r#"
+[workspace]
+root = "."
+
+[paths]
+read = ["."]
+write = ["."]
+
+# Reads and sandboxed writes in the workspace.
+[[grants]]
+name = "workspace"
+tools = ["read_file", "list_dir", "glob", "search", "write_file", "apply_patch",
+         "job_inspect", "job_wait", "job_cancel"]
+ceiling = "A1"
+
+# Commands: each one held for a person's approval; explicit argv only.
+[[grants]]
+name = "shell"
+tools = ["shell", "job_send_input"]
+ceiling = "A2"
+approval = true
+
+# Anything else, up to irreversible actions: held for a person's approval.
+[[grants]]
+name = "held"
+tools = ["*"]
+ceiling = "A3"
+approval = true
+"#;
+
+/// An invalid configuration: the key and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {key}: {why}")]
+pub struct ConfigError {
+    /// The file, or `embedded defaults`.
+    pub file: String,
+    /// The offending key, as a path (`grants[1].rules[0]`).
+    pub key: String,
+    /// Why the value is refused.
+    pub why: String,
+}
+
+/// The whole file. Sections other front ends add (such as `[[upstreams]]`) go here as fields.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[workspace]`: where the workspace and ring0's state are.
+    #[serde(default)]
+    pub workspace: WorkspaceSection,
+    /// `[paths]`: roots the tools may read and write.
+    #[serde(default)]
+    pub paths: PathsSection,
+    /// `[[grants]]`: what the session may call. Deny by default: a tool no grant names is
+    /// neither listed nor callable. The first grant naming a tool decides for it.
+    #[serde(default)]
+    pub grants: Vec<GrantSection>,
+    /// `[limits]`: rate and size limits.
+    #[serde(default)]
+    pub limits: LimitsSection,
+    /// `[approval]`: how held calls wait for a person.
+    #[serde(default)]
+    pub approval: ApprovalSection,
+    /// `[audit]`: where decisions are recorded.
+    #[serde(default)]
+    pub audit: AuditSection,
+    /// `[shell]`: how the `shell` tool runs commands.
+    #[serde(default)]
+    pub shell: ShellSection,
+    /// `[[upstreams]]`: MCP servers `ring0 serve` connects to (see `ring0_mcp::UpstreamConfig`).
+    /// Checked here so every subcommand refuses the same invalid file.
+    #[serde(default)]
+    pub upstreams: Vec<ring0_mcp::UpstreamConfig>,
+    /// `[auth]`: who may call `ring0 serve --http` (see `ring0_mcp::auth::AuthConfig`).
+    #[serde(default)]
+    pub auth: ring0_mcp::auth::AuthConfig,
+}
+
+/// `[workspace]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceSection {
+    /// The workspace directory; relative to the configuration file's directory. Default `"."`.
+    #[serde(default = "dot")]
+    pub root: PathBuf,
+    /// ring0's state (journal, approvals, audit log, pins, job logs, spill, cursor key);
+    /// relative to the configuration file's directory. Default: outside the workspace, see
+    /// [`crate::state::default_state_dir`]. The `--state-dir` flag overrides it.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl Default for WorkspaceSection {
+    fn default() -> Self {
+        Self {
+            root: dot(),
+            state_dir: None,
+        }
+    }
+}
+
+/// `[paths]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathsSection {
+    /// Directories the tools may read, relative to the workspace or absolute. Default `["."]`.
+    #[serde(default = "dots")]
+    pub read: Vec<PathBuf>,
+    /// Directories the tools may write (and read). Default `["."]`.
+    #[serde(default = "dots")]
+    pub write: Vec<PathBuf>,
+}
+
+impl Default for PathsSection {
+    fn default() -> Self {
+        Self {
+            read: dots(),
+            write: dots(),
+        }
+    }
+}
+
+/// One `[[grants]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantSection {
+    /// Names the grant in decisions and the audit log (`grant:NAME`). Required.
+    pub name: String,
+    /// Tool names: exact, a prefix ending in `*`, or `*`. Required.
+    pub tools: Vec<String>,
+    /// Highest authority a tool of this grant may have: `"A0"` read, `"A1"` sandboxed write,
+    /// `"A2"` external effect with a declared settlement, `"A3"` irreversible (always held for
+    /// approval). Required.
+    pub ceiling: Authority,
+    /// Hold every call of this grant for a person's approval. Default `false`.
+    #[serde(default)]
+    pub approval: bool,
+    /// Allow `shell`'s `command` string (run by `/bin/sh -c`) and an `argv` that starts a shell
+    /// or interpreter with an inline script (`sh -c`, `python -c`, `node -e`, …); otherwise only
+    /// plain `argv`. Default `false`.
+    #[serde(default)]
+    pub shell: bool,
+    /// CEL expressions over `args`, `session`, `principal` and `tool`; all must be true. A rule
+    /// that errors (including one naming an absent argument) denies. Default none.
+    #[serde(default)]
+    pub rules: Vec<String>,
+    /// Calls per tool under this grant, per principal: `"N/s"`, `"N/min"`, `"N/h"` or
+    /// `"N/day"`. Default none.
+    #[serde(default)]
+    pub rate: Option<String>,
+    /// The grant applies only to these principal ids (and to `groups`). Default: everyone.
+    #[serde(default)]
+    pub principals: Vec<String>,
+    /// The grant applies only to principals in these groups (and to `principals`). Default:
+    /// everyone.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// What one approval may cover: `"once"` (the approved call only), `"session"` (the person
+    /// may also allow identical calls for the rest of the session) or a duration such as
+    /// `"30m"` (the same, lapsing after that long; s, m, h; at most 24h). Default `"once"`.
+    #[serde(default)]
+    pub approval_scope: Option<String>,
+}
+
+/// `[limits]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Calls per session of one principal, all tools together (`"N/min"` …). Default none.
+    #[serde(default)]
+    pub session_rate: Option<String>,
+    /// Calls per principal across all its sessions, all tools together. Default none.
+    #[serde(default)]
+    pub principal_rate: Option<String>,
+    /// Calls running at once in one round. Default 8.
+    #[serde(default = "concurrency_default")]
+    pub max_concurrent_tools: usize,
+    /// Bytes of file text one `read_file` result carries (JSON-escaped). Default 32768.
+    #[serde(default = "read_text_default")]
+    pub read_text_bytes: usize,
+    /// Threads of one `search`. Default 2.
+    #[serde(default = "search_workers_default")]
+    pub search_workers: usize,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        Self {
+            session_rate: None,
+            principal_rate: None,
+            max_concurrent_tools: concurrency_default(),
+            read_text_bytes: read_text_default(),
+            search_workers: search_workers_default(),
+        }
+    }
+}
+
+/// `[approval]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalSection {
+    /// Seconds a held call waits for `ring0 approve` / `ring0 deny` before it is refused as
+    /// `approval_timeout`. Default 300, at most 86400.
+    #[serde(default = "approval_timeout_default")]
+    pub timeout_secs: u64,
+}
+
+impl Default for ApprovalSection {
+    fn default() -> Self {
+        Self {
+            timeout_secs: approval_timeout_default(),
+        }
+    }
+}
+
+/// `[audit]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSection {
+    /// JSON-lines audit log, relative to the state directory. Default `"audit.jsonl"`.
+    #[serde(default = "audit_path_default")]
+    pub path: PathBuf,
+    /// Record each call's arguments too (they may hold secrets). Default `false`: only their
+    /// fingerprint.
+    #[serde(default)]
+    pub include_args: bool,
+}
+
+impl Default for AuditSection {
+    fn default() -> Self {
+        Self {
+            path: audit_path_default(),
+            include_args: false,
+        }
+    }
+}
+
+/// `[shell]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShellSection {
+    /// Authority `shell` and `job_send_input` declare. Default `"A2"`.
+    #[serde(default = "shell_authority_default")]
+    pub authority: Authority,
+    /// Environment variables commands inherit. Default PATH, HOME, LANG, LC_ALL, LC_CTYPE, TZ,
+    /// TMPDIR.
+    #[serde(default)]
+    pub env_allow: Option<Vec<String>>,
+}
+
+impl Default for ShellSection {
+    fn default() -> Self {
+        Self {
+            authority: shell_authority_default(),
+            env_allow: None,
+        }
+    }
+}
+
+fn dot() -> PathBuf {
+    PathBuf::from(".")
+}
+fn dots() -> Vec<PathBuf> {
+    vec![dot()]
+}
+fn concurrency_default() -> usize {
+    ring0_kernel::MAX_CONCURRENT_TOOLS_DEFAULT
+}
+fn read_text_default() -> usize {
+    ring0_tools::files::READ_TEXT_BYTES_DEFAULT
+}
+fn search_workers_default() -> usize {
+    ring0_tools::SEARCH_WORKERS_DEFAULT
+}
+fn approval_timeout_default() -> u64 {
+    ring0_policy::APPROVAL_TIMEOUT_DEFAULT.as_secs()
+}
+fn audit_path_default() -> PathBuf {
+    PathBuf::from("audit.jsonl")
+}
+fn shell_authority_default() -> Authority {
+    Authority::A2
+}
