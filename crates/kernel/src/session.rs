@@ -194,6 +194,7 @@ impl KernelBuilder {
         self.registry.apply_traits(&self.traits);
         let shape = ShapeStage {
             redactor: redactor_of(&self.secret_values, &[]),
+            ..ShapeStage::default()
         };
         Kernel {
             inner: Arc::new(KernelInner {
@@ -459,13 +460,13 @@ impl Kernel {
             .authorizer
             .clone()
             .unwrap_or_else(|| self.inner.authorizer.clone());
-        let shape = if config.secret_values.is_empty() {
-            self.inner.shape.clone()
-        } else {
-            ShapeStage {
-                redactor: redactor_of(&self.inner.secret_values, &config.secret_values),
-            }
-        };
+        let mut shape = self.inner.shape.clone();
+        if !config.secret_values.is_empty() {
+            shape.redactor = redactor_of(&self.inner.secret_values, &config.secret_values);
+        }
+        if let Some(projector) = &config.projector {
+            shape = shape.for_projection(projector.projection_bytes_max());
+        }
         Session {
             kernel: self.inner.clone(),
             info: SessionInfo {

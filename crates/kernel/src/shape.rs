@@ -10,21 +10,49 @@
 //! idempotent, so an already-shaped observation comes back unchanged, and it is never skipped.
 
 use ring0_core::Observation;
-use ring0_core::limits::{FAILURE_MESSAGE_BYTES_MAX, OBSERVATION_BYTES_MAX};
+use ring0_core::limits::{
+    FAILURE_MESSAGE_BYTES_MAX, OBSERVATION_BYTES_MAX, RECEIPT_ENVELOPE_BYTES_MAX,
+};
 use ring0_shape::{Redactor, Shaping, shape_observation, shape_text};
 
 /// What the shape stage applies to the results of one session (or of recovery).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct ShapeStage {
     pub redactor: Redactor,
+    /// Bound of a whole serialized observation: [`OBSERVATION_BYTES_MAX`], or more for a
+    /// session whose host projector declares a larger projection bound (see
+    /// [`ShapeStage::for_projection`]). Text stays within the tool's budget either way.
+    pub observation_bytes_max: usize,
+}
+
+impl Default for ShapeStage {
+    fn default() -> Self {
+        Self {
+            redactor: Redactor::default(),
+            observation_bytes_max: OBSERVATION_BYTES_MAX,
+        }
+    }
 }
 
 impl ShapeStage {
+    /// The stage for a session whose projections may take `projection_bytes_max`: an MCP host
+    /// forwards an upstream's structured result (images included) whole to its client, so its
+    /// observations may carry that much structured content; the text is still budgeted.
+    pub fn for_projection(mut self, projection_bytes_max: usize) -> Self {
+        let room = projection_bytes_max.saturating_sub(RECEIPT_ENVELOPE_BYTES_MAX);
+        self.observation_bytes_max = room.max(OBSERVATION_BYTES_MAX);
+        self
+    }
+
     fn shaping(&self, budget_bytes: usize) -> Shaping {
-        Shaping {
+        let mut shaping = Shaping {
             redactor: self.redactor.clone(),
-            ..Shaping::new(budget_bytes, OBSERVATION_BYTES_MAX)
+            ..Shaping::new(budget_bytes, self.observation_bytes_max)
+        };
+        if self.observation_bytes_max > OBSERVATION_BYTES_MAX {
+            shaping.structured_bytes_max = self.observation_bytes_max;
         }
+        shaping
     }
 
     /// One observation, within `budget_bytes` of text and [`OBSERVATION_BYTES_MAX`] serialized.

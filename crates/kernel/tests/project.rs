@@ -214,3 +214,75 @@ async fn a_projector_that_declares_a_larger_bound_is_held_to_it() {
         Some(ring0_core::limits::PROJECTION_BYTES_MAX)
     );
 }
+
+/// Projects the size of the structured payload the receipt carries.
+struct PayloadSize;
+impl Projector for PayloadSize {
+    fn project(&self, input: &ProjectionInput<'_>) -> Result<Value, String> {
+        let structured = match input.outcome {
+            ring0_core::receipt::CallOutcome::Completed { observation } => {
+                observation.structured.clone()
+            }
+            _ => None,
+        };
+        Ok(json!({"payload_bytes": structured.map(|v| v.to_string().len())}))
+    }
+
+    fn projection_bytes_max(&self) -> usize {
+        1024 * 1024
+    }
+}
+
+fn payload_kernel() -> ring0_kernel::Kernel {
+    use ring0_core::{Observation, ToolSpec};
+    let spec = ToolSpec::read(
+        "picture",
+        "Returns a large structured payload",
+        json!({"type": "object", "properties": {}}),
+    );
+    ring0_kernel::Kernel::builder()
+        .tool(
+            spec,
+            ring0_kernel::tool_fn(|_ctx, _args| async move {
+                Ok(Observation {
+                    structured: Some(json!({"data": "A".repeat(100 * 1024)})),
+                    ..Observation::text("a picture")
+                })
+            }),
+        )
+        .map_err(|e| e.to_string())
+        .unwrap()
+        .authorizer(Arc::new(ring0_kernel::GrantTable::allow(
+            &["*"],
+            ring0_core::Authority::A0,
+        )))
+        .build()
+}
+
+#[tokio::test]
+async fn a_projector_with_a_larger_bound_receives_structured_results_whole() {
+    let session =
+        payload_kernel().open_session(SessionConfig::new("s").projector(Arc::new(PayloadSize)));
+    let out = session
+        .run_round(
+            round(vec![call(0, "picture", json!({}))]),
+            &RoundOptions::default(),
+        )
+        .await;
+    let bytes = out.results[0].content["payload_bytes"].as_u64().unwrap();
+    assert!(bytes > 100 * 1024, "{}", out.results[0].content);
+}
+
+#[tokio::test]
+async fn without_such_a_projector_a_structured_result_past_the_bound_is_withheld_and_said() {
+    let session = payload_kernel().open_session(SessionConfig::new("s"));
+    let out = session
+        .run_round(
+            round(vec![call(0, "picture", json!({}))]),
+            &RoundOptions::default(),
+        )
+        .await;
+    let text = out.results[0].content.to_string();
+    assert!(text.contains("was withheld"), "{text}");
+    assert!(text.len() <= ring0_core::limits::PROJECTION_BYTES_MAX);
+}

@@ -35,6 +35,9 @@ pub const TEXT_BUDGET_BYTES_MIN: usize = 256;
 pub struct Shaping {
     /// Budget of the text and, separately, of the structured content, in bytes.
     pub budget_bytes: usize,
+    /// Largest structured content kept, serialized; `budget_bytes` unless the host's reader
+    /// takes more than a model message does (an MCP client is sent an upstream's images whole).
+    pub structured_bytes_max: usize,
     /// Bound of the whole serialized observation, in bytes.
     pub serialized_bytes_max: usize,
     /// Percentage of cut text kept from its head.
@@ -48,6 +51,7 @@ impl Shaping {
     pub fn new(budget_bytes: usize, serialized_bytes_max: usize) -> Self {
         Self {
             budget_bytes: budget_bytes.max(TEXT_BUDGET_BYTES_MIN),
+            structured_bytes_max: budget_bytes.max(TEXT_BUDGET_BYTES_MIN),
             serialized_bytes_max,
             head_percent: HEAD_PERCENT_DEFAULT,
             framing: FramingDefense::default(),
@@ -72,10 +76,10 @@ pub fn shape_observation(mut obs: Observation, shaping: &Shaping) -> Observation
     if let Some(value) = obs.structured.take() {
         let clean = clean_value(&value, shaping, &mut stats, 0);
         let size = serialized_len(&clean);
-        if size > shaping.budget_bytes {
+        let structured_max = shaping.structured_bytes_max.max(shaping.budget_bytes);
+        if size > structured_max {
             notices.push(format!(
-                "[ring0: structured result of {size} bytes exceeds the observation budget of {} bytes and was withheld]",
-                shaping.budget_bytes
+                "[ring0: structured result of {size} bytes exceeds the observation budget of {structured_max} bytes and was withheld]"
             ));
         } else {
             structured_bytes = size;
