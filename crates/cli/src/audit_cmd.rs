@@ -27,8 +27,8 @@ pub fn run(command: AuditCommand, state_dir: Option<&std::path::Path>) -> Result
         Some(path) => path,
         None => {
             let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-            let loaded = Config::load(args.config.as_deref(), &cwd, state_dir)
-                .map_err(|e| e.to_string())?;
+            let loaded =
+                Config::load(args.config.as_deref(), &cwd, state_dir).map_err(|e| e.to_string())?;
             loaded.state_dir.join(&loaded.config.audit.path)
         }
     };

@@ -70,7 +70,10 @@ fn approvals_quotas_and_audit_lines_stay_with_their_principal() {
     assert_eq!(reads[1]["is_error"], false, "{alice}");
     assert_eq!(reads[2]["is_error"], true, "{alice}");
     assert!(
-        reads[2]["text"].as_str().unwrap().contains("retry_after_ms"),
+        reads[2]["text"]
+            .as_str()
+            .unwrap()
+            .contains("retry_after_ms"),
         "{alice}"
     );
     std::fs::remove_file(dir.path().join("ran.txt")).unwrap();

@@ -889,13 +889,12 @@ impl Policy {
                 approval.deadline_ms,
             );
         }
-        let outcome =
-            tokio::time::timeout(
-                self.config.approval_timeout,
-                approver.decide_for(&approval, request.extensions),
-            )
-                .await
-                .unwrap_or(ApprovalOutcome::TimedOut);
+        let outcome = tokio::time::timeout(
+            self.config.approval_timeout,
+            approver.decide_for(&approval, request.extensions),
+        )
+        .await
+        .unwrap_or(ApprovalOutcome::TimedOut);
         self.settle_hold(request, grant, rule, reason, &id, outcome)
     }
 

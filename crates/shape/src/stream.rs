@@ -186,11 +186,13 @@ impl StreamShaper {
             },
             raw_bytes: 0,
             raw_sample: Vec::new(),
-            spill: config.spill.as_ref().and_then(|s| match s.writer_for(config.spill_owner.as_deref()) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    spill_errors.push(format!("{}: {e}", stream.label()));
-                    None
+            spill: config.spill.as_ref().and_then(|s| {
+                match s.writer_for(config.spill_owner.as_deref()) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        spill_errors.push(format!("{}: {e}", stream.label()));
+                        None
+                    }
                 }
             }),
         };
@@ -473,7 +475,34 @@ fn render_text(
     clip(&text, budget)
 }
 
-/// The diagnostics of a cut output, one compact JSON line each, within `room` bytes: what the
+/// One diagnostic as the line a tool would print: `file:line:col: severity: message` (the kind
+/// stands in for a missing severity; an exception name leads its message).
+fn diagnostic_line(d: &ring0_core::observation::Diagnostic) -> String {
+    let v = serde_json::to_value(d).unwrap_or_default();
+    let field = |k: &str| v.get(k).and_then(serde_json::Value::as_str);
+    let mut s = String::new();
+    if let Some(loc) = v.get("location") {
+        if let Some(file) = loc.get("file").and_then(serde_json::Value::as_str) {
+            s.push_str(file);
+            for k in ["line", "column"] {
+                if let Some(n) = loc.get(k).and_then(serde_json::Value::as_u64) {
+                    s.push_str(&format!(":{n}"));
+                }
+            }
+            s.push_str(": ");
+        }
+    }
+    s.push_str(field("severity").or(field("kind")).unwrap_or("diagnostic"));
+    s.push_str(": ");
+    if let Some(name) = field("exception").or(field("name")) {
+        s.push_str(name);
+        s.push_str(": ");
+    }
+    s.push_str(field("message").unwrap_or(""));
+    s
+}
+
+/// The diagnostics of a cut output, one line each, within `room` bytes: what the
 /// model would otherwise miss in the omitted part. `None` when there are none.
 fn diagnostics_section(
     diagnostics: &[ring0_core::observation::Diagnostic],
@@ -488,8 +517,7 @@ fn diagnostics_section(
     let mut left = (diagnostics.len() as u64) + omitted;
     let footer = |n: u64| format!("[{n} more diagnostics not shown]\n");
     for d in diagnostics {
-        let line = serde_json::to_string(d).unwrap_or_default();
-        let mut line = clip(&line, DIAGNOSTIC_LINE_BYTES_MAX);
+        let mut line = clip(&diagnostic_line(d), DIAGNOSTIC_LINE_BYTES_MAX);
         line.push('\n');
         if s.len() + line.len() + footer(left).len() > room {
             break;

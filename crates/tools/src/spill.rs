@@ -53,7 +53,7 @@ impl ReadSpill {
                 "type": "object",
                 "properties": {
                     "handle": {"type": "string", "description": "The spill handle from a truncation notice."},
-                    "offset": {"type": "integer", "minimum": 0, "default": 0, "description": "Byte offset of the page."},
+                    "offset": {"type": "integer", "minimum": 0, "description": "Byte offset of the page (0 unless given)."},
                     "length": {"type": "integer", "minimum": 1, "maximum": READ_SPILL_BYTES_MAX, "default": READ_SPILL_BYTES_DEFAULT},
                     "line": {"type": "integer", "minimum": 1, "description": "First line of the page (instead of offset)."},
                     "lines": {"type": "integer", "minimum": 1, "maximum": READ_SPILL_LINES_MAX, "description": "Lines of the page (with line)."}
