@@ -487,6 +487,35 @@ mod tests {
     }
 
     #[test]
+    fn an_oversized_structured_value_is_replaced_only_by_a_stand_in_its_schema_accepts() {
+        let rows: Vec<Value> = (0..2000)
+            .map(|i| json!({"id": i, "note": "n".repeat(40)}))
+            .collect();
+        let raw = json!({"content": [{"type": "text", "text": "rows"}], "structuredContent": {"rows": rows}});
+        let strict = ring0_kernel::registry::compile_schema(
+            &json!({"type": "object", "required": ["rows"]}),
+        )
+        .unwrap();
+        let f = forward(&raw, Some(&strict), &cfg(16 * 1024));
+        assert_eq!(result(&f)["isError"], true);
+        assert!(result(&f).get("structuredContent").is_none());
+        let said = result(&f)["content"].to_string();
+        assert!(
+            said.contains("does not match the tool's outputSchema"),
+            "{said}"
+        );
+        let loose = ring0_kernel::registry::compile_schema(&json!({"type": "object"})).unwrap();
+        let f = forward(&raw, Some(&loose), &cfg(16 * 1024));
+        assert!(result(&f).get("isError").is_none());
+        assert!(loose.is_valid(&result(&f)["structuredContent"]));
+        assert!(
+            result(&f)["content"]
+                .to_string()
+                .contains("exceeded its share")
+        );
+    }
+
+    #[test]
     fn is_error_from_the_server_is_kept() {
         let raw = json!({"content": [{"type": "text", "text": "nope"}], "isError": true});
         let f = forward(&raw, None, &cfg(16 * 1024));

@@ -500,6 +500,77 @@ mod tests {
     }
 
     #[test]
+    fn a_sealed_handle_pages_only_for_its_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SpillStore::open(dir.path()).unwrap());
+        let h = store.put_for(Some("session-a"), b"secret output").unwrap();
+        let page = store.read_as("session-a", &h.id, 0, 100).unwrap();
+        assert_eq!(page.bytes, b"secret output");
+        assert!(matches!(
+            store.read_as("session-b", &h.id, 0, 100),
+            Err(SpillError::Unknown(_))
+        ));
+        // The bare hash, or the hash with another MAC, is no way around the seal.
+        let (bare, mac) = h.id.split_once('.').unwrap();
+        assert!(matches!(
+            store.read_as("session-b", bare, 0, 100),
+            Err(SpillError::Unknown(_))
+        ));
+        let flipped = format!(
+            "{bare}.{}",
+            mac.replace(&mac[..1], if &mac[..1] == "0" { "1" } else { "0" })
+        );
+        assert!(matches!(
+            store.read_as("session-a", &flipped, 0, 100),
+            Err(SpillError::Unknown(_))
+        ));
+    }
+
+    #[test]
+    fn a_reopened_store_keeps_its_key_so_handles_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = Arc::new(SpillStore::open(dir.path()).unwrap())
+            .put_for(Some("s"), b"kept")
+            .unwrap();
+        let again = SpillStore::open(dir.path()).unwrap();
+        assert_eq!(again.read_as("s", &h.id, 0, 10).unwrap().bytes, b"kept");
+        let other = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            dir.path().join(
+                h.id.split_once('.')
+                    .unwrap()
+                    .0
+                    .trim_start_matches(HANDLE_PREFIX),
+            ),
+            other.path().join(
+                h.id.split_once('.')
+                    .unwrap()
+                    .0
+                    .trim_start_matches(HANDLE_PREFIX),
+            ),
+        )
+        .unwrap();
+        let foreign = SpillStore::open(other.path()).unwrap();
+        assert!(matches!(
+            foreign.read_as("s", &h.id, 0, 10),
+            Err(SpillError::Unknown(_))
+        ));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_key_is_private_to_its_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        SpillStore::open(dir.path()).unwrap();
+        let mode = fs::metadata(dir.path().join(KEY_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
     fn a_page_is_capped_at_the_page_limit() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(SpillStore::open(dir.path()).unwrap());

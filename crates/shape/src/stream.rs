@@ -596,6 +596,44 @@ mod tests {
     }
 
     #[test]
+    fn an_error_line_in_the_cut_middle_is_still_in_the_text() {
+        let mut s = shaper(16 * 1024);
+        for i in 0..2000 {
+            s.push(
+                Stream::Stdout,
+                format!("line {i:05} {}\n", "0".repeat(80)).as_bytes(),
+            );
+            if i == 999 {
+                s.push(
+                    Stream::Stdout,
+                    b"gen.c:12:5: error: expected ';' before 'return'\n",
+                );
+            }
+        }
+        let obs = s.finish(ExitInfo::exited(1));
+        assert!(obs.truncated);
+        assert!(obs.text.len() <= 16 * 1024);
+        assert!(
+            obs.text
+                .contains("gen.c:12:5: error: expected ';' before 'return'\n"),
+            "{}",
+            obs.text
+        );
+        assert!(
+            obs.text.contains("[exit code 1]"),
+            "the status line survives"
+        );
+    }
+
+    #[test]
+    fn an_output_that_fits_gets_no_diagnostics_section() {
+        let mut s = shaper(16 * 1024);
+        s.push(Stream::Stdout, b"gen.c:12:5: error: expected ';'\n");
+        let obs = s.finish(ExitInfo::exited(1));
+        assert!(!obs.text.contains("diagnostics found"), "{}", obs.text);
+    }
+
+    #[test]
     fn stdout_and_stderr_are_kept_apart() {
         let mut s = shaper(4096);
         s.push(Stream::Stdout, b"out 1\n");
