@@ -481,16 +481,16 @@ fn diagnostic_line(d: &ring0_core::observation::Diagnostic) -> String {
     let v = serde_json::to_value(d).unwrap_or_default();
     let field = |k: &str| v.get(k).and_then(serde_json::Value::as_str);
     let mut s = String::new();
-    if let Some(loc) = v.get("location") {
-        if let Some(file) = loc.get("file").and_then(serde_json::Value::as_str) {
-            s.push_str(file);
-            for k in ["line", "column"] {
-                if let Some(n) = loc.get(k).and_then(serde_json::Value::as_u64) {
-                    s.push_str(&format!(":{n}"));
-                }
+    if let Some(loc) = v.get("location")
+        && let Some(file) = loc.get("file").and_then(serde_json::Value::as_str)
+    {
+        s.push_str(file);
+        for k in ["line", "column"] {
+            if let Some(n) = loc.get(k).and_then(serde_json::Value::as_u64) {
+                s.push_str(&format!(":{n}"));
             }
-            s.push_str(": ");
         }
+        s.push_str(": ");
     }
     s.push_str(field("severity").or(field("kind")).unwrap_or("diagnostic"));
     s.push_str(": ");
