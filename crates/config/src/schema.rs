@@ -27,7 +27,7 @@ write = ["."]
 [[grants]]
 name = "workspace"
 tools = ["read_file", "list_dir", "glob", "search", "write_file", "apply_patch",
-         "job_inspect", "job_wait", "job_cancel"]
+         "job_inspect", "job_wait", "job_cancel", "read_spill"]
 ceiling = "A1"
 
 # Commands: each one held for a person's approval; explicit argv only.

@@ -71,6 +71,10 @@ pub struct CommandSpec {
     /// Wall-clock limit in milliseconds. Default [`limits::TIMEOUT_DEFAULT`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// Whose output this is (a session's scope): the spill handles of a cut output are sealed
+    /// for it (`ShapeConfig::spill_owner`). Default: the policy's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spill_owner: Option<String>,
 }
 
 impl CommandSpec {
@@ -86,6 +90,7 @@ impl CommandSpec {
             env: BTreeMap::new(),
             stdin: StdinMode::Null,
             timeout_ms: None,
+            spill_owner: None,
         }
     }
 
@@ -114,6 +119,11 @@ impl CommandSpec {
 
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout_ms = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    pub fn spill_owner(mut self, owner: impl Into<String>) -> Self {
+        self.spill_owner = Some(owner.into());
         self
     }
 }
@@ -264,7 +274,13 @@ impl PreparedCommand {
             limits: policy.resource_limits,
             grace: policy.termination_grace,
             output_ceiling_bytes: policy.output_ceiling_bytes,
-            shape: policy.shape.clone(),
+            shape: {
+                let mut shape = policy.shape.clone();
+                if let Some(owner) = &spec.spill_owner {
+                    shape.spill_owner = Some(owner.as_str().into());
+                }
+                shape
+            },
         })
     }
 

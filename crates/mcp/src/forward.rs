@@ -37,6 +37,18 @@ pub struct ForwardConfig {
     pub budget_bytes: usize,
     pub spill: Option<Arc<SpillStore>>,
     pub provenance: Provenance,
+    /// Whose result this is (the calling session's scope): spill handles are sealed for it.
+    pub owner: Option<Arc<str>>,
+}
+
+impl ForwardConfig {
+    /// This configuration for one call of the session with scope `owner`.
+    pub fn for_owner(&self, owner: &Arc<str>) -> Self {
+        Self {
+            owner: Some(owner.clone()),
+            ..self.clone()
+        }
+    }
 }
 
 /// `may_cut`: whether the input can exceed the budget. Only then is the spill store passed: the
@@ -45,6 +57,7 @@ fn shape_config(budget: usize, cfg: &ForwardConfig, may_cut: bool) -> ShapeConfi
     ShapeConfig {
         budget_bytes: budget.clamp(BUDGET_BYTES_MIN, ring0_shape::config::BUDGET_BYTES_MAX),
         spill: if may_cut { cfg.spill.clone() } else { None },
+        spill_owner: cfg.owner.clone(),
         // Token counting costs more than the rest of forwarding; the gateway's results carry
         // byte counts instead.
         count_tokens: false,
@@ -150,6 +163,8 @@ pub fn forward(raw: &Value, output_schema: Option<&Validator>, cfg: &ForwardConf
 
     // Structured content: whole or spilled, strings sanitized.
     let mut notices: Vec<String> = Vec::new();
+    // What the client's text must say about the structured content (its spill handle).
+    let mut structured_notes: Vec<String> = Vec::new();
     if let Some(sc) = out.get("structuredContent").cloned() {
         let fits = serde_json::to_vec(&sc)
             .map(|b| b.len())
@@ -171,16 +186,39 @@ pub fn forward(raw: &Value, output_schema: Option<&Validator>, cfg: &ForwardConf
         );
         match shaped {
             Ok(o) => {
-                if let Some(n) = o.truncation_notice.clone() {
-                    notices.push(n);
+                let stand_in = o.truncation_notice.is_some();
+                if let Some(n) = o.truncation_notice {
+                    notices.push(n.clone());
+                    structured_notes.push(n);
                 }
-                if let Some(s) = o.structured {
-                    out.insert("structuredContent".into(), s);
+                match (o.structured, output_schema) {
+                    // A stand-in (spill handle or size) the tool's outputSchema refuses would make
+                    // a validating client reject the whole result: none is sent, and the result
+                    // is an error result that says why, so the client skips the schema check.
+                    (Some(s), Some(validator)) if stand_in && !validator.is_valid(&s) => {
+                        out.remove("structuredContent");
+                        is_error = true;
+                        structured_notes.push(
+                            "its stand-in does not match the tool's outputSchema, so this result \
+                             carries no structuredContent and is marked isError; the server's \
+                             value is unchanged in the spill store"
+                                .into(),
+                        );
+                    }
+                    (Some(s), _) => {
+                        out.insert("structuredContent".into(), s);
+                    }
+                    (None, _) => {}
                 }
             }
             Err(e) => {
                 out.remove("structuredContent");
-                notices.push(format!("structured content could not be shaped: {e}"));
+                if output_schema.is_some() {
+                    is_error = true;
+                }
+                let n = format!("structured content could not be shaped: {e}");
+                notices.push(n.clone());
+                structured_notes.push(n);
             }
         }
     }
@@ -313,7 +351,7 @@ pub fn forward(raw: &Value, output_schema: Option<&Validator>, cfg: &ForwardConf
             }
         }
     }
-    for e in &extra_errors {
+    for e in extra_errors.iter().chain(&structured_notes) {
         shaped_items.push(json!({"type": "text", "text": format!("[ring0: {e}]")}));
         journal_text.push(format!("[ring0: {e}]"));
     }
@@ -389,6 +427,7 @@ mod tests {
         ForwardConfig {
             budget_bytes: budget,
             spill: None,
+            owner: None,
             provenance: Provenance {
                 tool: Some("t".into()),
                 server: Some("s".into()),
@@ -445,6 +484,35 @@ mod tests {
         let f = forward(&raw, Some(&v), &cfg(16 * 1024));
         assert_eq!(result(&f)["structuredContent"]["n"], 3);
         assert!(!f.is_error);
+    }
+
+    #[test]
+    fn an_oversized_structured_value_is_replaced_only_by_a_stand_in_its_schema_accepts() {
+        let rows: Vec<Value> = (0..2000)
+            .map(|i| json!({"id": i, "note": "n".repeat(40)}))
+            .collect();
+        let raw = json!({"content": [{"type": "text", "text": "rows"}], "structuredContent": {"rows": rows}});
+        let strict = ring0_kernel::registry::compile_schema(
+            &json!({"type": "object", "required": ["rows"]}),
+        )
+        .unwrap();
+        let f = forward(&raw, Some(&strict), &cfg(16 * 1024));
+        assert_eq!(result(&f)["isError"], true);
+        assert!(result(&f).get("structuredContent").is_none());
+        let said = result(&f)["content"].to_string();
+        assert!(
+            said.contains("does not match the tool's outputSchema"),
+            "{said}"
+        );
+        let loose = ring0_kernel::registry::compile_schema(&json!({"type": "object"})).unwrap();
+        let f = forward(&raw, Some(&loose), &cfg(16 * 1024));
+        assert!(result(&f).get("isError").is_none());
+        assert!(loose.is_valid(&result(&f)["structuredContent"]));
+        assert!(
+            result(&f)["content"]
+                .to_string()
+                .contains("exceeded its share")
+        );
     }
 
     #[test]

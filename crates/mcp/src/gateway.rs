@@ -651,6 +651,7 @@ fn build(
                 forward: ForwardConfig {
                     budget_bytes: spec.observation_budget_bytes,
                     spill: env.spill.clone(),
+                    owner: None,
                     provenance: Provenance {
                         tool: Some(t.name.clone()),
                         server: Some(up.alias().to_string()),

@@ -39,6 +39,13 @@ pub const RAW_TOKEN_SAMPLE_BYTES_DEFAULT: usize = 256 * 1024;
 /// Largest accepted raw token sample.
 pub const RAW_TOKEN_SAMPLE_BYTES_MAX: usize = 4 * 1024 * 1024;
 
+/// Most bytes of the rendered text given to diagnostics found in a cut output, so an error line
+/// in the omitted middle is still in front of the model (taken from the streams' allowance only
+/// when the output is cut and the budget is at least four times this).
+pub const DIAGNOSTICS_SECTION_BYTES_MAX: usize = 2048;
+/// Longest line of that section, in bytes.
+pub const DIAGNOSTIC_LINE_BYTES_MAX: usize = 320;
+
 /// How much of the budget the status lines and stream labels of the rendered text may take.
 pub(crate) const RENDER_RESERVE_BYTES: usize = 512;
 
@@ -51,6 +58,9 @@ pub struct ShapeConfig {
     pub head_percent: u8,
     /// Where raw streams and oversized structured content go; `None` keeps nothing.
     pub spill: Option<Arc<SpillStore>>,
+    /// Whose spills these are (a session's scope): handles are sealed for this owner and only
+    /// it can page them with `read_spill` ([`SpillStore::read_as`]). `None` writes plain handles.
+    pub spill_owner: Option<Arc<str>>,
     /// Neutralization of text imitating a provider's framing; [`FramingDefense::off`] disables it.
     pub framing: FramingDefense,
     /// Secret redaction; [`Redactor::default`] knows the common formats.
@@ -72,6 +82,7 @@ impl Default for ShapeConfig {
             budget_bytes: BUDGET_BYTES_DEFAULT,
             head_percent: HEAD_PERCENT_DEFAULT,
             spill: None,
+            spill_owner: None,
             framing: FramingDefense::default(),
             redactor: Redactor::default(),
             count_tokens: true,

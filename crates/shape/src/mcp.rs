@@ -45,12 +45,15 @@ pub fn shape_mcp_content(
             text_budget = config.budget_bytes - bytes.len();
             structured_out = Some(clean);
         } else {
-            let spilled = config.spill.as_ref().map(|s| s.put(&bytes));
+            let spilled = config
+                .spill
+                .as_ref()
+                .map(|s| s.put_for(config.spill_owner.as_deref(), &bytes));
             let (value, notice) = match spilled {
                 Some(Ok(h)) => (
                     json!({"spilled": h.id, "bytes": bytes.len()}),
                     format!(
-                        "Structured content of {} bytes exceeded its share of the budget and was kept whole as {}; page it with read_spill(handle, offset, len).",
+                        "Structured content of {} bytes exceeded its share of the budget and was kept whole as {}; read it with the read_spill tool (handle, offset, length).",
                         bytes.len(),
                         h.id
                     ),

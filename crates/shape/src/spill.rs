@@ -9,6 +9,12 @@
 //!
 //! Handles are validated before use (`sha256:` and 64 lowercase hex digits), so a handle can never
 //! name a path outside the store.
+//!
+//! A spill written for an owner (a session's scope) gets a sealed handle: `sha256:<hex>.<mac>`,
+//! the MAC an HMAC-SHA256 of the owner and the hash under the store's key (32 random bytes in the
+//! store's `.key`, created with the store, mode 0600). [`SpillStore::read_as`] pages a sealed
+//! handle only for the owner it was sealed for; any other owner, a forged MAC or an unsealed
+//! handle is answered as unknown, so one session can neither read nor confirm another's output.
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
@@ -16,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use hmac::{Hmac, KeyInit, Mac};
 use ring0_core::observation::SpillHandle;
 use sha2::{Digest, Sha256};
 
@@ -26,8 +33,14 @@ pub const SPILL_FILE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// Largest page `read_spill` returns.
 pub const SPILL_PAGE_BYTES_MAX: usize = 64 * 1024;
 
+/// Bytes of the store's sealing key.
+pub const SPILL_KEY_BYTES: usize = 32;
+/// Bytes of the MAC a sealed handle carries (hex-encoded in the handle).
+pub const SPILL_MAC_BYTES: usize = 16;
+
 const HANDLE_PREFIX: &str = "sha256:";
 const TEMP_PREFIX: &str = ".partial-";
+const KEY_FILE: &str = ".key";
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -37,6 +50,7 @@ pub struct SpillStore {
     dir: PathBuf,
     store_bytes_max: u64,
     file_bytes_max: u64,
+    key: [u8; SPILL_KEY_BYTES],
 }
 
 /// What went wrong with the spill store.
@@ -46,6 +60,8 @@ pub enum SpillError {
     BadHandle(String),
     #[error("spill {0} is not in the store (never written, or evicted by the size cap)")]
     NotFound(String),
+    #[error("spill handle {0:?} is not known to this session")]
+    Unknown(String),
     #[error("spill store {path}: {source}")]
     Io {
         path: PathBuf,
@@ -91,11 +107,34 @@ impl SpillStore {
             path: dir.clone(),
             source,
         })?;
+        let key = load_or_create_key(&dir)?;
         Ok(Self {
             dir,
             store_bytes_max,
             file_bytes_max: file_bytes_max.min(store_bytes_max),
+            key,
         })
+    }
+
+    /// The MAC binding `hex` to `owner`, hex-encoded.
+    fn mac(&self, owner: &str, hex_digest: &str) -> String {
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.key)
+            .expect("HMAC takes a key of any length");
+        mac.update(&(owner.len() as u64).to_be_bytes());
+        mac.update(owner.as_bytes());
+        mac.update(hex_digest.as_bytes());
+        hex(&mac.finalize().into_bytes()[..SPILL_MAC_BYTES])
+    }
+
+    /// The handle of spill `hex` sealed for `owner` (plain without one).
+    fn handle_for(&self, owner: Option<&str>, hex_digest: &str) -> String {
+        match owner {
+            Some(owner) => format!(
+                "{HANDLE_PREFIX}{hex_digest}.{}",
+                self.mac(owner, hex_digest)
+            ),
+            None => format!("{HANDLE_PREFIX}{hex_digest}"),
+        }
     }
 
     /// The directory.
@@ -105,6 +144,11 @@ impl SpillStore {
 
     /// Starts a spill; write the raw stream into it and [`SpillWriter::finish`] it.
     pub fn writer(self: &Arc<Self>) -> Result<SpillWriter, SpillError> {
+        self.writer_for(None)
+    }
+
+    /// Starts a spill whose handle is sealed for `owner` (see the module documentation).
+    pub fn writer_for(self: &Arc<Self>, owner: Option<&str>) -> Result<SpillWriter, SpillError> {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let path = self
             .dir
@@ -126,19 +170,67 @@ impl SpillStore {
             bytes: 0,
             complete: true,
             error: None,
+            owner: owner.map(str::to_string),
         })
     }
 
     /// Stores a whole value at once (used for oversized structured content).
     pub fn put(self: &Arc<Self>, bytes: &[u8]) -> Result<SpillHandle, SpillError> {
-        let mut w = self.writer()?;
+        self.put_for(None, bytes)
+    }
+
+    /// Stores a whole value at once, its handle sealed for `owner`.
+    pub fn put_for(
+        self: &Arc<Self>,
+        owner: Option<&str>,
+        bytes: &[u8],
+    ) -> Result<SpillHandle, SpillError> {
+        let mut w = self.writer_for(owner)?;
         w.write(bytes);
         w.finish()
     }
 
-    /// Reads up to `len` bytes (at most [`SPILL_PAGE_BYTES_MAX`]) from `offset`.
+    /// Reads a page of a handle sealed for `owner`. Any other handle — sealed for someone else,
+    /// forged, or unsealed — is [`SpillError::Unknown`], whether or not its spill exists.
+    pub fn read_as(
+        &self,
+        owner: &str,
+        handle: &str,
+        offset: u64,
+        len: usize,
+    ) -> Result<SpillPage, SpillError> {
+        let (hex_digest, mac) = parse_handle(handle)?;
+        let Some(mac) = mac else {
+            return Err(SpillError::Unknown(handle.to_string()));
+        };
+        let expected = self.mac(owner, hex_digest);
+        // Both are fixed-length lowercase hex; compare without an early exit.
+        let same = expected.len() == mac.len()
+            && expected
+                .bytes()
+                .zip(mac.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if !same {
+            return Err(SpillError::Unknown(handle.to_string()));
+        }
+        self.read_hex(handle, hex_digest, offset, len)
+    }
+
+    /// Reads up to `len` bytes (at most [`SPILL_PAGE_BYTES_MAX`]) from `offset`, whoever the
+    /// handle was sealed for (the operator's view; a model's goes through [`Self::read_as`]).
     pub fn read(&self, handle: &str, offset: u64, len: usize) -> Result<SpillPage, SpillError> {
-        let hex = parse_handle(handle)?;
+        let (hex_digest, _) = parse_handle(handle)?;
+        self.read_hex(handle, hex_digest, offset, len)
+    }
+
+    fn read_hex(
+        &self,
+        handle: &str,
+        hex: &str,
+        offset: u64,
+        len: usize,
+    ) -> Result<SpillPage, SpillError> {
         let path = self.dir.join(hex);
         let mut file = File::open(&path).map_err(|source| match source.kind() {
             io::ErrorKind::NotFound => SpillError::NotFound(handle.to_string()),
@@ -205,7 +297,7 @@ impl SpillStore {
     }
 }
 
-/// Reads a page of a spill: `read_spill(handle, offset, len)`.
+/// Reads a page of a spill, whoever it was sealed for.
 pub fn read_spill(
     store: &SpillStore,
     handle: &str,
@@ -225,6 +317,7 @@ pub struct SpillWriter {
     bytes: u64,
     complete: bool,
     error: Option<io::Error>,
+    owner: Option<String>,
 }
 
 impl SpillWriter {
@@ -284,7 +377,7 @@ impl SpillWriter {
         }
         self.store.evict(&target).map_err(io_err)?;
         Ok(SpillHandle {
-            id: format!("{HANDLE_PREFIX}{hex}"),
+            id: self.store.handle_for(self.owner.as_deref(), &hex),
             bytes: self.bytes,
             complete: self.complete,
         })
@@ -301,11 +394,67 @@ impl Drop for SpillWriter {
     }
 }
 
-fn parse_handle(handle: &str) -> Result<&str, SpillError> {
-    handle
-        .strip_prefix(HANDLE_PREFIX)
-        .and_then(parse_hex)
-        .ok_or_else(|| SpillError::BadHandle(handle.to_string()))
+/// The hash of a handle and its MAC, if sealed.
+fn parse_handle(handle: &str) -> Result<(&str, Option<&str>), SpillError> {
+    let bad = || SpillError::BadHandle(handle.to_string());
+    let rest = handle.strip_prefix(HANDLE_PREFIX).ok_or_else(bad)?;
+    let (digest, mac) = match rest.split_once('.') {
+        Some((digest, mac)) => (digest, Some(mac)),
+        None => (rest, None),
+    };
+    let digest = parse_hex(digest).ok_or_else(bad)?;
+    if let Some(mac) = mac
+        && !(mac.len() == SPILL_MAC_BYTES * 2
+            && mac
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+    {
+        return Err(bad());
+    }
+    Ok((digest, mac))
+}
+
+/// The store's sealing key: read from `.key`, or created there (0600) by the first opener.
+fn load_or_create_key(dir: &Path) -> Result<[u8; SPILL_KEY_BYTES], SpillError> {
+    let path = dir.join(KEY_FILE);
+    let io_err = |source| SpillError::Io {
+        path: path.clone(),
+        source,
+    };
+    let read = |path: &Path| -> io::Result<[u8; SPILL_KEY_BYTES]> {
+        let bytes = fs::read(path)?;
+        bytes.try_into().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the key is not {SPILL_KEY_BYTES} bytes"),
+            )
+        })
+    };
+    match read(&path) {
+        Ok(key) => return Ok(key),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(e)),
+    }
+    let mut key = [0u8; SPILL_KEY_BYTES];
+    getrandom::fill(&mut key).map_err(|e| io_err(io::Error::other(e.to_string())))?;
+    // Written whole under a private name, then linked into place: a concurrent opener either
+    // wins the link or reads the winner's key, never a partial one.
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let temp = dir.join(format!("{TEMP_PREFIX}key-{}-{n}", std::process::id()));
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let written = options
+        .open(&temp)
+        .and_then(|mut f| f.write_all(&key).and_then(|()| f.sync_all()));
+    let linked = written.and_then(|()| fs::hard_link(&temp, &path));
+    let _ = fs::remove_file(&temp);
+    match linked {
+        Ok(()) => Ok(key),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => read(&path).map_err(io_err),
+        Err(e) => Err(io_err(e)),
+    }
 }
 
 fn parse_hex(s: &str) -> Option<&str> {
@@ -348,6 +497,77 @@ mod tests {
             }
         }
         assert_eq!(back, data);
+    }
+
+    #[test]
+    fn a_sealed_handle_pages_only_for_its_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SpillStore::open(dir.path()).unwrap());
+        let h = store.put_for(Some("session-a"), b"secret output").unwrap();
+        let page = store.read_as("session-a", &h.id, 0, 100).unwrap();
+        assert_eq!(page.bytes, b"secret output");
+        assert!(matches!(
+            store.read_as("session-b", &h.id, 0, 100),
+            Err(SpillError::Unknown(_))
+        ));
+        // The bare hash, or the hash with another MAC, is no way around the seal.
+        let (bare, mac) = h.id.split_once('.').unwrap();
+        assert!(matches!(
+            store.read_as("session-b", bare, 0, 100),
+            Err(SpillError::Unknown(_))
+        ));
+        let flipped = format!(
+            "{bare}.{}",
+            mac.replace(&mac[..1], if &mac[..1] == "0" { "1" } else { "0" })
+        );
+        assert!(matches!(
+            store.read_as("session-a", &flipped, 0, 100),
+            Err(SpillError::Unknown(_))
+        ));
+    }
+
+    #[test]
+    fn a_reopened_store_keeps_its_key_so_handles_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = Arc::new(SpillStore::open(dir.path()).unwrap())
+            .put_for(Some("s"), b"kept")
+            .unwrap();
+        let again = SpillStore::open(dir.path()).unwrap();
+        assert_eq!(again.read_as("s", &h.id, 0, 10).unwrap().bytes, b"kept");
+        let other = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            dir.path().join(
+                h.id.split_once('.')
+                    .unwrap()
+                    .0
+                    .trim_start_matches(HANDLE_PREFIX),
+            ),
+            other.path().join(
+                h.id.split_once('.')
+                    .unwrap()
+                    .0
+                    .trim_start_matches(HANDLE_PREFIX),
+            ),
+        )
+        .unwrap();
+        let foreign = SpillStore::open(other.path()).unwrap();
+        assert!(matches!(
+            foreign.read_as("s", &h.id, 0, 10),
+            Err(SpillError::Unknown(_))
+        ));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_key_is_private_to_its_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        SpillStore::open(dir.path()).unwrap();
+        let mode = fs::metadata(dir.path().join(KEY_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]

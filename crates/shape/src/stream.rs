@@ -26,7 +26,10 @@ use ring0_core::Observation;
 use ring0_core::observation::{StreamName, StreamReport, TokenCounts, TruncationReason};
 
 use crate::budget::{StreamBudget, group};
-use crate::config::{ConfigError, RENDER_RESERVE_BYTES, ShapeConfig};
+use crate::config::{
+    ConfigError, DIAGNOSTIC_LINE_BYTES_MAX, DIAGNOSTICS_SECTION_BYTES_MAX, RENDER_RESERVE_BYTES,
+    ShapeConfig,
+};
 use crate::diagnostics::Extractor;
 use crate::framing::FramingDefense;
 use crate::redact::Redactor;
@@ -36,7 +39,7 @@ use crate::spill::SpillWriter;
 use crate::tokens;
 
 /// Longest truncation notice, in bytes.
-const NOTICE_BYTES_MAX: usize = 400;
+const NOTICE_BYTES_MAX: usize = 440;
 /// Longest exit status line, in bytes.
 const STATUS_BYTES_MAX: usize = 64;
 
@@ -202,11 +205,13 @@ impl StreamShaper {
             },
             raw_bytes: 0,
             raw_sample: Vec::new(),
-            spill: config.spill.as_ref().and_then(|s| match s.writer() {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    spill_errors.push(format!("{}: {e}", stream.label()));
-                    None
+            spill: config.spill.as_ref().and_then(|s| {
+                match s.writer_for(config.spill_owner.as_deref()) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        spill_errors.push(format!("{}: {e}", stream.label()));
+                        None
+                    }
                 }
             }),
         };
@@ -265,7 +270,22 @@ impl StreamShaper {
             s.screen.finish(&mut s.sink);
             s.sink.extractor.finish();
         }
-        let avail = self.config.budget_bytes - RENDER_RESERVE_BYTES;
+        let mut avail = self.config.budget_bytes - RENDER_RESERVE_BYTES;
+        let whole: Option<usize> = self.streams[0]
+            .sink
+            .budget
+            .whole_len()
+            .zip(self.streams[1].sink.budget.whole_len())
+            .map(|(a, b)| a + b);
+        // A cut output gives up room for what the diagnostics found in the part it omits.
+        let diagnostics_room = if whole.is_none_or(|w| w > avail)
+            && self.config.budget_bytes >= 4 * DIAGNOSTICS_SECTION_BYTES_MAX
+        {
+            DIAGNOSTICS_SECTION_BYTES_MAX
+        } else {
+            0
+        };
+        avail -= diagnostics_room;
         let allowances = share(
             avail,
             self.streams[0].sink.budget.whole_len(),
@@ -350,7 +370,7 @@ impl StreamShaper {
                     n.push_str(" The omitted text was not kept; re-run with narrower output.");
                 } else {
                     n.push_str(&format!(
-                        " Full raw output: {}; page it with read_spill(handle, offset, len).",
+                        " Full raw output: {}; read it with the read_spill tool (handle, offset, length).",
                         spill_parts.join(", ")
                     ));
                 }
@@ -364,10 +384,14 @@ impl StreamShaper {
         }
 
         let [stdout, stderr] = reports;
+        let found = (truncated && diagnostics_room > 0)
+            .then(|| diagnostics_section(&diagnostics, diagnostics_omitted, diagnostics_room))
+            .flatten();
         let text = render_text(
             stdout.as_ref(),
             stderr.as_ref(),
             &exit,
+            found.as_deref(),
             notice.as_deref(),
             self.config.budget_bytes,
         );
@@ -434,6 +458,7 @@ fn render_text(
     stdout: Option<&StreamReport>,
     stderr: Option<&StreamReport>,
     exit: &ExitInfo,
+    found: Option<&str>,
     notice: Option<&str>,
     budget: usize,
 ) -> String {
@@ -457,6 +482,9 @@ fn render_text(
     };
     section("stdout", out, &mut text);
     section("stderr", err, &mut text);
+    if let Some(found) = found {
+        text.push_str(found);
+    }
     if let Some(status) = status_line(exit) {
         text.push_str(&clip(&status, STATUS_BYTES_MAX));
         text.push('\n');
@@ -467,6 +495,62 @@ fn render_text(
         text.push_str("]\n");
     }
     clip(&text, budget)
+}
+
+/// One diagnostic as the line a tool would print: `file:line:col: severity: message` (the kind
+/// stands in for a missing severity; an exception name leads its message).
+fn diagnostic_line(d: &ring0_core::observation::Diagnostic) -> String {
+    let v = serde_json::to_value(d).unwrap_or_default();
+    let field = |k: &str| v.get(k).and_then(serde_json::Value::as_str);
+    let mut s = String::new();
+    if let Some(loc) = v.get("location")
+        && let Some(file) = loc.get("file").and_then(serde_json::Value::as_str)
+    {
+        s.push_str(file);
+        for k in ["line", "column"] {
+            if let Some(n) = loc.get(k).and_then(serde_json::Value::as_u64) {
+                s.push_str(&format!(":{n}"));
+            }
+        }
+        s.push_str(": ");
+    }
+    s.push_str(field("severity").or(field("kind")).unwrap_or("diagnostic"));
+    s.push_str(": ");
+    if let Some(name) = field("exception").or(field("name")) {
+        s.push_str(name);
+        s.push_str(": ");
+    }
+    s.push_str(field("message").unwrap_or(""));
+    s
+}
+
+/// The diagnostics of a cut output, one line each, within `room` bytes: what the
+/// model would otherwise miss in the omitted part. `None` when there are none.
+fn diagnostics_section(
+    diagnostics: &[ring0_core::observation::Diagnostic],
+    omitted: u64,
+    room: usize,
+) -> Option<String> {
+    if diagnostics.is_empty() {
+        return None;
+    }
+    const HEADER: &str = "[diagnostics found in the whole output]\n";
+    let mut s = String::from(HEADER);
+    let mut left = (diagnostics.len() as u64) + omitted;
+    let footer = |n: u64| format!("[{n} more diagnostics not shown]\n");
+    for d in diagnostics {
+        let mut line = clip(&diagnostic_line(d), DIAGNOSTIC_LINE_BYTES_MAX);
+        line.push('\n');
+        if s.len() + line.len() + footer(left).len() > room {
+            break;
+        }
+        s.push_str(&line);
+        left -= 1;
+    }
+    if left > 0 {
+        s.push_str(&footer(left));
+    }
+    (s.len() > HEADER.len()).then_some(s)
 }
 
 /// `[exit code 1 · 0.84 s]`, `[killed by signal 9 (SIGKILL), core dumped]`.
@@ -524,6 +608,44 @@ mod tests {
             ..ShapeConfig::with_budget(budget)
         })
         .unwrap()
+    }
+
+    #[test]
+    fn an_error_line_in_the_cut_middle_is_still_in_the_text() {
+        let mut s = shaper(16 * 1024);
+        for i in 0..2000 {
+            s.push(
+                Stream::Stdout,
+                format!("line {i:05} {}\n", "0".repeat(80)).as_bytes(),
+            );
+            if i == 999 {
+                s.push(
+                    Stream::Stdout,
+                    b"gen.c:12:5: error: expected ';' before 'return'\n",
+                );
+            }
+        }
+        let obs = s.finish(ExitInfo::exited(1));
+        assert!(obs.truncated);
+        assert!(obs.text.len() <= 16 * 1024);
+        assert!(
+            obs.text
+                .contains("gen.c:12:5: error: expected ';' before 'return'\n"),
+            "{}",
+            obs.text
+        );
+        assert!(
+            obs.text.contains("[exit code 1]"),
+            "the status line survives"
+        );
+    }
+
+    #[test]
+    fn an_output_that_fits_gets_no_diagnostics_section() {
+        let mut s = shaper(16 * 1024);
+        s.push(Stream::Stdout, b"gen.c:12:5: error: expected ';'\n");
+        let obs = s.finish(ExitInfo::exited(1));
+        assert!(!obs.text.contains("diagnostics found"), "{}", obs.text);
     }
 
     #[test]

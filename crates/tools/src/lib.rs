@@ -9,6 +9,10 @@
 //! | `job_inspect`, `job_wait` | nullipotent | A0 | — |
 //! | `job_send_input` | non-idempotent | as `shell` | none |
 //! | `job_cancel` | idempotent | A1 | probe (job finished) |
+//! | `read_spill` | nullipotent | A0 | — |
+//!
+//! A cut `shell` or job output keeps its whole stream in the spill store (`ToolsConfig::
+//! spill_dir`), its handle sealed for the calling session; `read_spill` pages it back.
 //!
 //! Every file access goes through the [`sandbox`]: directory handles opened once at the roots
 //! the configuration grants, every path resolved beneath them by the kernel at the moment of use,
@@ -48,6 +52,7 @@ pub mod patch;
 pub mod sandbox;
 pub mod search;
 pub mod shell;
+pub mod spill;
 pub mod walk;
 
 use ring0_core::{Authority, ToolSpec};
@@ -64,6 +69,7 @@ pub use files::{Glob, ListDir, ReadFile, WriteFile};
 pub use patch::ApplyPatch;
 pub use search::Search;
 pub use shell::{JobOp, JobTool, Shell, ShellConfig};
+pub use spill::ReadSpill;
 
 /// Tools whose every effect stays inside the workspace sandbox (the policy may run these at A1).
 pub const SANDBOXED_TOOLS: &[&str] = &["write_file", "apply_patch", "job_cancel"];
@@ -91,6 +97,9 @@ pub struct ToolsConfig {
     /// ring0's own paths no tool may touch, whatever the roots grant (by default the state
     /// directory; a front end adds its configuration and lock files).
     pub protected: sandbox::ProtectedPaths,
+    /// The spill store cut outputs are kept in (by default `state_dir/spill`); `None` keeps
+    /// nothing and registers no `read_spill`.
+    pub spill_dir: Option<PathBuf>,
 }
 
 impl ToolsConfig {
@@ -107,6 +116,7 @@ impl ToolsConfig {
         };
         Self {
             protected,
+            spill_dir: Some(state_dir.join("spill")),
             workspace: workspace.into(),
             read_roots: vec![PathBuf::from(".")],
             write_roots: vec![PathBuf::from(".")],
@@ -133,6 +143,8 @@ pub enum ToolsError {
     Roots(std::io::Error),
     #[error("cursor key: {0}")]
     Cursor(String),
+    #[error("{0}")]
+    Spill(#[from] ring0_shape::SpillError),
 }
 
 /// What every file tool shares.
@@ -169,6 +181,11 @@ pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<ToolEntry>, ToolsError>
         .allow_shell(config.shell.allow_command_string)
         .observation_budget_bytes(shell::SHELL_OBSERVATION_BYTES);
     policy.env_allow = config.shell.env_allow.clone();
+    let spill = match &config.spill_dir {
+        Some(dir) => Some(Arc::new(ring0_shape::SpillStore::open(dir)?)),
+        None => None,
+    };
+    policy.shape.spill = spill.clone();
     let jobs = Arc::new(shell::Jobs::new(JobsConfig::new(
         &config.shell.jobs_dir,
         policy.clone(),
@@ -202,6 +219,10 @@ pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<ToolEntry>, ToolsError>
             jobs: jobs.clone(),
             input_authority: config.shell.authority,
         };
+        out.push((tool.spec(), Arc::new(tool)));
+    }
+    if let Some(store) = spill {
+        let tool = ReadSpill { store };
         out.push((tool.spec(), Arc::new(tool)));
     }
     Ok(out)

@@ -272,7 +272,8 @@ impl Shell {
 impl Tool for Shell {
     async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
         let a: ShellArgs = args_of(args)?;
-        let spec = self.command_spec(&a)?;
+        // Spill handles of this run are sealed for the calling session.
+        let spec = self.command_spec(&a)?.spill_owner(&*ctx.scope);
         if a.background {
             let (manager, session) = self.jobs.session(&ctx.scope).await?;
             let receipt = manager.start(&session, &spec).await.map_err(job_error)?;

@@ -913,7 +913,11 @@ impl Upstream {
                 }
             }
         };
-        Ok(forward(&raw, output_schema, forward_config))
+        Ok(forward(
+            &raw,
+            output_schema,
+            &forward_config.for_owner(&ctx.scope),
+        ))
     }
 
     /// Sends one `tools/call` request and waits for its result within the call's timeouts.
