@@ -31,27 +31,12 @@ struct Stdio0 {
 
 impl Stdio0 {
     fn start(dir: &Path, capabilities: Value) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ring0"))
-            .arg("serve")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ring0"));
+        cmd.arg("serve")
             .current_dir(dir)
             .env("RING0_STATE_DIR", std::path::Path::new(dir).join(".ring0"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("ring0 serve");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && tx.send(v).is_err()
-                {
-                    return;
-                }
-            }
-        });
+            .stderr(Stdio::null());
+        let (child, stdin, rx) = spawn_stdio_json(cmd);
         let mut c = Self {
             child,
             stdin,

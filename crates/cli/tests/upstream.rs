@@ -43,27 +43,12 @@ struct Client {
 impl Client {
     fn start(dir: &Path, envs: &[(&str, &str)]) -> Self {
         let stderr = dir.join("serve.stderr");
-        let mut child = Command::new(ring0())
-            .arg("serve")
+        let mut cmd = Command::new(ring0());
+        cmd.arg("serve")
             .current_dir(dir)
             .envs(envs.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .expect("ring0 serve");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && tx.send(v).is_err()
-                {
-                    return;
-                }
-            }
-        });
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        let (child, stdin, rx) = spawn_stdio_json(cmd);
         let mut c = Self {
             child,
             stdin,

@@ -241,3 +241,33 @@ pub fn post(addr: &str, headers: &[(&str, &str)], body: &Value) -> (String, Valu
         .unwrap_or_else(|| panic!("no response in:\n{head}\n{body_text}"));
     (head, message)
 }
+
+/// Starts `cmd` (a `ring0 serve` over stdio) with piped stdin and stdout; returns the child,
+/// its stdin and a channel of every JSON-RPC message it writes, read by a thread of its own.
+#[allow(dead_code)] // used by the stdio-client tests only
+pub fn spawn_stdio_json(
+    mut cmd: Command,
+) -> (
+    Child,
+    std::process::ChildStdin,
+    std::sync::mpsc::Receiver<Value>,
+) {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("ring0 serve");
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<Value>(&line)
+                && tx.send(v).is_err()
+            {
+                return;
+            }
+        }
+    });
+    (child, stdin, rx)
+}

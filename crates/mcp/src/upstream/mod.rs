@@ -560,37 +560,7 @@ impl Upstream {
         protocol_version: String,
     ) -> Result<(), String> {
         let alias = &self.config.alias;
-        let mut raw_tools: Vec<Value> = Vec::new();
-        let mut cursor: Option<Value> = None;
-        let mut pages = 0;
-        loop {
-            pages += 1;
-            if pages > LIST_PAGES_MAX {
-                return Err(format!(
-                    "tools/list returned more than {LIST_PAGES_MAX} pages; the listing is refused"
-                ));
-            }
-            let params = cursor.as_ref().map(|c| json!({"cursor": c}));
-            let page = tokio::time::timeout(
-                UPSTREAM_HANDSHAKE_TIMEOUT,
-                peer.request("tools/list", params),
-            )
-            .await
-            .map_err(|_| "tools/list timed out".to_string())?
-            .map_err(|e| format!("tools/list failed: {e}"))?;
-            if let Some(tools) = page.get("tools").and_then(Value::as_array) {
-                raw_tools.extend(tools.iter().cloned());
-            }
-            if raw_tools.len() > UPSTREAM_TOOLS_MAX {
-                return Err(format!(
-                    "the server lists more than {UPSTREAM_TOOLS_MAX} tools; the listing is refused"
-                ));
-            }
-            match page.get("nextCursor") {
-                Some(c) if !c.is_null() => cursor = Some(c.clone()),
-                _ => break,
-            }
-        }
+        let raw_tools = list_pages(peer, "tools/list", "tools", UPSTREAM_TOOLS_MAX).await?;
         // Names: qualified, duplicates refused on both sides.
         let mut named: Vec<(String, String, Value)> = Vec::new();
         let mut counts: HashMap<String, usize> = HashMap::new();
@@ -699,35 +669,7 @@ impl Upstream {
         if !offers {
             return Ok(Vec::new());
         }
-        let mut raw_prompts: Vec<Value> = Vec::new();
-        let mut cursor: Option<Value> = None;
-        for page_number in 1.. {
-            if page_number > LIST_PAGES_MAX {
-                return Err(format!(
-                    "prompts/list returned more than {LIST_PAGES_MAX} pages; the listing is refused"
-                ));
-            }
-            let params = cursor.as_ref().map(|c| json!({"cursor": c}));
-            let page = tokio::time::timeout(
-                UPSTREAM_HANDSHAKE_TIMEOUT,
-                peer.request("prompts/list", params),
-            )
-            .await
-            .map_err(|_| "prompts/list timed out".to_string())?
-            .map_err(|e| format!("prompts/list failed: {e}"))?;
-            if let Some(items) = page.get("prompts").and_then(Value::as_array) {
-                raw_prompts.extend(items.iter().cloned());
-            }
-            if raw_prompts.len() > UPSTREAM_PROMPTS_MAX {
-                return Err(format!(
-                    "the server lists more than {UPSTREAM_PROMPTS_MAX} prompts; the listing is refused"
-                ));
-            }
-            match page.get("nextCursor") {
-                Some(c) if !c.is_null() => cursor = Some(c.clone()),
-                _ => break,
-            }
-        }
+        let raw_prompts = list_pages(peer, "prompts/list", "prompts", UPSTREAM_PROMPTS_MAX).await?;
         let mut named: Vec<(String, String, Value)> = Vec::new();
         for raw in raw_prompts {
             let Some(name) = raw.get("name").and_then(Value::as_str).map(str::to_string) else {
@@ -1184,6 +1126,43 @@ async fn supervise(this: Weak<Upstream>) {
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
     }
+}
+
+/// Every page of a paginated listing (`tools/list`, `prompts/list`): the `key` arrays of at
+/// most [`LIST_PAGES_MAX`] pages, refused whole past `items_max` items.
+async fn list_pages(
+    peer: &RpcPeer,
+    method: &str,
+    key: &str,
+    items_max: usize,
+) -> Result<Vec<Value>, String> {
+    let mut items: Vec<Value> = Vec::new();
+    let mut cursor: Option<Value> = None;
+    for page_number in 1.. {
+        if page_number > LIST_PAGES_MAX {
+            return Err(format!(
+                "{method} returned more than {LIST_PAGES_MAX} pages; the listing is refused"
+            ));
+        }
+        let params = cursor.as_ref().map(|c| json!({"cursor": c}));
+        let page = tokio::time::timeout(UPSTREAM_HANDSHAKE_TIMEOUT, peer.request(method, params))
+            .await
+            .map_err(|_| format!("{method} timed out"))?
+            .map_err(|e| format!("{method} failed: {e}"))?;
+        if let Some(listed) = page.get(key).and_then(Value::as_array) {
+            items.extend(listed.iter().cloned());
+        }
+        if items.len() > items_max {
+            return Err(format!(
+                "the server lists more than {items_max} {key}; the listing is refused"
+            ));
+        }
+        match page.get("nextCursor") {
+            Some(c) if !c.is_null() => cursor = Some(c.clone()),
+            _ => break,
+        }
+    }
+    Ok(items)
 }
 
 #[cfg(test)]
