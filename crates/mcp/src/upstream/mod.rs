@@ -144,16 +144,7 @@ impl InboundHandler for Handler {
             "notifications/progress" => up.on_progress(params.unwrap_or(Value::Null)),
             "notifications/message" => {
                 let p = params.unwrap_or(Value::Null);
-                let entry = {
-                    let flights = up.in_flight.lock().expect("in flight");
-                    match related {
-                        Some(id) => flights
-                            .iter()
-                            .find(|(i, _)| *i == id)
-                            .map(|(_, e)| e.clone()),
-                        None => flights.last().map(|(_, e)| e.clone()),
-                    }
-                };
+                let entry = route_of(&up.in_flight.lock().expect("in flight"), related);
                 if let Some(down) = entry.and_then(|e| e.downstream.clone()) {
                     down.log(crate::mediate::relayed(&p));
                     return;
@@ -189,17 +180,21 @@ impl InboundHandler for Handler {
         if method == "roots/list" {
             return Ok(json!({"roots": up.roots}));
         }
-        let entry = {
+        let (entry, ambiguous) = {
             let flights = up.in_flight.lock().expect("in flight");
-            match related {
-                Some(id) => flights
-                    .iter()
-                    .find(|(i, _)| *i == id)
-                    .map(|(_, e)| e.clone()),
-                // stdio carries no association: the most recent call in flight made it.
-                None => flights.last().map(|(_, e)| e.clone()),
-            }
+            (
+                route_of(&flights, related),
+                related.is_none() && flights.len() > 1,
+            )
         };
+        if ambiguous {
+            return Err(error_object(
+                code::INVALID_REQUEST,
+                format!(
+                    "{method}: several calls of this server are in flight and the request names none of them, so ring0 cannot tell whose client to ask"
+                ),
+            ));
+        }
         match entry.and_then(|e| e.downstream.clone()) {
             Some(down) => {
                 let params = params.as_ref().map(crate::mediate::relayed);
@@ -212,6 +207,21 @@ impl InboundHandler for Handler {
                 ),
             )),
         }
+    }
+}
+
+/// The route of the call a server's message belongs to: the one it names, or — stdio carries no
+/// association — the only call in flight. With several in flight and none named, no client's
+/// route is guessed: a question relayed to the wrong client would leak one client's call to
+/// another.
+fn route_of(flights: &[(u64, Arc<CallRoute>)], related: Option<u64>) -> Option<Arc<CallRoute>> {
+    match related {
+        Some(id) => flights
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, e)| e.clone()),
+        None if flights.len() == 1 => Some(flights[0].1.clone()),
+        None => None,
     }
 }
 
@@ -1168,6 +1178,35 @@ async fn list_pages(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn routes(n: u64) -> Vec<(u64, Arc<CallRoute>)> {
+        (1..=n)
+            .map(|i| {
+                let route = CallRoute::sessionful(None, Some(format!("code-{i}")), true);
+                (i, Arc::new(route))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_server_message_naming_its_call_reaches_that_calls_client() {
+        let flights = routes(3);
+        let route = route_of(&flights, Some(2)).unwrap();
+        assert_eq!(route.confirm.as_deref(), Some("code-2"));
+        assert!(route_of(&flights, Some(9)).is_none());
+    }
+
+    #[test]
+    fn an_unnamed_server_message_goes_to_the_only_call_and_never_guesses_among_several() {
+        let one = routes(1);
+        assert_eq!(
+            route_of(&one, None).unwrap().confirm.as_deref(),
+            Some("code-1")
+        );
+        // With two clients' calls in flight, neither is handed the other's question.
+        assert!(route_of(&routes(2), None).is_none());
+        assert!(route_of(&[], None).is_none());
+    }
 
     fn remote(code: i64, message: &str, data: Option<Value>) -> RpcError {
         RpcError::Remote {
