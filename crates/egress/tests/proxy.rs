@@ -422,3 +422,45 @@ async fn an_idle_tunnel_is_closed() {
     conn.read_to_end(&mut rest).await.unwrap();
     assert!(rest.is_empty());
 }
+
+/// curl, as an `HTTP_PROXY`-aware program inside a sandbox would use the proxy: `-x` for plain
+/// HTTP and `-p -x` for a CONNECT tunnel.
+async fn curl(proxy: SocketAddr, args: &[&str]) -> (bool, String) {
+    let mut command = tokio::process::Command::new("curl");
+    command
+        .args(["-sS", "--max-time", "20", "-x", &format!("http://{proxy}")])
+        .args(args);
+    let out = command.output().await.expect("curl is installed");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[tokio::test]
+async fn curl_reaches_an_allowed_origin_directly_and_through_a_tunnel() {
+    let (origin, _) = origin().await;
+    let proxy = proxy(&[format!("127.0.0.1:{}", origin.port())]).await;
+    let url = format!("http://{origin}/via-curl");
+    let (ok, out) = curl(proxy.addr, &[&url]).await;
+    assert!(ok && out.starts_with("GET /via-curl HTTP/1.1"), "{out}");
+    let (ok, out) = curl(proxy.addr, &["-p", &url]).await;
+    assert!(ok && out.starts_with("GET /via-curl HTTP/1.1"), "{out}");
+    let methods: Vec<String> = proxy.decisions().into_iter().map(|d| d.method).collect();
+    assert_eq!(methods, ["GET", "CONNECT"]);
+}
+
+#[tokio::test]
+async fn curl_is_told_why_a_host_is_refused() {
+    let proxy = proxy(&["crates.io:443".into()]).await;
+    let (_, out) = curl(proxy.addr, &["-i", "http://example.com/"]).await;
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    assert!(
+        out.contains("refused GET example.com:80: host example.com is not in the allow-list"),
+        "{out}"
+    );
+}
