@@ -19,7 +19,7 @@
 //! never the workspace): `blobs/`, one `cp-NNNNNN.json` per checkpoint, `index.json` (the
 //! sequence and what each path last held) and `lock` (processes sharing the state take turns).
 //! Workspace files are read and written beneath a directory handle of the workspace; `.git` and
-//! the directories given to [`Checkpoints::skip`] are never recorded.
+//! the paths given to [`Checkpoints::skip`] are never recorded in a tree.
 //!
 //! ```no_run
 //! use ring0_checkpoint::Checkpoints;
@@ -51,6 +51,8 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// The store's directory inside ring0's state directory.
+pub const CHECKPOINTS_DIR: &str = "checkpoints";
 /// Largest file a checkpoint records; a mutation touching a larger one cannot be checkpointed.
 pub const FILE_BYTES_MAX: u64 = 64 * 1024 * 1024;
 /// Most paths a tree checkpoint records (files, directories and symlinks).
@@ -190,10 +192,10 @@ impl Checkpoints {
         })
     }
 
-    /// Also never records these directories (ring0's state directory when it lies inside the
-    /// workspace).
-    pub fn skip(mut self, dirs: &[PathBuf]) -> Self {
-        let mut all = dirs.to_vec();
+    /// Also never records these files and directories in a tree (ring0's configuration, lock
+    /// file and state directory when they lie inside the workspace).
+    pub fn skip(mut self, paths: &[PathBuf]) -> Self {
+        let mut all = paths.to_vec();
         all.push(self.dir.clone());
         self.skip = tree::Skip::new(&all);
         self
@@ -208,7 +210,7 @@ impl Checkpoints {
     /// hold, in the checkpoint of the session with `scope` (opened now if this is its first
     /// mutation), unless that checkpoint already holds them. Returns the checkpoint's id.
     pub fn before(&self, scope: &str, paths: &[&str]) -> Result<String, CheckpointError> {
-        let paths = with_parents(paths)?;
+        let paths = self.recordable(with_parents(paths)?);
         self.locked(|store, index| {
             let mut checkpoint = store.session_checkpoint(scope, index)?;
             for path in &paths {
@@ -221,7 +223,7 @@ impl Checkpoints {
 
     /// Records what `paths` (and their parent directories) hold now, as ring0 left them.
     pub fn after(&self, paths: &[&str]) -> Result<(), CheckpointError> {
-        let paths = with_parents(paths)?;
+        let paths = self.recordable(with_parents(paths)?);
         self.locked(|store, index| {
             for path in &paths {
                 index
@@ -286,6 +288,26 @@ impl Checkpoints {
             store.open.lock().expect("checkpoint map poisoned").clear();
             Ok(report)
         })
+    }
+
+    /// The paths neither skipped themselves nor beneath a skipped directory (`paths` holds
+    /// every parent before its children).
+    fn recordable(&self, paths: Vec<String>) -> Vec<String> {
+        let mut skipped: Vec<String> = Vec::new();
+        paths
+            .into_iter()
+            .filter(|path| {
+                let under = skipped.iter().any(|s| {
+                    path.strip_prefix(s.as_str())
+                        .is_some_and(|r| r.starts_with('/'))
+                });
+                if under || self.skip.holds(&self.root, path) {
+                    skipped.push(path.clone());
+                    return false;
+                }
+                true
+            })
+            .collect()
     }
 
     /// Runs `f` holding the store's lock, with its index (written back when `f` succeeds).

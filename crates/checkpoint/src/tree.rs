@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// Directories a tree never enters, by identity (device, inode).
+/// Files and directories a tree never records (nor enters), by identity (device, inode).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Skip(HashSet<(u64, u64)>);
 
@@ -18,6 +18,15 @@ impl Skip {
                 .map(|m| (m.dev(), m.ino()))
                 .collect(),
         )
+    }
+}
+
+impl Skip {
+    /// Whether `rel` beneath `root` is one of the skipped files or directories.
+    pub(crate) fn holds(&self, root: &cap_std::fs::Dir, rel: &str) -> bool {
+        use cap_std::fs::MetadataExt as _;
+        root.symlink_metadata(rel)
+            .is_ok_and(|m| self.0.contains(&(m.dev(), m.ino())))
     }
 }
 
@@ -38,12 +47,10 @@ pub(crate) fn list(workspace: &Path, skip: &Skip) -> Result<Vec<String>, Checkpo
             if entry.file_name() == ".git" {
                 return false;
             }
-            let is_dir = entry.file_type().is_some_and(|t| t.is_dir());
-            !is_dir
-                || entry
-                    .metadata()
-                    .map(|m| !skip.0.contains(&(m.dev(), m.ino())))
-                    .unwrap_or(false)
+            entry
+                .metadata()
+                .map(|m| !skip.0.contains(&(m.dev(), m.ino())))
+                .unwrap_or(false)
         })
         .build();
     let mut paths = Vec::new();

@@ -234,3 +234,17 @@ fn a_damaged_blob_stops_the_restore_before_any_change() {
         "changed too\n"
     );
 }
+
+#[test]
+fn skipped_paths_are_not_recorded_by_a_mutation_either() {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::write(tmp.path().join("ring0.toml"), "[workspace]\n").unwrap();
+    let store = Checkpoints::open(tmp.path().join(".ring0/checkpoints"), tmp.path())
+        .unwrap()
+        .skip(&[tmp.path().join(".ring0"), tmp.path().join("ring0.toml")]);
+    store
+        .before("s", &["ring0.toml", ".ring0/journal.db", "a.txt"])
+        .unwrap();
+    let paths: Vec<String> = store.list().unwrap()[0].paths.keys().cloned().collect();
+    assert_eq!(paths, ["a.txt"]);
+}

@@ -51,5 +51,5 @@ pub use policy::{
 };
 pub use proxy::{
     CONNECT_TIMEOUT, CONNECTIONS_MAX, EgressLimits, EgressProxy, HEAD_TIMEOUT, IDLE_TIMEOUT,
-    RELAY_BUFFER_BYTES,
+    RELAY_BUFFER_BYTES, Serving,
 };

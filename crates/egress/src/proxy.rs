@@ -179,8 +179,40 @@ impl EgressProxy {
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
             }
         }
+        // No new connection is taken while the open ones are closed.
+        drop(listener);
         connections.shutdown().await;
         Ok(())
+    }
+}
+
+/// A proxy serving one listener in the background ([`EgressProxy::spawn`]). Dropping it stops
+/// the serving and closes every connection it opened.
+#[derive(Debug)]
+pub struct Serving {
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl EgressProxy {
+    /// Serves `listener` on `runtime` until the returned [`Serving`] is dropped (tie it to the
+    /// life of the process whose listener it is). Fails only when the listener cannot be used.
+    pub fn spawn(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        listener: std::net::TcpListener,
+    ) -> io::Result<Serving> {
+        listener.set_nonblocking(true)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let proxy = self.clone();
+        runtime.spawn(async move {
+            // Ends when the sender is dropped (or sends).
+            let _ = proxy
+                .serve(listener, async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(Serving { _stop: stop })
     }
 }
 

@@ -464,3 +464,22 @@ async fn curl_is_told_why_a_host_is_refused() {
         "{out}"
     );
 }
+
+#[tokio::test]
+async fn a_spawned_proxy_stops_serving_when_its_handle_is_dropped() {
+    let (origin, _) = origin().await;
+    let policy = EgressPolicy::parse(&[format!("127.0.0.1:{}", origin.port())]).unwrap();
+    let proxy = EgressProxy::new(policy, Arc::new(|_: &EgressDecision| Ok(())));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = proxy
+        .spawn(&tokio::runtime::Handle::current(), listener)
+        .unwrap();
+    let mut held = tunnel(addr, &origin.to_string()).await;
+    drop(serving);
+    // The open tunnel is closed with the proxy, and the listener is gone.
+    let mut rest = Vec::new();
+    let _ = held.read_to_end(&mut rest).await;
+    assert!(rest.is_empty());
+    assert!(TcpStream::connect(addr).await.is_err());
+}

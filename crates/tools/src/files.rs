@@ -530,7 +530,7 @@ impl WriteFile {
 
 #[async_trait]
 impl Tool for WriteFile {
-    async fn call(&self, _ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
+    async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
         let a: WriteArgs = args_of(args)?;
         let ws = self.ws.clone();
         tokio::task::spawn_blocking(move || {
@@ -541,6 +541,9 @@ impl Tool for WriteFile {
                 )));
             }
             let located = ws.sandbox.locate(&a.path, Access::Write).map_err(sandbox_err)?;
+            // Before opening the parent: that may create directories.
+            let shown = [located.display(ws.sandbox.workspace())];
+            ws.checkpoint_before(&ctx.scope, &shown)?;
             let (dir, name) = located.open_parent(a.create_dirs).map_err(sandbox_err)?;
             let existed = match dir.symlink_metadata(&name) {
                 Ok(m) if m.is_dir() => {
@@ -555,7 +558,9 @@ impl Tool for WriteFile {
                     a.path
                 )));
             }
-            write_atomic(&dir, &name, a.content.as_bytes(), a.overwrite).map_err(|e| {
+            let written = write_atomic(&dir, &name, a.content.as_bytes(), a.overwrite);
+            ws.checkpoint_after(&shown);
+            written.map_err(|e| {
                 if e.kind() == std::io::ErrorKind::AlreadyExists {
                     ToolError::not_applied(format!(
                         "{:?} was created by someone else meanwhile; pass overwrite: true to replace it",
