@@ -59,6 +59,9 @@ pub const FILE_BYTES_MAX: u64 = 64 * 1024 * 1024;
 pub const TREE_PATHS_MAX: usize = 50_000;
 /// Most bytes of file content one tree checkpoint reads.
 pub const TREE_BYTES_MAX: u64 = 512 * 1024 * 1024;
+/// Checkpoints kept by default; opening one more drops the oldest (and the blobs only it
+/// needed), so the store does not grow without end.
+pub const CHECKPOINTS_KEPT_DEFAULT: usize = 256;
 /// Most paths one mutation's record names.
 pub const PATHS_PER_RECORD_MAX: usize = 4096;
 /// Most paths a refusal names (the rest are counted).
@@ -162,6 +165,8 @@ pub struct Checkpoints {
     blobs: Blobs,
     /// This process: sessions of different processes never share a checkpoint.
     run: String,
+    /// How many checkpoints are kept (at least 1).
+    kept_max: usize,
     /// The open checkpoint of each scope in this process.
     open: Mutex<HashMap<String, String>>,
 }
@@ -188,6 +193,7 @@ impl Checkpoints {
             workspace,
             root,
             run: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+            kept_max: CHECKPOINTS_KEPT_DEFAULT,
             open: Mutex::new(HashMap::new()),
         })
     }
@@ -198,6 +204,13 @@ impl Checkpoints {
         let mut all = paths.to_vec();
         all.push(self.dir.clone());
         self.skip = tree::Skip::new(&all);
+        self
+    }
+
+    /// Keeps at most `kept_max` checkpoints (at least 1) instead of
+    /// [`CHECKPOINTS_KEPT_DEFAULT`].
+    pub fn keep(mut self, kept_max: usize) -> Self {
+        self.kept_max = kept_max.max(1);
         self
     }
 
@@ -347,6 +360,7 @@ impl Checkpoints {
         if let Some(checkpoint) = self.find_open(scope)? {
             return Ok(checkpoint);
         }
+        self.drop_oldest(self.kept_max - 1)?;
         index.next_seq += 1;
         let seq = index.next_seq;
         let checkpoint = Checkpoint {
@@ -363,6 +377,22 @@ impl Checkpoints {
             .expect("checkpoint map poisoned")
             .insert(scope.to_string(), checkpoint.id.clone());
         Ok(checkpoint)
+    }
+
+    /// Drops the oldest checkpoints until at most `kept` remain, with the blobs only they
+    /// needed.
+    fn drop_oldest(&self, kept: usize) -> Result<(), CheckpointError> {
+        let all = self.load_all()?;
+        if all.len() <= kept {
+            return Ok(());
+        }
+        let (dropped, remaining) = all.split_at(all.len() - kept);
+        for checkpoint in dropped {
+            let path = self.checkpoint_path(&checkpoint.id);
+            std::fs::remove_file(&path).map_err(|e| CheckpointError::io(&path, e))?;
+        }
+        self.blobs.retain(&blobs_of(remaining));
+        Ok(())
     }
 
     fn find_open(&self, scope: &str) -> Result<Option<Checkpoint>, CheckpointError> {
@@ -451,6 +481,18 @@ impl Checkpoints {
         all.sort_by_key(|c| c.seq);
         Ok(all)
     }
+}
+
+/// The blobs `checkpoints` need.
+fn blobs_of(checkpoints: &[Checkpoint]) -> std::collections::HashSet<String> {
+    checkpoints
+        .iter()
+        .flat_map(|c| c.paths.values())
+        .filter_map(|s| match s {
+            PathState::File { sha256, .. } => Some(sha256.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The paths, checked to be relative and inside the workspace, with every parent directory.

@@ -6,7 +6,7 @@ use crate::state::{PathState, read_state};
 use crate::{CHANGED_SHOWN_MAX, CheckpointError, Checkpoints, Index, tree};
 use cap_std::fs::{Permissions, PermissionsExt};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 
 /// What a restore did.
@@ -103,15 +103,7 @@ pub(crate) fn restore(
         let path = store.checkpoint_path(&checkpoint.id);
         std::fs::remove_file(&path).map_err(|e| CheckpointError::io(&path, e))?;
     }
-    let keep: HashSet<String> = all[..first]
-        .iter()
-        .flat_map(|c| c.paths.values())
-        .filter_map(|s| match s {
-            PathState::File { sha256, .. } => Some(sha256.clone()),
-            _ => None,
-        })
-        .collect();
-    store.blobs.retain(&keep);
+    store.blobs.retain(&crate::blobs_of(&all[..first]));
     Ok(report)
 }
 

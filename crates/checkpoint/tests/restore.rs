@@ -248,3 +248,27 @@ fn skipped_paths_are_not_recorded_by_a_mutation_either() {
     let paths: Vec<String> = store.list().unwrap()[0].paths.keys().cloned().collect();
     assert_eq!(paths, ["a.txt"]);
 }
+
+#[test]
+fn past_the_kept_number_the_oldest_checkpoint_is_dropped_with_its_blobs() {
+    let f = fixture();
+    let store = Checkpoints::open(f.ws.parent().unwrap().join("state/checkpoints"), &f.ws)
+        .unwrap()
+        .keep(2);
+    for (scope, content) in [("a", "1\n"), ("b", "2\n"), ("c", "3\n")] {
+        store.before(scope, &["README.md"]).unwrap();
+        fs::write(f.ws.join("README.md"), content).unwrap();
+        store.after(&["README.md"]).unwrap();
+    }
+    let ids: Vec<String> = store.list().unwrap().into_iter().map(|c| c.id).collect();
+    assert_eq!(ids, ["cp-000002", "cp-000003"]);
+    let blobs = f.ws.parent().unwrap().join("state/checkpoints/blobs");
+    let count: usize = fs::read_dir(&blobs)
+        .unwrap()
+        .map(|s| fs::read_dir(s.unwrap().path()).unwrap().count())
+        .sum();
+    assert_eq!(
+        count, 2,
+        "the blob of the original README is gone with its checkpoint"
+    );
+}

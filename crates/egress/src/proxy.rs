@@ -411,13 +411,19 @@ impl Inner {
     ) -> io::Result<()> {
         let idle = self.limits.idle_timeout;
         let mut out = format!("{} {path} HTTP/1.1\r\n", request.method).into_bytes();
+        // The Host the server sees is the destination that was checked, never the client's own
+        // (RFC 9112 §3.2.2), so a name-based server cannot be steered to another site.
         let fields: Vec<&Field> = head::end_to_end(&request.fields)
             .into_iter()
-            .filter(|f| !f.name.eq_ignore_ascii_case("expect"))
+            .filter(|f| {
+                !f.name.eq_ignore_ascii_case("expect") && !f.name.eq_ignore_ascii_case("host")
+            })
             .collect();
-        if head::field(&request.fields, "host").is_none() {
-            out.extend_from_slice(format!("Host: {target}\r\n").as_bytes());
-        }
+        let host = match target.port {
+            80 => target.host.to_string(),
+            _ => target.to_string(),
+        };
+        out.extend_from_slice(format!("Host: {host}\r\n").as_bytes());
         head::write_fields(&mut out, &fields);
         out.extend_from_slice(b"Connection: close\r\n\r\n");
         upstream.write_all(&out).await?;

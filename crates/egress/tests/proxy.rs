@@ -187,7 +187,7 @@ async fn plain_http_is_forwarded_in_origin_form_without_hop_by_hop_headers() {
     let (origin, _) = origin().await;
     let proxy = proxy(&[format!("127.0.0.1:{}", origin.port())]).await;
     let request = format!(
-        "POST http://{origin}/echo?q=1 HTTP/1.1\r\nHost: {origin}\r\nProxy-Authorization: Basic c2VjcmV0\r\n\
+        "POST http://{origin}/echo?q=1 HTTP/1.1\r\nHost: elsewhere.example\r\nProxy-Authorization: Basic c2VjcmV0\r\n\
          Connection: keep-alive, X-Drop\r\nX-Drop: 1\r\nX-Keep: 2\r\nContent-Length: 5\r\n\r\nhello"
     );
     let out = exchange(proxy.addr, request.as_bytes()).await;
