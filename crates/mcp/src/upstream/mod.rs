@@ -419,6 +419,10 @@ impl Upstream {
             Connection::Http(c) if stateless_first => {
                 match self.discover(c, &peer, &client_capabilities).await {
                     Ok(init) => Some(init),
+                    // Not reached at all: no era to choose yet; the start fails and is retried.
+                    Err(why) if peer.is_closed() => {
+                        return Err(format!("cannot reach the server: {why}"));
+                    }
                     Err(why) if pinned == UpstreamProtocol::V2026_07_28 => {
                         return Err(format!(
                             "protocol is pinned to {STATELESS}, but {why}; ring0 does not switch eras on its own (protocol = \"auto\" allows the sessionful handshake)",
