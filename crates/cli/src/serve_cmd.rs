@@ -29,8 +29,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// How long `serve` waits for upstreams at start before serving without the slow ones.
-const UPSTREAM_START_WAIT: Duration = Duration::from_secs(20);
 /// How long `serve` waits for the catalog to include the upstreams that are up.
 const CATALOG_REBUILD_WAIT: Duration = Duration::from_secs(2);
 
@@ -203,7 +201,8 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
             granted_roots: granted_roots(&loaded),
             protected_paths: protected_paths(&loaded),
         })?;
-        let down = gw.wait_for_upstreams(UPSTREAM_START_WAIT).await;
+        // Each upstream is waited for at most its own `start_timeout_ms`, all at once.
+        let down = gw.wait_for_start().await;
         for alias in &down {
             log.line(&format!(
                 "upstream {alias} is not up yet; serving without it for now"

@@ -19,6 +19,8 @@
 //! call_idle_timeout_ms = 120000      # reset by progress
 //! call_max_timeout_ms = 600000       # hard limit
 //! report_new_optional_params = false # true: a new optional parameter alone does not quarantine
+//! protocol = "auto"                  # or pin "2026-07-28" (HTTP only), "2025-11-25", "2025-06-18"
+//! start_timeout_ms = 5000            # how long `ring0 serve` waits for it before serving without it
 //!
 //! [upstreams.tools."*"]              # runtime metadata for every tool of this server …
 //! authority = "A2"
@@ -32,7 +34,10 @@
 //! probe = "refund_status"            # … this nullipotent tool of the same server
 //! ```
 
-use crate::limits::{CALL_IDLE_TIMEOUT_DEFAULT, CALL_MAX_TIMEOUT_DEFAULT};
+use crate::limits::{
+    CALL_IDLE_TIMEOUT_DEFAULT, CALL_MAX_TIMEOUT_DEFAULT, UPSTREAM_HANDSHAKE_TIMEOUT,
+    UPSTREAM_START_TIMEOUT_DEFAULT,
+};
 use crate::names::check_alias;
 use ring0_core::{Authority, ConcurrencyMark, ConflictKeyTemplate, Effect, Settlement, Strategy};
 use serde::Deserialize;
@@ -107,6 +112,17 @@ pub struct UpstreamConfig {
     /// the model reads and a person never saw.
     #[serde(default)]
     pub report_new_optional_params: bool,
+    /// The protocol era spoken to this server: `auto` (the default) tries the stateless
+    /// 2026-07-28 era when an HTTP server offers it and falls back to the sessionful handshake
+    /// when any step of it fails; a version pins that era, and a server that cannot speak it is
+    /// reported as failing to start, never switched silently.
+    #[serde(default)]
+    pub protocol: UpstreamProtocol,
+    /// How long `ring0 serve` waits for this server to connect and list its tools before it
+    /// serves without it (the server joins later with `notifications/tools/list_changed`).
+    /// Default [`UPSTREAM_START_TIMEOUT_DEFAULT`].
+    #[serde(default)]
+    pub start_timeout_ms: Option<u64>,
     /// Runtime metadata by unqualified tool name; `"*"` applies to every tool and is overridden
     /// field by field by a tool's own entry.
     #[serde(default)]
@@ -115,6 +131,36 @@ pub struct UpstreamConfig {
 
 fn default_true() -> bool {
     true
+}
+
+/// The `protocol` of an upstream: negotiated, or pinned to one era.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum UpstreamProtocol {
+    /// The stateless era when an HTTP server offers it and it works, else the sessionful one.
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    /// The stateless era only (HTTP servers).
+    #[serde(rename = "2026-07-28")]
+    V2026_07_28,
+    /// The sessionful handshake, asking for and accepting only 2025-11-25.
+    #[serde(rename = "2025-11-25")]
+    V2025_11_25,
+    /// The sessionful handshake, asking for and accepting only 2025-06-18.
+    #[serde(rename = "2025-06-18")]
+    V2025_06_18,
+}
+
+impl UpstreamProtocol {
+    /// The pinned version, or `None` for `auto`.
+    pub fn pinned(self) -> Option<&'static str> {
+        match self {
+            Self::Auto => None,
+            Self::V2026_07_28 => Some("2026-07-28"),
+            Self::V2025_11_25 => Some("2025-11-25"),
+            Self::V2025_06_18 => Some("2025-06-18"),
+        }
+    }
 }
 
 /// Runtime metadata a config gives an upstream tool. Absent fields keep what annotations (for a
@@ -175,6 +221,13 @@ impl UpstreamConfig {
         self.call_max_timeout_ms
             .map(Duration::from_millis)
             .unwrap_or(CALL_MAX_TIMEOUT_DEFAULT)
+    }
+
+    /// How long the gateway's start waits for this server.
+    pub fn start_timeout(&self) -> Duration {
+        self.start_timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(UPSTREAM_START_TIMEOUT_DEFAULT)
     }
 
     /// The override for one tool: `"*"` then the tool's own entry, field by field.
@@ -270,6 +323,21 @@ pub fn validate(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
             return Err(err(
                 "call_idle_timeout_ms",
                 "the idle timeout exceeds the hard maximum".into(),
+            ));
+        }
+        if u.start_timeout_ms == Some(0) || u.start_timeout() > UPSTREAM_HANDSHAKE_TIMEOUT {
+            return Err(err(
+                "start_timeout_ms",
+                format!(
+                    "must be between 1 and {} ms",
+                    UPSTREAM_HANDSHAKE_TIMEOUT.as_millis()
+                ),
+            ));
+        }
+        if u.protocol == UpstreamProtocol::V2026_07_28 && u.url.is_none() {
+            return Err(err(
+                "protocol",
+                "\"2026-07-28\" is spoken to Streamable HTTP servers only; a stdio server speaks the sessionful handshake (\"auto\", \"2025-11-25\" or \"2025-06-18\")".into(),
             ));
         }
         for (name, o) in &u.tools {
@@ -428,5 +496,41 @@ mod tests {
         assert_eq!(validate(&[star]).unwrap_err().key, "tools.*.probe");
         let own = upstream("[tools.refund]\nsettlement = \"probe\"\nprobe = \"refund\"\n");
         assert_eq!(validate(&[own]).unwrap_err().key, "tools.refund.probe");
+    }
+
+    #[test]
+    fn protocol_defaults_to_auto_and_takes_each_pinned_era() {
+        assert_eq!(upstream("").protocol, UpstreamProtocol::Auto);
+        for v in ["2025-11-25", "2025-06-18"] {
+            let u = upstream(&format!("protocol = {v:?}\n"));
+            assert_eq!(u.protocol.pinned(), Some(v));
+            assert_eq!(validate(&[u]), Ok(()));
+        }
+        let text = "alias = \"w\"\nurl = \"http://127.0.0.1:1/mcp\"\nprotocol = \"2026-07-28\"\n";
+        let http: UpstreamConfig = toml::from_str(text).unwrap();
+        assert_eq!(validate(&[http]), Ok(()));
+    }
+
+    #[test]
+    fn an_unknown_protocol_is_refused_and_the_stateless_era_is_refused_for_stdio() {
+        let text = "alias = \"pay\"\ncommand = \"pay-server\"\nprotocol = \"2024-01-01\"\n";
+        let e = toml::from_str::<UpstreamConfig>(text).unwrap_err();
+        assert!(e.to_string().contains("2024-01-01"), "{e}");
+        let e = validate(&[upstream("protocol = \"2026-07-28\"\n")]).unwrap_err();
+        assert_eq!(e.key, "protocol");
+        assert!(e.why.contains("Streamable HTTP"), "{e}");
+    }
+
+    #[test]
+    fn the_start_timeout_has_a_default_and_a_bounded_range() {
+        assert_eq!(upstream("").start_timeout(), UPSTREAM_START_TIMEOUT_DEFAULT);
+        assert_eq!(
+            upstream("start_timeout_ms = 1500\n").start_timeout(),
+            Duration::from_millis(1500)
+        );
+        for bad in ["0", "3600000"] {
+            let e = validate(&[upstream(&format!("start_timeout_ms = {bad}\n"))]).unwrap_err();
+            assert_eq!(e.key, "start_timeout_ms", "{bad}");
+        }
     }
 }

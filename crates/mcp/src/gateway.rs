@@ -513,15 +513,32 @@ impl Gateway {
     }
 
     /// Waits until every upstream is connected and listed, or the timeout passes. Returns the
-    /// aliases still not up.
+    /// aliases still not up. The upstreams are waited for at once: the wait is `timeout` at
+    /// most, however many are slow.
     pub async fn wait_for_upstreams(&self, timeout: Duration) -> Vec<String> {
-        let mut down = Vec::new();
-        for up in self.upstreams() {
-            if !up.wait_connected(timeout).await {
-                down.push(up.alias().to_string());
-            }
-        }
-        down
+        self.wait_each(|_| timeout).await
+    }
+
+    /// Waits at start for every upstream at once, each at most its own `start_timeout_ms`
+    /// (see [`crate::limits::UPSTREAM_START_TIMEOUT_DEFAULT`]). Returns the aliases still not
+    /// up: they join later, when the catalog they complete is announced to the sessions with
+    /// `notifications/tools/list_changed`.
+    pub async fn wait_for_start(&self) -> Vec<String> {
+        self.wait_each(|up| up.config.start_timeout()).await
+    }
+
+    async fn wait_each(&self, bound: impl Fn(&Upstream) -> Duration) -> Vec<String> {
+        let ups = self.upstreams();
+        let waits = ups.iter().map(|up| {
+            let timeout = bound(up);
+            async move { (up.alias().to_string(), up.wait_connected(timeout).await) }
+        });
+        futures::future::join_all(waits)
+            .await
+            .into_iter()
+            .filter(|(_, up)| !up)
+            .map(|(alias, _)| alias)
+            .collect()
     }
 
     fn rebuild(&self) {

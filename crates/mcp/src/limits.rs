@@ -15,6 +15,17 @@ pub const UPSTREAM_TOOLS_MAX: usize = 1024;
 pub const UPSTREAM_IN_FLIGHT_MAX: usize = 256;
 /// How long initialize and each `tools/list` page may take.
 pub const UPSTREAM_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of an upstream's `start_timeout_ms`: how long `ring0 serve` waits at start for an
+/// upstream to connect and list its tools before serving without it. Every upstream is waited
+/// for at once, so a start waits for the longest of them, never their sum.
+pub const UPSTREAM_START_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+const _: () =
+    assert!(UPSTREAM_START_TIMEOUT_DEFAULT.as_millis() < UPSTREAM_HANDSHAKE_TIMEOUT.as_millis());
+/// How long a client may treat ring0's own `tools/list` and `server/discover` results as fresh
+/// (`ttlMs`, 2026-07-28). ring0 knows when its catalog changes: every new catalog generation is
+/// announced with `notifications/tools/list_changed`, which invalidates a cached listing at
+/// once, so the hint only bounds how long a client that missed a notification keeps a stale one.
+pub const CATALOG_TTL_MS: u64 = 60_000;
 /// First restart delay after an upstream dies; doubled after each failed start.
 pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_millis(250);
 /// Largest restart delay.
@@ -124,6 +135,10 @@ pub const COMPLETION_VALUES_MAX: usize = 100;
 pub const COMPLETION_VALUE_BYTES_MAX: usize = 1024;
 /// Prompts listed per upstream; a longer listing is refused.
 pub const UPSTREAM_PROMPTS_MAX: usize = 1024;
+/// Longest `instructions` of one upstream relayed to clients (after cleaning); the rest is cut
+/// and counted. The instructions are pinned with the server's identity, so a change
+/// quarantines its tools and the new text is relayed only once approved.
+pub const UPSTREAM_INSTRUCTIONS_BYTES_MAX: usize = 4 * 1024;
 /// Longest string of a message an upstream sends a client during a call (a log message, a
 /// progress message, an elicitation or sampling request) forwarded.
 pub const RELAYED_TEXT_BYTES_MAX: usize = 64 * 1024;

@@ -29,7 +29,7 @@
 //! layer's bound with the wrapper rather than a valid typed result.
 
 use crate::limits::{
-    RAW_STASH_BYTES_MAX, RAW_STASH_ENTRIES_MAX, RAW_STASH_TTL, SSE_EVENT_BYTES_MAX,
+    CATALOG_TTL_MS, RAW_STASH_BYTES_MAX, RAW_STASH_ENTRIES_MAX, RAW_STASH_TTL, SSE_EVENT_BYTES_MAX,
 };
 use crate::server::GatewayServer;
 use axum::body::Body;
@@ -70,6 +70,12 @@ pub fn adapt_to_era(mut raw: Value, kind: RawKind, modern: bool) -> Value {
     if modern {
         obj.entry("resultType")
             .or_insert_with(|| Value::String("complete".into()));
+        if kind == RawKind::ListTools {
+            // ring0 announces every change of its catalog (`list_changed`), so its listing may
+            // be cached; `private`: what a listing holds depends on the caller's grants.
+            obj.insert("ttlMs".into(), json!(CATALOG_TTL_MS));
+            obj.insert("cacheScope".into(), json!("private"));
+        }
         return raw;
     }
     if obj.get("resultType").and_then(Value::as_str) == Some("complete") {
@@ -536,7 +542,8 @@ mod tests {
         assert_eq!(result["tools"][0]["execution"]["taskSupport"], "optional");
         assert_eq!(result["tools"][0]["annotations"]["futureHint"], 3);
         assert_eq!(result["resultType"], "complete");
-        assert_eq!(result["ttlMs"], 0);
+        assert_eq!(result["ttlMs"], CATALOG_TTL_MS);
+        assert_eq!(result["cacheScope"], "private");
         assert!(result.get("_meta").is_none(), "{result}");
     }
 

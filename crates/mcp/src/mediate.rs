@@ -11,9 +11,9 @@
 use crate::limits::{
     COMPLETION_VALUE_BYTES_MAX, COMPLETION_VALUES_MAX, DEFINITION_TEXT_BYTES_MAX,
     PROMPT_TEXT_BYTES_MAX, RELAYED_TEXT_BYTES_MAX, RESOURCE_BLOB_BYTES_MAX,
-    RESOURCE_TEXT_BYTES_MAX,
+    RESOURCE_TEXT_BYTES_MAX, UPSTREAM_INSTRUCTIONS_BYTES_MAX,
 };
-use ring0_shape::{Cleaned, FramingDefense, SpillStore, clean_value};
+use ring0_shape::{Cleaned, FramingDefense, SpillStore, clean_text, clean_value};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -102,6 +102,26 @@ pub fn relayed(raw: &Value) -> Value {
     let mut report = Mediated::default();
     let mut out = clean(raw, &mut report);
     bound_strings(&mut out, RELAYED_TEXT_BYTES_MAX, &mut report);
+    out
+}
+
+/// The instructions a client is given: ring0's own, then each reachable upstream's (`alias`,
+/// its `instructions` from `initialize` or `server/discover`), headed by its alias, cleaned and
+/// bounded to [`UPSTREAM_INSTRUCTIONS_BYTES_MAX`] each.
+pub fn instructions(own: &str, upstreams: &[(String, String)]) -> String {
+    let mut out = own.to_string();
+    for (alias, text) in upstreams {
+        let mut report = Mediated::default();
+        let mut clean = clean_text(text, &FramingDefense::default(), &mut report.cleaned);
+        cut_string(&mut clean, UPSTREAM_INSTRUCTIONS_BYTES_MAX, &mut report);
+        let clean = clean.trim();
+        if clean.is_empty() {
+            continue;
+        }
+        out.push_str(&format!(
+            "\n\nInstructions of the upstream server {alias:?}:\n{clean}"
+        ));
+    }
     out
 }
 
@@ -305,5 +325,31 @@ mod tests {
         assert_eq!(out["completion"]["values"].as_array().unwrap().len(), 100);
         assert_eq!(out["completion"]["values"][0], "v0");
         assert_eq!(out["completion"]["hasMore"], true);
+    }
+
+    #[test]
+    fn upstream_instructions_follow_ring0s_cleaned_bounded_and_named() {
+        let long = "x".repeat(UPSTREAM_INSTRUCTIONS_BYTES_MAX + 100);
+        let text = instructions(
+            "ring0 says.",
+            &[
+                ("docs".into(), "Use \u{1b}[31msearch\u{1b}[0m first.".into()),
+                ("big".into(), long),
+                ("blank".into(), "  \n".into()),
+            ],
+        );
+        assert!(text.starts_with("ring0 says."), "{text}");
+        assert!(
+            text.contains("upstream server \"docs\":\nUse search first."),
+            "{text}"
+        );
+        assert!(!text.contains('\u{1b}'), "{text}");
+        assert!(text.contains("more bytes cut"), "{text}");
+        assert!(!text.contains("\"blank\""), "{text}");
+        assert!(
+            text.len() < 2 * UPSTREAM_INSTRUCTIONS_BYTES_MAX,
+            "{}",
+            text.len()
+        );
     }
 }

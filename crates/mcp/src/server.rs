@@ -21,7 +21,7 @@
 
 use crate::approval::{Answer, Approvals, CONFIRM_META_KEY};
 use crate::gateway::{Gateway, Generation};
-use crate::limits::{APPROVAL_WAIT_DEFAULT, TOOLS_PAGE_SIZE};
+use crate::limits::{APPROVAL_WAIT_DEFAULT, CATALOG_TTL_MS, TOOLS_PAGE_SIZE};
 pub use crate::lossless::Lossless;
 use crate::lossless::{RawKind, RawStash, adapt_to_era};
 use crate::route::{CallRoute, Downstream};
@@ -37,10 +37,10 @@ use ring0_kernel::{
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
-    CustomRequest, ErrorData, GetPromptRequestParams, GetPromptResponse, ListPromptsResult,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ReadResourceRequestParams, ReadResourceResponse, ServerConfig, ServerRequest,
-    SubscribeRequestParams, UnsubscribeRequestParams,
+    CustomRequest, DiscoverResult, ErrorData, GetPromptRequestParams, GetPromptResponse,
+    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ServerConfig,
+    ServerRequest, SubscribeRequestParams, UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{Peer, RoleServer, ServerHandler};
@@ -647,12 +647,34 @@ impl ServerHandler for GatewayServer {
             "capabilities": crate::passthrough::capabilities(&self.reachable()),
             "serverInfo": {"name": "ring0", "version": env!("CARGO_PKG_VERSION")},
         });
-        if let Some(i) = &self.instructions {
-            info["instructions"] = json!(i);
+        if let Some(own) = &self.instructions {
+            // The upstreams' instructions are pinned with their tools: an upstream is reachable
+            // only with tools a person approved, and so are the instructions relayed.
+            let upstreams: Vec<(String, String)> = self
+                .reachable()
+                .iter()
+                .filter_map(|up| {
+                    let text = up.listing()?.server.instructions.clone()?;
+                    Some((up.alias().to_string(), text))
+                })
+                .collect();
+            info["instructions"] = json!(crate::mediate::instructions(own, &upstreams));
         }
         // Background jobs and long upstream calls are offered as tasks (see crate::tasks).
         info["capabilities"]["extensions"][rmcp::model::TASKS_EXTENSION_ID] = json!({});
         serde_json::from_value(info).expect("a valid server config")
+    }
+
+    /// `server/discover` (2026-07-28): what `initialize` says, with the catalog's cache hint.
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        Ok(DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            self.get_info(),
+        )
+        .with_ttl_ms(CATALOG_TTL_MS))
     }
 
     async fn list_tools(

@@ -56,6 +56,7 @@ fn tools() -> Value {
         {"name": "test_tool_with_logging", "description": "Logs while running.", "inputSchema": none},
         {"name": "test_tool_with_progress", "description": "Reports progress.", "inputSchema": none},
         {"name": "test_error_handling", "description": "Always fails.", "inputSchema": none},
+        {"name": "test_reconnection", "description": "Answers on its response stream (an rmcp handler cannot close it mid-call).", "inputSchema": none},
         {"name": "test_sampling", "description": "Asks the client's model.", "inputSchema": {"type": "object", "properties": {"prompt": {"type": "string"}}, "required": ["prompt"]}},
         {"name": "test_elicitation", "description": "Asks the user.", "inputSchema": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}},
         {"name": "test_elicitation_sep1034_defaults", "description": "Elicitation with defaults.", "inputSchema": none},
@@ -135,6 +136,7 @@ async fn call(
             }
             text("Tool with progress executed successfully")
         }
+        "test_reconnection" => text("Reconnection test completed"),
         "test_error_handling" => {
             json!({"isError": true, "content": [{"type": "text", "text": "This tool intentionally returns an error for testing"}]})
         }

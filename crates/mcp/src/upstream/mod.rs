@@ -14,7 +14,7 @@ pub mod roots;
 pub mod secrets;
 pub mod stdio;
 
-use crate::config::{Endpoint, UpstreamConfig};
+use crate::config::{Endpoint, UpstreamConfig, UpstreamProtocol};
 use crate::forward::{ForwardConfig, forward};
 use crate::limits::{
     LIST_PAGES_MAX, RESTART_BACKOFF_INITIAL, RESTART_BACKOFF_MAX, RESTART_BACKOFF_RESET_AFTER,
@@ -31,7 +31,7 @@ use ring0_core::Observation;
 use ring0_kernel::{CallContext, ToolError};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -111,6 +111,9 @@ pub struct Upstream {
     next_token: AtomicU64,
     /// Connections made so far (1 after the first start).
     starts: AtomicU64,
+    /// Set when the stateless era failed with this server after it offered it: later
+    /// connections go straight to the sessionful handshake (the fallback is logged once).
+    sessionful_only: AtomicBool,
     connected: Notify,
     capabilities: Mutex<Value>,
     /// What `roots/list` is answered with (see [`roots`]).
@@ -271,6 +274,7 @@ impl Upstream {
             on_change,
             next_token: AtomicU64::new(1),
             starts: AtomicU64::new(0),
+            sessionful_only: AtomicBool::new(false),
             connected: Notify::new(),
             capabilities: Mutex::new(Value::Null),
             roots: view.roots,
@@ -404,79 +408,164 @@ impl Upstream {
             }
         };
         let client_capabilities = json!({"roots": {}, "sampling": {}, "elicitation": {}});
+        let pinned = self.config.protocol;
+        let stateless_first = matches!(connection, Connection::Http(_))
+            && match pinned {
+                UpstreamProtocol::Auto => !self.sessionful_only.load(Ordering::Relaxed),
+                UpstreamProtocol::V2026_07_28 => true,
+                UpstreamProtocol::V2025_11_25 | UpstreamProtocol::V2025_06_18 => false,
+            };
         let discovered = match &connection {
-            Connection::Http(c) => self.discover(c, &peer, &client_capabilities).await,
-            Connection::Stdio(_) => None,
+            Connection::Http(c) if stateless_first => {
+                match self.discover(c, &peer, &client_capabilities).await {
+                    Ok(init) => Some(init),
+                    // Not reached at all: no era to choose yet; the start fails and is retried.
+                    Err(why) if peer.is_closed() => {
+                        return Err(format!("cannot reach the server: {why}"));
+                    }
+                    Err(why) if pinned == UpstreamProtocol::V2026_07_28 => {
+                        return Err(format!(
+                            "protocol is pinned to {STATELESS}, but {why}; ring0 does not switch eras on its own (protocol = \"auto\" allows the sessionful handshake)",
+                            STATELESS = http::STATELESS_PROTOCOL_VERSION
+                        ));
+                    }
+                    Err(why) => {
+                        c.use_stateless(None, &client_capabilities);
+                        self.log.line(&format!(
+                            "[{alias}] no stateless protocol ({why}); using the sessionful handshake"
+                        ));
+                        None
+                    }
+                }
+            }
+            _ => None,
         };
         let init = match discovered {
             Some(init) => init,
             None => {
-                let init = tokio::time::timeout(
-                    UPSTREAM_HANDSHAKE_TIMEOUT,
-                    peer.request(
-                        "initialize",
-                        Some(json!({
-                            "protocolVersion": UPSTREAM_PROTOCOL_VERSION,
-                            "capabilities": client_capabilities,
-                            "clientInfo": {"name": "ring0", "version": env!("CARGO_PKG_VERSION")},
-                        })),
-                    ),
-                )
-                .await
-                .map_err(|_| "initialize timed out".to_string())?
-                .map_err(|e| format!("initialize failed: {}", explain(&e)))?;
-                let protocol = init
-                    .get("protocolVersion")
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                if let Connection::Http(c) = &connection {
-                    c.set_protocol_version(protocol);
-                }
-                peer.notify("notifications/initialized", None)
-                    .map_err(|e| format!("notifications/initialized: {e}"))?;
-                if let Connection::Http(c) = &connection {
-                    c.open_listen_stream();
-                }
-                init
+                self.initialize(&connection, &peer, &client_capabilities)
+                    .await?
             }
         };
-        let protocol = init
-            .get("protocolVersion")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        if let Connection::Http(c) = &connection
+        let stateless = matches!(&connection, Connection::Http(c) if c.is_stateless());
+        let live = Arc::new(Live {
+            peer: peer.clone(),
+            _connection: connection,
+        });
+        self.adopt(&init, &live);
+        match self
+            .list(
+                &peer,
+                ServerIdentity::from_initialize(&init),
+                protocol_of(&init),
+            )
+            .await
+        {
+            Ok(()) => {}
+            Err(why) if stateless && pinned == UpstreamProtocol::Auto => {
+                // The server offered the stateless era but does not serve it: speak the
+                // sessionful one on the same endpoint, and keep to it for this server.
+                self.sessionful_only.store(true, Ordering::Relaxed);
+                self.log.line(&format!(
+                    "[{alias}] protocol {} failed at its first listing ({why}); falling back to the sessionful handshake, which this server keeps from now on",
+                    http::STATELESS_PROTOCOL_VERSION
+                ));
+                if let Connection::Http(c) = &live._connection {
+                    c.use_stateless(None, &client_capabilities);
+                }
+                let init = self
+                    .initialize(&live._connection, &peer, &client_capabilities)
+                    .await?;
+                self.adopt(&init, &live);
+                self.list(
+                    &peer,
+                    ServerIdentity::from_initialize(&init),
+                    protocol_of(&init),
+                )
+                .await?;
+            }
+            Err(why) => {
+                return Err(match pinned.pinned() {
+                    Some(v) => format!("{why} (protocol pinned to {v})"),
+                    None => why,
+                });
+            }
+        }
+        if let Connection::Http(c) = &live._connection
             && c.is_stateless()
-            && init
-                .pointer("/capabilities/tools/listChanged")
+            && self
+                .capabilities()
+                .pointer("/tools/listChanged")
                 .and_then(Value::as_bool)
                 == Some(true)
         {
             self.subscribe_list_changed(&peer);
         }
-        let server = ServerIdentity::from_initialize(&init);
-        *self.capabilities.lock().expect("capabilities") =
-            init.get("capabilities").cloned().unwrap_or(Value::Null);
-        *self.live.write().expect("live") = Some(Arc::new(Live {
-            peer: peer.clone(),
-            _connection: connection,
-        }));
-        self.list(&peer, server, protocol).await?;
         self.starts.fetch_add(1, Ordering::Relaxed);
         self.connected.notify_waiters();
         Ok(peer)
     }
 
+    /// Makes `live` the connection and records what its handshake said.
+    fn adopt(&self, init: &Value, live: &Arc<Live>) {
+        *self.capabilities.lock().expect("capabilities") =
+            init.get("capabilities").cloned().unwrap_or(Value::Null);
+        *self.live.write().expect("live") = Some(live.clone());
+    }
+
+    /// The sessionful handshake: `initialize` (asking for the pinned version, or
+    /// [`UPSTREAM_PROTOCOL_VERSION`]), then `notifications/initialized`. A pinned version the
+    /// server does not answer with is refused, not accepted in its place.
+    async fn initialize(
+        &self,
+        connection: &Connection,
+        peer: &Arc<RpcPeer>,
+        client_capabilities: &Value,
+    ) -> Result<Value, String> {
+        let pin = self.config.protocol.pinned();
+        let init = tokio::time::timeout(
+            UPSTREAM_HANDSHAKE_TIMEOUT,
+            peer.request(
+                "initialize",
+                Some(json!({
+                    "protocolVersion": pin.unwrap_or(UPSTREAM_PROTOCOL_VERSION),
+                    "capabilities": client_capabilities,
+                    "clientInfo": {"name": "ring0", "version": env!("CARGO_PKG_VERSION")},
+                })),
+            ),
+        )
+        .await
+        .map_err(|_| "initialize timed out".to_string())?
+        .map_err(|e| format!("initialize failed: {}", explain(&e)))?;
+        let protocol = protocol_of(&init);
+        if let Some(pin) = pin
+            && protocol != pin
+        {
+            return Err(format!(
+                "protocol is pinned to {pin}, but the server answered initialize with {protocol:?}; ring0 does not switch eras on its own (protocol = \"auto\" accepts the server's choice)"
+            ));
+        }
+        if let Connection::Http(c) = connection {
+            c.set_protocol_version(&protocol);
+        }
+        peer.notify("notifications/initialized", None)
+            .map_err(|e| format!("notifications/initialized: {e}"))?;
+        if let Connection::Http(c) = connection {
+            c.open_listen_stream();
+        }
+        Ok(init)
+    }
+
     /// Asks an HTTP server for the stateless era with `server/discover`. Returns what
     /// `initialize` would have (protocol version, capabilities, server info, instructions) when
-    /// the server offers [`http::STATELESS_PROTOCOL_VERSION`]; otherwise the connection goes back
-    /// to the sessionful era and `None` is returned.
+    /// the server offers [`http::STATELESS_PROTOCOL_VERSION`]; otherwise why not (the caller
+    /// decides whether the sessionful era may take over).
     async fn discover(
         &self,
         connection: &http::HttpConnection,
         peer: &Arc<RpcPeer>,
         client_capabilities: &Value,
-    ) -> Option<Value> {
+    ) -> Result<Value, String> {
         let alias = &self.config.alias;
         connection.use_stateless(Some(http::STATELESS_PROTOCOL_VERSION), client_capabilities);
         let answer = tokio::time::timeout(
@@ -484,7 +573,7 @@ impl Upstream {
             peer.request("server/discover", Some(json!({}))),
         )
         .await;
-        let why = match answer {
+        match answer {
             Ok(Ok(found)) => {
                 let offered = found
                     .get("supportedVersions")
@@ -498,29 +587,24 @@ impl Upstream {
                         "[{alias}] speaking protocol {} (stateless)",
                         http::STATELESS_PROTOCOL_VERSION
                     ));
-                    return Some(json!({
+                    return Ok(json!({
                         "protocolVersion": http::STATELESS_PROTOCOL_VERSION,
                         "capabilities": found.get("capabilities").cloned().unwrap_or(Value::Null),
                         "serverInfo": found.pointer("/_meta/io.modelcontextprotocol~1serverInfo").cloned().unwrap_or(Value::Null),
                         "instructions": found.get("instructions").cloned().unwrap_or(Value::Null),
                     }));
                 }
-                format!(
+                Err(format!(
                     "it offers only {}",
                     found
                         .get("supportedVersions")
                         .map(Value::to_string)
                         .unwrap_or_else(|| "no versions".into())
-                )
+                ))
             }
-            Ok(Err(e)) => explain(&e),
-            Err(_) => "server/discover timed out".into(),
-        };
-        connection.use_stateless(None, client_capabilities);
-        self.log.line(&format!(
-            "[{alias}] no stateless protocol ({why}); using the sessionful handshake"
-        ));
-        None
+            Ok(Err(e)) => Err(explain(&e)),
+            Err(_) => Err("server/discover timed out".into()),
+        }
     }
 
     /// Keeps a `subscriptions/listen` request open (the stateless era's channel for
@@ -1031,6 +1115,14 @@ impl Upstream {
         }
         Ok(Value::Object(answers))
     }
+}
+
+/// The protocol version a handshake settled on.
+fn protocol_of(init: &Value) -> String {
+    init.get("protocolVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
 }
 
 /// Removes a call's progress route when the call ends.
