@@ -275,6 +275,7 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
                         .iter()
                         .map(|h| format!("http://{h}:*"))
                         .collect(),
+                    door: loaded.config.http.clone(),
                 };
                 let log2 = log.clone();
                 ring0_mcp::http::serve_http(

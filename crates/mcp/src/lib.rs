@@ -24,11 +24,14 @@
 //! - [`route`]: per-call context (the client's relay, confirmation code, era) that travels with
 //!   the call through the kernel;
 //! - [`tasks`]: background shell jobs and long upstream calls as MCP tasks;
-//! - [`auth`]: who is calling over HTTP (static tokens, JWTs, protected-resource metadata).
+//! - [`auth`]: who is calling over HTTP (static tokens, JWTs, protected-resource metadata);
+//! - [`door`]: limits at the door: every client message checked before it is believed, the
+//!   stdio transport, the HTTP listener's connection cap and timeouts, the session cap.
 
 pub mod approval;
 pub mod auth;
 pub mod config;
+pub mod door;
 pub mod forward;
 pub mod gateway;
 pub mod http;

@@ -845,8 +845,20 @@ impl ServerHandler for GatewayServer {
         let mut changes = self.gw.subscribe();
         let peer = context.peer.clone();
         tokio::spawn(async move {
+            // A closed session ends this task even when the catalog never changes again: it
+            // holds the session's peer, which must be released with the session.
+            let mut check = tokio::time::interval(crate::limits::SESSION_SWEEP_INTERVAL);
             loop {
-                match changes.recv().await {
+                let change = tokio::select! {
+                    change = changes.recv() => change,
+                    _ = check.tick() => {
+                        if peer.is_transport_closed() {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                match change {
                     Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         if peer.notify_tool_list_changed().await.is_err() {
                             return;
@@ -872,8 +884,10 @@ pub async fn serve_stdio(server: GatewayServer) -> Result<(), String> {
     // Non-blocking pipes on the IO reactor when the client launched ring0 with pipes (as MCP
     // clients do): tokio's own stdin/stdout hand every read and write to the blocking pool, a
     // thread hop per message each way.
+    // Every line passes the door first: a line rmcp's codec would skip is answered.
+    let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let running = Lossless(server)
-        .serve(rmcp::transport::stdio_pipes())
+        .serve(crate::door::stdio::DoorStdio::new(stdin, stdout))
         .await
         .map_err(|e| format!("MCP session over stdio: {e}"))?;
     running
