@@ -7,13 +7,18 @@
 //!   with `approve: true` approves; anything else declines. Where the grant's `approval_scope`
 //!   offers it, the form has a `scope` field: `"session"` allows identical calls for the rest
 //!   of the session.
-//! - A client without elicitation gets an `approval_required` refusal that tells the model to
-//!   obtain a confirmation code from the user; the code itself is printed to ring0's log for
-//!   the person (with the whole arguments), never sent to the model. The same call made again
-//!   with the code in `_meta["io.ring0/confirm"]` is approved; the code followed by
-//!   [`SESSION_CODE_SUFFIX`] approves it for the session where that is offered. A code binds to
-//!   the principal and session it was minted for, the tool and the prepared arguments' hash,
-//!   is used once, and expires after [`CONFIRM_TOKEN_TTL`].
+//! - A client that did not declare elicitation (in either era) is never sent a question. It
+//!   gets an `approval_required` refusal that tells the model to ask the user for the
+//!   confirmation code; the code itself is shown to the person only — printed to ring0's log
+//!   (the terminal `ring0 serve` runs in, or the client's server log) with the whole
+//!   arguments — and is random, so nothing the model sees lets it derive the code. The person
+//!   reads it to the model, which makes the same call again with one more ordinary argument,
+//!   [`CONFIRM_ARGUMENT`]: the downstream server takes it out of the arguments before the call
+//!   is prepared (never validated, hashed or forwarded) and the code approves the call. The
+//!   code followed by [`SESSION_CODE_SUFFIX`] approves it for the session where that is
+//!   offered. (`_meta["io.ring0/confirm"]` carries a code too, for hosts that can set it.) A
+//!   code binds to the principal and session it was minted for, the tool and the prepared
+//!   arguments' hash, is used once, and expires after [`CONFIRM_TOKEN_TTL`].
 //!
 //! [`McpApprover`] plugs this into the policy engine's `Approver` (grants with `approval = true`,
 //! anything A3); without a policy engine, the downstream session applies it to A3 calls itself.
@@ -34,6 +39,9 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// The argument a model adds to a call to carry the confirmation code a person read to it.
+/// Reserved: taken out of every call's arguments before the call is prepared.
+pub const CONFIRM_ARGUMENT: &str = "ring0_confirmation_code";
 /// `_meta` key of a tools/call carrying a confirmation code a person gave.
 pub const CONFIRM_META_KEY: &str = "io.ring0/confirm";
 /// Appended to a confirmation code, approves identical calls for the rest of the session (where
@@ -201,8 +209,9 @@ impl Approvals {
             q.args_hash
         ));
         Answer::NeedsCode(format!(
-            "ask the user for the confirmation code ring0 showed them (never guess it), then \
-             call {} again with the same arguments and _meta {{\"{CONFIRM_META_KEY}\": \"<code>\"}}",
+            "ask the user for the confirmation code ring0 showed them for this call (never guess \
+             it), then call {} again with the same arguments plus the argument \
+             {CONFIRM_ARGUMENT} set to that code",
             q.tool
         ))
     }
@@ -220,7 +229,7 @@ fn question(q: &Question<'_>, shown: &str, whole: bool, modern: bool) -> Value {
         String::new()
     } else {
         format!(
-            " The arguments are too long to show here: ring0's log shows them whole under approval {}.",
+            "\nThe arguments are too long to show here: ring0's log shows them whole under approval {}.",
             q.approval_id
         )
     };
@@ -238,16 +247,23 @@ fn question(q: &Question<'_>, shown: &str, whole: bool, modern: bool) -> Value {
     }
     let mut params = json!({
         "mode": "form",
-        "message": format!(
-            "ring0: allow {} with arguments {shown}? (argument digest {}){where_whole}",
-            q.tool, q.args_hash
-        ),
+        "message": prompt(q, shown, &where_whole),
         "requestedSchema": {"type": "object", "properties": properties, "required": ["approve"]}
     });
     if !modern && let Some(o) = params.as_object_mut() {
         o.remove("mode");
     }
     params
+}
+
+/// The text of the question: rendered once (the arguments as [`shown_args`] escaped them,
+/// never escaped again as a JSON string), one fact per line, bounded by the shown arguments'
+/// own bound.
+fn prompt(q: &Question<'_>, shown: &str, where_whole: &str) -> String {
+    format!(
+        "ring0: allow this call to {}?\narguments: {shown}\nargument digest: {}{where_whole}",
+        q.tool, q.args_hash
+    )
 }
 
 /// Whether an elicitation answer approves: `None` declines, `Some(true)` approves for the

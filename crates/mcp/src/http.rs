@@ -260,6 +260,8 @@ pub fn router(
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             crate::lossless::rewrite_response(stash.clone(), req, next)
         }))
+        // Inside the gate: only an authenticated client's messages are read and answered.
+        .layer(middleware::from_fn(crate::door::listener::admit_body))
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             gate(gate_state.clone(), req, next)
         }));

@@ -16,7 +16,8 @@
 //! - [`server::GatewayServer`]: one downstream MCP session (rmcp `ServerHandler`), served over
 //!   stdio by [`serve_stdio`] or over HTTP by [`http::serve_http`];
 //! - [`upstream::Upstream`]: one supervised upstream connection;
-//! - [`pin`]: pins, the lock file, quarantine and approval;
+//! - [`pin`]: pins, the lock file, quarantine and approval; [`pin_review`]: the diff a person
+//!   approving a definition sees, and the check that the server still serves it;
 //! - [`lossless`]: tool listings and results as raw JSON past rmcp's typed model, over stdio and
 //!   HTTP in both eras;
 //! - [`project`]: the kernel's projection for MCP clients: every `tools/call` result is built
@@ -43,6 +44,7 @@ pub mod mediate;
 pub mod names;
 pub mod passthrough;
 pub mod pin;
+pub mod pin_review;
 pub mod project;
 pub mod route;
 pub mod rpc;

@@ -19,7 +19,7 @@
 //! `isError: true`; a refusal's rejection envelope as text with `isError: true`. Every result
 //! carries `_meta["io.ring0/receipt"]` with the intent id, journal state and disposition.
 
-use crate::approval::{Answer, Approvals, CONFIRM_META_KEY};
+use crate::approval::{Answer, Approvals, CONFIRM_ARGUMENT, CONFIRM_META_KEY};
 use crate::gateway::{Gateway, Generation};
 use crate::limits::{APPROVAL_WAIT_DEFAULT, TOOLS_PAGE_SIZE};
 pub use crate::lossless::Lossless;
@@ -497,7 +497,7 @@ impl GatewayServer {
     /// asks its client through `input_required` results. `cancel` cancels the round.
     async fn run_call(
         &self,
-        request: CallToolRequestParams,
+        mut request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
         relay: Option<Arc<Relay>>,
         cancel: tokio_util::sync::CancellationToken,
@@ -508,8 +508,18 @@ impl GatewayServer {
             .meta
             .get_progress_token()
             .and_then(|t| serde_json::to_value(t).ok());
+        // A confirmation code the person read to the model comes back as an ordinary argument;
+        // it is taken out before the call is prepared: never validated, hashed or forwarded.
+        let spoken = request
+            .arguments
+            .as_mut()
+            .and_then(|a| a.remove(CONFIRM_ARGUMENT))
+            .map(|v| match v {
+                Value::String(s) => s,
+                other => other.to_string(),
+            });
         // rmcp moves a request's `_meta` into the context; read both places.
-        let confirm = [
+        let meta_code = [
             serde_json::to_value(&context.meta).ok(),
             request
                 .meta
@@ -523,13 +533,16 @@ impl GatewayServer {
                 .and_then(Value::as_str)
                 .map(str::to_string)
         });
+        let confirm = spoken.or(meta_code);
+        // Only a channel the client declared: elicitation in its capabilities (per request in
+        // the 2026-07-28 era, where the question travels in an `input_required` result).
         let elicitation = context
             .client_capabilities()
             .is_some_and(|c| c.elicitation.is_some());
         let modern = relay.is_some();
         let relay = relay.unwrap_or_else(|| Relay::new(context.peer.clone(), token, None));
         let route = if modern {
-            CallRoute::modern(Some(relay), confirm)
+            CallRoute::modern(Some(relay), confirm, elicitation)
         } else {
             CallRoute::sessionful(Some(relay), confirm, elicitation)
         };

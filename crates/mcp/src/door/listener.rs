@@ -134,13 +134,87 @@ async fn serve_one(
         Ok(r) => r,
         Err(never) => match never {},
     };
-    let (parts, body) = response.into_parts();
     // The connection counts as serving until the response (an SSE stream, maybe) is done.
-    let stream = futures::StreamExt::map(body.into_data_stream(), move |chunk| {
-        let _ = &serving;
-        chunk
-    });
-    Response::from_parts(parts, Body::from_stream(stream))
+    response.map(|inner| {
+        Body::new(Counted {
+            inner,
+            _serving: serving,
+        })
+    })
+}
+
+/// A response body that keeps its connection counted as serving until it is dropped; frames
+/// and size pass through unchanged (a sized body keeps its `Content-Length`).
+struct Counted {
+    inner: Body,
+    _serving: Serving,
+}
+
+impl http_body::Body for Counted {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A middleware (inside the authentication gate) that puts every POSTed message through
+/// [`super::admit`]: what it refuses is answered here and never reaches rmcp — a parse error or
+/// an invalid request with 400 and the JSON-RPC error, anything else (bad params, a repeated
+/// argument key) with 200 and the JSON-RPC response.
+pub async fn admit_body(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response<Body> {
+    if request.method() != axum::http::Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, CLIENT_MESSAGE_BYTES_MAX).await {
+        Ok(b) => b,
+        Err(e) => {
+            return plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("ring0: the request body could not be read: {e}\n"),
+            );
+        }
+    };
+    match super::admit(&bytes) {
+        super::Admission::Answer(answer) => {
+            let code = answer
+                .pointer("/error/code")
+                .and_then(serde_json::Value::as_i64);
+            let status = match code {
+                Some(crate::rpc::code::PARSE_ERROR | crate::rpc::code::INVALID_REQUEST) => {
+                    StatusCode::BAD_REQUEST
+                }
+                _ => StatusCode::OK,
+            };
+            let mut r = Response::new(Body::from(answer.to_string()));
+            *r.status_mut() = status;
+            r.headers_mut().insert(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        super::Admission::Message(_) | super::Admission::Dropped => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+    }
 }
 
 /// Serves `app` on `listener` under `config` until `shutdown` is cancelled.
@@ -190,9 +264,7 @@ pub async fn serve(
             let service = hyper::service::service_fn(move |request| {
                 let serving = Serving::new(&state);
                 let app = app.clone();
-                async move {
-                    Ok::<_, Infallible>(serve_one(app, request, body_timeout, serving).await)
-                }
+                async move { Ok::<_, Infallible>(serve_one(app, request, body_timeout, serving).await) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder

@@ -152,7 +152,10 @@ pub fn admit(bytes: &[u8]) -> Admission {
             return Admission::Answer(error(
                 id,
                 code::PARSE_ERROR,
-                format!("the message is not valid UTF-8 (at byte {})", e.valid_up_to()),
+                format!(
+                    "the message is not valid UTF-8 (at byte {})",
+                    e.valid_up_to()
+                ),
             ));
         }
     };
@@ -178,7 +181,9 @@ pub fn admit(bytes: &[u8]) -> Admission {
     let method = method.as_deref();
     if let Some(key) = duplicate_key(text) {
         return match (id, method) {
-            (Some(id), Some("tools/call")) => Admission::Answer(duplicate_argument(id, &value, &key)),
+            (Some(id), Some("tools/call")) => {
+                Admission::Answer(duplicate_argument(id, &value, &key))
+            }
             (Some(id), _) => Admission::Answer(error(
                 Some(id.clone()),
                 code::INVALID_REQUEST,
@@ -401,10 +406,19 @@ mod tests {
 
     #[test]
     fn every_unparseable_message_is_a_parse_error_with_the_id_when_it_can_be_read() {
-        let deep = format!("{{\"jsonrpc\":\"2.0\",\"id\":9,\"x\":{}", "[".repeat(100_000));
+        let deep = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":9,\"x\":{}",
+            "[".repeat(100_000)
+        );
         let cases: Vec<(Vec<u8>, Value)> = vec![
-            (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":".to_vec(), json!(1)),
-            (b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"p\xff\"}".to_vec(), json!(2)),
+            (
+                b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":".to_vec(),
+                json!(1),
+            ),
+            (
+                b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"p\xff\"}".to_vec(),
+                json!(2),
+            ),
             (
                 br#"{"jsonrpc":"2.0","id":"s","method":"ping","params":{"x":"\ud800"}}"#.to_vec(),
                 json!("s"),
@@ -443,7 +457,10 @@ mod tests {
         );
         assert_eq!(a["result"]["isError"], true, "{a}");
         let text = a["result"]["content"][0]["text"].as_str().unwrap();
-        assert!(text.contains("invalid_json") && text.contains("\\\"path\\\""), "{text}");
+        assert!(
+            text.contains("invalid_json") && text.contains("\\\"path\\\""),
+            "{text}"
+        );
     }
 
     #[test]

@@ -45,11 +45,15 @@ impl Table {
 
     /// The least recently used session of `principal` when it holds `max` or more.
     fn over_cap(&self, principal: &str, max: usize) -> Option<SessionId> {
-        let mine = self.entries.iter().filter(|(_, e)| e.principal == principal);
+        let mine = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.principal == principal);
         if mine.clone().count() < max {
             return None;
         }
-        mine.min_by_key(|(_, e)| e.last_used).map(|(id, _)| id.clone())
+        mine.min_by_key(|(_, e)| e.last_used)
+            .map(|(id, _)| id.clone())
     }
 
     fn idle(&self, timeout: Duration) -> Vec<SessionId> {

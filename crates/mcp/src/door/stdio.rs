@@ -148,11 +148,20 @@ mod tests {
         input.extend_from_slice(b"\n{\"a\":1}\n");
         let mut reader = BufReader::new(&input[..]);
         let mut line = Vec::new();
-        assert!(matches!(read_line(&mut reader, &mut line).await.unwrap(), Line::TooLong));
+        assert!(matches!(
+            read_line(&mut reader, &mut line).await.unwrap(),
+            Line::TooLong
+        ));
         assert!(line.capacity() <= CLIENT_MESSAGE_BYTES_MAX);
-        assert!(matches!(read_line(&mut reader, &mut line).await.unwrap(), Line::Whole));
+        assert!(matches!(
+            read_line(&mut reader, &mut line).await.unwrap(),
+            Line::Whole
+        ));
         assert_eq!(line, b"{\"a\":1}");
-        assert!(matches!(read_line(&mut reader, &mut line).await.unwrap(), Line::End));
+        assert!(matches!(
+            read_line(&mut reader, &mut line).await.unwrap(),
+            Line::End
+        ));
     }
 
     #[tokio::test]
@@ -161,7 +170,10 @@ mod tests {
         let (server_read, server_write) = tokio::io::split(server);
         let _transport = DoorStdio::new(server_read, server_write);
         let (mut client_read, mut client_write) = tokio::io::split(client);
-        client_write.write_all(b"{\"id\":3,\"jsonrpc\n").await.unwrap();
+        client_write
+            .write_all(b"{\"id\":3,\"jsonrpc\n")
+            .await
+            .unwrap();
         let mut buf = vec![0; 4096];
         let n = client_read.read(&mut buf).await.unwrap();
         let answer: serde_json::Value = serde_json::from_slice(&buf[..n]).unwrap();
