@@ -151,7 +151,7 @@ fn client_with_elicitation_gets_the_dialog(mode: &str) {
     let message = asked[0]["message"].as_str().unwrap();
     // Rendered once: the arguments read as JSON, not as JSON escaped into a string again.
     assert!(
-        message.contains(r#"{"argv":["touch","marker"]}"#),
+        message.contains(r#"{"argv":["touch","marker"]"#),
         "{message}"
     );
     assert!(!message.contains(r#"\""#), "{message}");

@@ -114,7 +114,7 @@ impl Approvals {
         self.gate_a3
     }
 
-    fn mint(&self, q: &Question<'_>) -> String {
+    fn mint(&self, q: &Question<'_>, binding: String) -> String {
         let code = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
         let mut codes = self.codes.lock().expect("codes");
         if codes.len() >= CONFIRM_TOKENS_MAX {
@@ -122,7 +122,7 @@ impl Approvals {
         }
         codes.push_back(Code {
             code: code.clone(),
-            binding: binding(q.principal, q.session_id),
+            binding,
             tool: q.tool.into(),
             args_hash: q.args_hash.into(),
             remember: q.remember.is_some(),
@@ -133,17 +133,16 @@ impl Approvals {
 
     /// Uses up the code `given` if it answers this question; says whether it approves for the
     /// session.
-    fn redeem(&self, given: &str, q: &Question<'_>) -> Option<Answer> {
+    fn redeem(&self, given: &str, q: &Question<'_>, binding: &str) -> Option<Answer> {
         let (code, for_session) = match given.strip_suffix(SESSION_CODE_SUFFIX) {
             Some(code) => (code, true),
             None => (given, false),
         };
-        let binding = binding(q.principal, q.session_id);
         let mut codes = self.codes.lock().expect("codes");
         codes.retain(|c| c.minted.elapsed() < CONFIRM_TOKEN_TTL);
         let i = codes.iter().position(|c| {
             c.code == code
-                && c.binding == binding
+                && c.binding == *binding
                 && c.tool == q.tool
                 && c.args_hash == q.args_hash
                 && (!for_session || c.remember)
@@ -159,8 +158,14 @@ impl Approvals {
     /// Asks the person about one call, through the client it came from (`route`, attached to
     /// the call by the downstream server; without one, only a confirmation code can approve).
     pub async fn ask(&self, route: Option<&CallRoute>, q: &Question<'_>) -> Answer {
+        // A 2026-07-28 request has a session of its own (no session spans two requests), so
+        // its code binds to the principal alone; a sessionful one's to its session as well.
+        let binding = match route {
+            Some(r) if r.modern => binding(q.principal, ""),
+            _ => binding(q.principal, q.session_id),
+        };
         if let Some(code) = route.and_then(|r| r.confirm.clone())
-            && let Some(answer) = self.redeem(&code, q)
+            && let Some(answer) = self.redeem(&code, q, &binding)
         {
             return answer;
         }
@@ -195,7 +200,7 @@ impl Approvals {
                 },
             };
         }
-        let code = self.mint(q);
+        let code = self.mint(q, binding);
         let session_variant = match q.remember {
             Some(what) => {
                 format!("; or {code}{SESSION_CODE_SUFFIX} to also allow identical calls for {what}")
