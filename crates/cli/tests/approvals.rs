@@ -225,3 +225,131 @@ fn the_request_of_a_killed_call_expires_and_cannot_be_approved() {
     );
     assert!(!dir.path().join("marker").exists());
 }
+
+// ---- ring0 approve-tool ----
+
+fn mediated_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mediated_upstream.py")
+}
+
+/// A workspace whose configuration (at `conf/ring0.toml`, found only with `--config`) has the
+/// fixture as upstream `fx`; its tools seen once (trusted on first use) and then changed
+/// (`FIXTURE_STAGE=v2` adds a parameter to `send_mail`), so the change waits for approval.
+fn quarantined_change() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let transport = format!(
+        "command = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\", \"FIXTURE_STAGE\"]\n",
+        mediated_fixture().display().to_string()
+    );
+    let text = one_upstream_config("fixture", r#"["fx__*"]"#, "A3", "fx", &transport, "")
+        .replace("state_dir = \".ring0\"", "root = \"..\"\nstate_dir = \"../.ring0\"");
+    std::fs::create_dir(dir.path().join("conf")).unwrap();
+    let config = dir.path().join("conf/ring0.toml");
+    std::fs::write(&config, text).unwrap();
+    for stage in ["v1", "v2"] {
+        let mut cmd = Command::new(ring0());
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .current_dir(dir.path())
+            .env("FIXTURE_STAGE", stage)
+            .stderr(Stdio::null());
+        let (mut child, mut stdin, messages) = spawn_stdio_json(cmd);
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        ] {
+            writeln!(stdin, "{line}").unwrap();
+        }
+        loop {
+            let m = messages.recv_timeout(WAIT).expect("ring0 answers");
+            if m["id"] == 2 {
+                break;
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    (dir, config)
+}
+
+fn approve_tool(dir: &Path, config: &Path, stage: &str, args: &[&str]) -> std::process::Output {
+    Command::new(ring0())
+        .arg("approve-tool")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .current_dir(dir)
+        .env("FIXTURE_STAGE", stage)
+        .output()
+        .unwrap()
+}
+
+fn waiting_pin(listing: &str) -> String {
+    listing
+        .lines()
+        .find(|l| l.starts_with("fx__send_mail\t"))
+        .and_then(|l| l.split('\t').nth(1))
+        .unwrap_or_else(|| panic!("fx__send_mail waits:\n{listing}"))
+        .to_string()
+}
+
+#[test]
+fn approve_tool_lists_a_readable_diff_of_the_changed_definition() {
+    let (dir, config) = quarantined_change();
+    let out = approve_tool(dir.path(), &config, "v2", &["--list"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let pin = waiting_pin(&listing);
+    assert!(listing.contains(&format!("+++ waiting {pin}")), "{listing}");
+    assert!(listing.contains("--- approved sha256:"), "{listing}");
+    // The added parameter appears as added lines of the schema, its description readable.
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.trim_start().starts_with("+") && l.contains("\"bcc\"")),
+        "{listing}"
+    );
+    assert!(listing.contains("~/.ssh/id_rsa"), "{listing}");
+    assert!(listing.contains(&format!("--pin {pin}")), "{listing}");
+}
+
+#[test]
+fn approve_tool_approves_only_the_pin_it_is_given() {
+    let (dir, config) = quarantined_change();
+    let listing = approve_tool(dir.path(), &config, "v2", &["--list"]);
+    let pin = waiting_pin(&String::from_utf8_lossy(&listing.stdout));
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let refused = approve_tool(dir.path(), &config, "v2", &["fx__send_mail", "--pin", &wrong]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains(&pin),
+        "names the definition that waits: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let lock = std::fs::read_to_string(dir.path().join("ring0.lock")).unwrap();
+    assert!(!lock.contains(&pin), "nothing was approved");
+    let approved = approve_tool(dir.path(), &config, "v2", &["fx__send_mail", "--pin", &pin]);
+    assert!(
+        approved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
+    let lock = std::fs::read_to_string(dir.path().join("ring0.lock")).unwrap();
+    assert!(lock.contains(&pin), "{lock}");
+}
+
+#[test]
+fn approve_tool_refuses_a_definition_the_server_no_longer_serves() {
+    let (dir, config) = quarantined_change();
+    let listing = approve_tool(dir.path(), &config, "v2", &["--list"]);
+    let pin = waiting_pin(&String::from_utf8_lossy(&listing.stdout));
+    // The server went back to the approved definition.
+    let refused = approve_tool(dir.path(), &config, "v1", &["fx__send_mail"]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("no longer serves"), "{err}");
+    let lock = std::fs::read_to_string(dir.path().join("ring0.lock")).unwrap();
+    assert!(!lock.contains(&pin), "{lock}");
+}
