@@ -150,6 +150,10 @@ fn list_waiting(workspace: &Path, state_dir: &Path) -> String {
     let mut out = String::new();
     for p in pending {
         out.push_str(&format!("{}\t{}\t{}\n", qualified(&p), p.pin, p.reason));
+        // What changed, cleaned of escape codes and invisible characters by the pin book.
+        for change in &p.changes {
+            out.push_str(&format!("    {change}\n"));
+        }
         let approved = ring0_mcp::pin_review::approved_pin(workspace, &p);
         let diff = ring0_mcp::pin_review::diff(state_dir, approved.as_deref(), &p);
         for line in diff.lines() {

@@ -241,8 +241,10 @@ fn quarantined_change() -> (tempfile::TempDir, PathBuf) {
         "command = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\", \"FIXTURE_STAGE\"]\n",
         mediated_fixture().display().to_string()
     );
-    let text = one_upstream_config("fixture", r#"["fx__*"]"#, "A3", "fx", &transport, "")
-        .replace("state_dir = \".ring0\"", "root = \"..\"\nstate_dir = \"../.ring0\"");
+    let text = one_upstream_config("fixture", r#"["fx__*"]"#, "A3", "fx", &transport, "").replace(
+        "state_dir = \".ring0\"",
+        "root = \"..\"\nstate_dir = \"../.ring0\"",
+    );
     std::fs::create_dir(dir.path().join("conf")).unwrap();
     let config = dir.path().join("conf/ring0.toml");
     std::fs::write(&config, text).unwrap();
@@ -299,7 +301,11 @@ fn waiting_pin(listing: &str) -> String {
 fn approve_tool_lists_a_readable_diff_of_the_changed_definition() {
     let (dir, config) = quarantined_change();
     let out = approve_tool(dir.path(), &config, "v2", &["--list"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let listing = String::from_utf8_lossy(&out.stdout);
     let pin = waiting_pin(&listing);
     assert!(listing.contains(&format!("+++ waiting {pin}")), "{listing}");
@@ -321,7 +327,12 @@ fn approve_tool_approves_only_the_pin_it_is_given() {
     let listing = approve_tool(dir.path(), &config, "v2", &["--list"]);
     let pin = waiting_pin(&String::from_utf8_lossy(&listing.stdout));
     let wrong = format!("sha256:{}", "0".repeat(64));
-    let refused = approve_tool(dir.path(), &config, "v2", &["fx__send_mail", "--pin", &wrong]);
+    let refused = approve_tool(
+        dir.path(),
+        &config,
+        "v2",
+        &["fx__send_mail", "--pin", &wrong],
+    );
     assert!(!refused.status.success());
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains(&pin),

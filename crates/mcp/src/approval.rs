@@ -266,7 +266,7 @@ fn question(q: &Question<'_>, shown: &str, whole: bool, modern: bool) -> Value {
 /// own bound.
 fn prompt(q: &Question<'_>, shown: &str, where_whole: &str) -> String {
     format!(
-        "ring0: allow this call to {}?\narguments: {shown}\nargument digest: {}{where_whole}",
+        "ring0: allow {}?\narguments: {shown}\nargument digest: {}{where_whole}",
         q.tool, q.args_hash
     )
 }

@@ -22,7 +22,7 @@ use axum::http::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -41,7 +41,7 @@ struct Conn {
 #[derive(Default)]
 struct Conns {
     open: Mutex<BTreeMap<u64, Arc<Conn>>>,
-    next: AtomicUsize,
+    next: AtomicU64,
 }
 
 impl Conns {
@@ -59,7 +59,7 @@ impl Conns {
                 c.shed.cancel();
             }
         }
-        let n = self.next.fetch_add(1, Ordering::Relaxed) as u64;
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
         let conn = Arc::new(Conn {
             serving: AtomicUsize::new(0),
             shed: CancellationToken::new(),

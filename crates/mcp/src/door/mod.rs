@@ -200,11 +200,11 @@ pub fn admit(bytes: &[u8]) -> Admission {
     match serde_json::from_value::<ClientJsonRpcMessage>(value) {
         Ok(message) => Admission::Message(Box::new(message)),
         Err(e) => match id {
-            Some(id) if method.is_some() && KNOWN_METHODS.contains(&method.unwrap_or("")) => {
+            Some(id) if method.is_some_and(|m| KNOWN_METHODS.contains(&m)) => {
                 Admission::Answer(error(
                     Some(id.clone()),
                     code::INVALID_PARAMS,
-                    format!("invalid params for {}: {e}", method.unwrap_or("")),
+                    format!("invalid params for {}: {e}", method.unwrap_or_default()),
                 ))
             }
             Some(id) => Admission::Answer(error(
