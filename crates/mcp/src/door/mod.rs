@@ -262,7 +262,7 @@ fn duplicate_argument(id: &Value, message: &Value, key: &str) -> Value {
     let rejection = Rejection::new(
         RejectionKind::InvalidJson,
         tool,
-        &format!("mcp-{id}"),
+        format!("mcp-{id}"),
         format!(
             "arguments are not valid JSON: duplicate object key {key:?}: the value it names is \
              ambiguous; send each key once"
