@@ -1,12 +1,19 @@
 //! `ring0 approve [ID] [--session] [--show]` / `ring0 deny ID`: a person's decision on a held
 //! call, from another terminal. Without an id, `approve` lists the pending requests. `--show`
 //! prints one request's whole arguments (escaped, see `ring0_policy::render_args`) and decides
-//! nothing.
+//! nothing. A request whose process is gone is expired, never listed or decided.
+//!
+//! `ring0 approve-tool [NAME] [--pin PIN] [--list] [--config FILE]`: a person's approval of a
+//! quarantined upstream definition. `--list` (or no name) shows each waiting definition with a
+//! diff against the approved one. Approving first asks the upstream (from the configuration)
+//! what it serves now: a definition it no longer serves is refused, and with `--pin` only that
+//! exact definition is approved.
 
 use clap::Args;
 use ring0_config::{Config, approvals_dir};
+use ring0_mcp::pin::PendingPin;
 use ring0_policy::{Decision, decide_pending, list_pending, read_pending, render_args};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct DecideArgs {
@@ -104,4 +111,145 @@ fn list(dir: &std::path::Path) -> String {
         }
     }
     out
+}
+
+#[derive(Args)]
+pub struct ToolArgs {
+    /// The qualified name (`alias__tool`), or a prefix ending in `*`.
+    pub name: Option<String>,
+    /// List the definitions waiting for approval, each with its diff.
+    #[arg(long)]
+    pub list: bool,
+    /// Approve only this definition (`sha256:…`, as `--list` shows it): refused when the one
+    /// waiting under NAME is another.
+    #[arg(long, value_name = "PIN")]
+    pub pin: Option<String>,
+    /// Configuration file (its workspace, state directory and upstreams). Default as for
+    /// `ring0 serve`.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+fn qualified(p: &PendingPin) -> String {
+    ring0_mcp::names::qualify(&p.alias, &p.tool).unwrap_or_else(|_| p.tool.clone())
+}
+
+fn matches(pattern: &str, p: &PendingPin) -> bool {
+    let name = qualified(p);
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == pattern,
+    }
+}
+
+fn list_waiting(workspace: &Path, state_dir: &Path) -> String {
+    let pending = ring0_mcp::pin::pending(state_dir);
+    if pending.is_empty() {
+        return "no tool is waiting for approval\n".into();
+    }
+    let mut out = String::new();
+    for p in pending {
+        out.push_str(&format!("{}\t{}\t{}\n", qualified(&p), p.pin, p.reason));
+        // What changed, cleaned of escape codes and invisible characters by the pin book.
+        for change in &p.changes {
+            out.push_str(&format!("    {change}\n"));
+        }
+        let approved = ring0_mcp::pin_review::approved_pin(workspace, &p);
+        let diff = ring0_mcp::pin_review::diff(state_dir, approved.as_deref(), &p);
+        for line in diff.lines() {
+            out.push_str(&format!("    {line}\n"));
+        }
+        out.push_str(&format!(
+            "    approve exactly this definition: ring0 approve-tool {} --pin {}\n\n",
+            qualified(&p),
+            p.pin
+        ));
+    }
+    out
+}
+
+pub fn approve_tool(args: ToolArgs, state_dir: Option<&Path>) -> Result<String, String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let loaded =
+        Config::load(args.config.as_deref(), &cwd, state_dir).map_err(|e| e.to_string())?;
+    let (workspace, state_dir) = (&loaded.workspace, &loaded.state_dir);
+    let Some(name) = args.name.filter(|_| !args.list) else {
+        return Ok(list_waiting(workspace, state_dir));
+    };
+    let before: Vec<PendingPin> = ring0_mcp::pin::pending(state_dir)
+        .into_iter()
+        .filter(|p| matches(&name, p))
+        .collect();
+    if before.is_empty() {
+        return Err(format!(
+            "nothing waiting for approval matches {name:?} (`ring0 approve-tool --list` shows what waits)"
+        ));
+    }
+    // What the servers serve now decides: a definition they no longer serve is not approved.
+    let mut aliases: Vec<&str> = before.iter().map(|p| p.alias.as_str()).collect();
+    aliases.dedup();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the runtime: {e}"))?;
+    for alias in aliases {
+        let Some(config) = loaded.config.upstreams.iter().find(|u| u.alias == alias) else {
+            return Err(format!(
+                "upstream {alias:?} is not in {}: pass the --config that serves it, so that \
+                 ring0 can check what it serves now",
+                loaded.source
+            ));
+        };
+        runtime.block_on(ring0_mcp::pin_review::refresh(
+            config,
+            workspace,
+            state_dir,
+            ring0_mcp::Log::stderr(),
+        ))?;
+    }
+    drop(runtime);
+    let now: Vec<PendingPin> = ring0_mcp::pin::pending(state_dir)
+        .into_iter()
+        .filter(|p| matches(&name, p))
+        .collect();
+    for p in &before {
+        match now
+            .iter()
+            .find(|n| n.alias == p.alias && n.tool == p.tool && n.kind == p.kind)
+        {
+            None => {
+                return Err(format!(
+                    "{}: the server no longer serves the definition that was waiting ({}); \
+                     nothing was approved",
+                    qualified(p),
+                    p.pin
+                ));
+            }
+            Some(n) if n.pin != p.pin => {
+                return Err(format!(
+                    "{}: the server now serves another definition ({}) than the one that was \
+                     waiting ({}); review it with `ring0 approve-tool --list`; nothing was approved",
+                    qualified(p),
+                    n.pin,
+                    p.pin
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(pin) = &args.pin
+        && let Some(other) = now.iter().find(|p| &p.pin != pin)
+    {
+        return Err(format!(
+            "{} waits with definition {}, not {pin}; nothing was approved",
+            qualified(other),
+            other.pin
+        ));
+    }
+    let approved = ring0_mcp::pin::approve(workspace, state_dir, &name)?;
+    Ok(format!(
+        "approved: {}\n(written to {})\n",
+        approved.join(", "),
+        workspace.join(ring0_mcp::pin::LOCK_FILE).display()
+    ))
 }

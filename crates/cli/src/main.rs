@@ -46,8 +46,8 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Serve MCP (stdio, or Streamable HTTP with --http): built-in and upstream tools, every call mediated.
     Serve(serve_cmd::ServeArgs),
-    /// Approve a quarantined upstream tool (`alias__tool`), or list those waiting (--list).
-    ApproveTool(serve_cmd::ApproveArgs),
+    /// Approve a quarantined upstream tool (`alias__tool`, `--pin` for one exact definition), or list those waiting with their diffs (--list).
+    ApproveTool(approve_cmd::ToolArgs),
     /// Make one mediated call with the configured grants and print its result (`ring0 call read_file '{"path":"README.md"}'`).
     Call(call_cmd::CallArgs),
     /// Mediate every call of one model turn read from standard input and print the tool-result message(s) in its format.
@@ -87,7 +87,7 @@ fn main() -> ExitCode {
         Command::Shape(args) => shape_cmd::run(args),
         Command::Run(args) => run_cmd::run(args),
         Command::Serve(args) => serve_cmd::run(args, state),
-        Command::ApproveTool(args) => serve_cmd::approve(args, state),
+        Command::ApproveTool(args) => approve_cmd::approve_tool(args, state),
         Command::Call(args) => call_cmd::run(args, state),
         Command::Turn(args) => turn_cmd::run(args, state),
         Command::Approve(args) => approve_cmd::run(args, true, state),

@@ -15,8 +15,8 @@
 //! Calls held for approval are asked over MCP (elicitation), or with a confirmation code printed
 //! here for the person when the client cannot be asked.
 //!
-//! `ring0 approve-tool NAME` approves a quarantined upstream tool (its new definition's pin is
-//! written to `ring0.lock`; a running server picks it up within a second).
+//! `ring0 approve-tool NAME` (see `crate::approve_cmd`) approves a quarantined upstream tool (its
+//! new definition's pin is written to `ring0.lock`; a running server picks it up within a second).
 
 use clap::Args;
 use ring0_config::{Config, Loaded, build_kernel};
@@ -55,15 +55,6 @@ pub struct ServeArgs {
     /// replayed from the journal, or settled, instead of running again.
     #[arg(long, value_name = "SCOPE")]
     scope: Option<String>,
-}
-
-#[derive(Args)]
-pub struct ApproveArgs {
-    /// The qualified tool name (`alias__tool`), or a prefix ending in `*`.
-    name: Option<String>,
-    /// List the tools waiting for approval.
-    #[arg(long)]
-    list: bool,
 }
 
 fn describe_grants(loaded: &Loaded) -> String {
@@ -274,6 +265,7 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
                         .iter()
                         .map(|h| format!("http://{h}:*"))
                         .collect(),
+                    door: loaded.config.http.clone(),
                 };
                 let log2 = log.clone();
                 ring0_mcp::http::serve_http(
@@ -293,33 +285,4 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
         }
     })?;
     Ok(String::new())
-}
-
-pub fn approve(args: ApproveArgs, state_dir: Option<&Path>) -> Result<String, String> {
-    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let loaded = Config::load(None, &cwd, state_dir).map_err(|e| e.to_string())?;
-    let (workspace, state_dir) = (loaded.workspace, loaded.state_dir);
-    if args.list || args.name.is_none() {
-        let pending = ring0_mcp::pin::pending(&state_dir);
-        if pending.is_empty() {
-            return Ok("no tool is waiting for approval\n".into());
-        }
-        let mut out = String::new();
-        for p in pending {
-            let name = ring0_mcp::names::qualify(&p.alias, &p.tool).unwrap_or(p.tool.clone());
-            out.push_str(&format!("{name}\t{}\t{}\n", p.pin, p.reason));
-            // What changed, cleaned of escape codes and invisible characters by the pin book.
-            for change in &p.changes {
-                out.push_str(&format!("    {change}\n"));
-            }
-        }
-        return Ok(out);
-    }
-    let name = args.name.unwrap_or_default();
-    let approved = ring0_mcp::pin::approve(&workspace, &state_dir, &name)?;
-    Ok(format!(
-        "approved: {}\n(written to {})\n",
-        approved.join(", "),
-        workspace.join(ring0_mcp::pin::LOCK_FILE).display()
-    ))
 }

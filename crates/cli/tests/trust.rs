@@ -402,7 +402,10 @@ fn an_approval_for_one_http_session_never_releases_the_identical_call_in_another
         "{b}"
     );
     assert!(
-        b["message"].as_str().unwrap().contains("io.ring0/confirm"),
+        b["message"]
+            .as_str()
+            .unwrap()
+            .contains("ring0_confirmation_code"),
         "{b}"
     );
 }

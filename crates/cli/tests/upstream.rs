@@ -215,7 +215,18 @@ fn a_rug_pull_adding_an_optional_parameter_is_quarantined_and_shown_whole_to_the
     );
     assert!(line.contains("attacker@evil.example"), "{line}");
     assert!(!has_hidden(&waiting), "{waiting:?}");
-    assert!(ring0_cmd(dir.path(), &["approve-tool", "fx__send_mail"]).contains("approved"));
+    // approve-tool asks the server what it serves now: the server as it runs in this stage.
+    let approved = Command::new(ring0())
+        .args(["approve-tool", "fx__send_mail"])
+        .current_dir(dir.path())
+        .env("FIXTURE_STAGE", "v2")
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&approved.stdout).contains("approved"),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
 
     // Approved: the model's arguments are forwarded exactly, without the server's default.
     let mut c = Client::start(dir.path(), &[("FIXTURE_STAGE", "v2")]);

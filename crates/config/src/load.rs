@@ -122,6 +122,10 @@ impl Config {
             let (key, why) = why.split_once(": ").unwrap_or(("auth", why.as_str()));
             err(key.to_string(), why.to_string())
         })?;
+        self.http.check().map_err(|why| {
+            let (key, why) = why.split_once(" must").unwrap_or(("http", why.as_str()));
+            err(key.to_string(), format!("must{why}"))
+        })?;
         if self.paths.read.is_empty() && self.paths.write.is_empty() {
             return Err(err("paths".into(), "grants no root at all".into()));
         }

@@ -90,6 +90,11 @@ pub struct Config {
     /// `[auth]`: who may call `ring0 serve --http` (see `ring0_mcp::auth::AuthConfig`).
     #[serde(default)]
     pub auth: ring0_mcp::auth::AuthConfig,
+    /// `[http]`: what one client of `ring0 serve --http` may hold: header and body read
+    /// timeouts, the connection cap, the per-principal session cap and idle expiry (see
+    /// `ring0_mcp::door::DoorConfig`).
+    #[serde(default)]
+    pub http: ring0_mcp::door::DoorConfig,
 }
 
 /// `[workspace]`

@@ -7,13 +7,18 @@
 //!   with `approve: true` approves; anything else declines. Where the grant's `approval_scope`
 //!   offers it, the form has a `scope` field: `"session"` allows identical calls for the rest
 //!   of the session.
-//! - A client without elicitation gets an `approval_required` refusal that tells the model to
-//!   obtain a confirmation code from the user; the code itself is printed to ring0's log for
-//!   the person (with the whole arguments), never sent to the model. The same call made again
-//!   with the code in `_meta["io.ring0/confirm"]` is approved; the code followed by
-//!   [`SESSION_CODE_SUFFIX`] approves it for the session where that is offered. A code binds to
-//!   the principal and session it was minted for, the tool and the prepared arguments' hash,
-//!   is used once, and expires after [`CONFIRM_TOKEN_TTL`].
+//! - A client that did not declare elicitation (in either era) is never sent a question. It
+//!   gets an `approval_required` refusal that tells the model to ask the user for the
+//!   confirmation code; the code itself is shown to the person only — printed to ring0's log
+//!   (the terminal `ring0 serve` runs in, or the client's server log) with the whole
+//!   arguments — and is random, so nothing the model sees lets it derive the code. The person
+//!   reads it to the model, which makes the same call again with one more ordinary argument,
+//!   [`CONFIRM_ARGUMENT`]: the downstream server takes it out of the arguments before the call
+//!   is prepared (never validated, hashed or forwarded) and the code approves the call. The
+//!   code followed by [`SESSION_CODE_SUFFIX`] approves it for the session where that is
+//!   offered. (`_meta["io.ring0/confirm"]` carries a code too, for hosts that can set it.) A
+//!   code binds to the principal and session it was minted for, the tool and the prepared
+//!   arguments' hash, is used once, and expires after [`CONFIRM_TOKEN_TTL`].
 //!
 //! [`McpApprover`] plugs this into the policy engine's `Approver` (grants with `approval = true`,
 //! anything A3); without a policy engine, the downstream session applies it to A3 calls itself.
@@ -34,6 +39,9 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// The argument a model adds to a call to carry the confirmation code a person read to it.
+/// Reserved: taken out of every call's arguments before the call is prepared.
+pub const CONFIRM_ARGUMENT: &str = "ring0_confirmation_code";
 /// `_meta` key of a tools/call carrying a confirmation code a person gave.
 pub const CONFIRM_META_KEY: &str = "io.ring0/confirm";
 /// Appended to a confirmation code, approves identical calls for the rest of the session (where
@@ -106,7 +114,7 @@ impl Approvals {
         self.gate_a3
     }
 
-    fn mint(&self, q: &Question<'_>) -> String {
+    fn mint(&self, q: &Question<'_>, binding: String) -> String {
         let code = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
         let mut codes = self.codes.lock().expect("codes");
         if codes.len() >= CONFIRM_TOKENS_MAX {
@@ -114,7 +122,7 @@ impl Approvals {
         }
         codes.push_back(Code {
             code: code.clone(),
-            binding: binding(q.principal, q.session_id),
+            binding,
             tool: q.tool.into(),
             args_hash: q.args_hash.into(),
             remember: q.remember.is_some(),
@@ -125,17 +133,16 @@ impl Approvals {
 
     /// Uses up the code `given` if it answers this question; says whether it approves for the
     /// session.
-    fn redeem(&self, given: &str, q: &Question<'_>) -> Option<Answer> {
+    fn redeem(&self, given: &str, q: &Question<'_>, binding: &str) -> Option<Answer> {
         let (code, for_session) = match given.strip_suffix(SESSION_CODE_SUFFIX) {
             Some(code) => (code, true),
             None => (given, false),
         };
-        let binding = binding(q.principal, q.session_id);
         let mut codes = self.codes.lock().expect("codes");
         codes.retain(|c| c.minted.elapsed() < CONFIRM_TOKEN_TTL);
         let i = codes.iter().position(|c| {
             c.code == code
-                && c.binding == binding
+                && c.binding == *binding
                 && c.tool == q.tool
                 && c.args_hash == q.args_hash
                 && (!for_session || c.remember)
@@ -151,8 +158,14 @@ impl Approvals {
     /// Asks the person about one call, through the client it came from (`route`, attached to
     /// the call by the downstream server; without one, only a confirmation code can approve).
     pub async fn ask(&self, route: Option<&CallRoute>, q: &Question<'_>) -> Answer {
+        // A 2026-07-28 request has a session of its own (no session spans two requests), so
+        // its code binds to the principal alone; a sessionful one's to its session as well.
+        let binding = match route {
+            Some(r) if r.modern => binding(q.principal, ""),
+            _ => binding(q.principal, q.session_id),
+        };
         if let Some(code) = route.and_then(|r| r.confirm.clone())
-            && let Some(answer) = self.redeem(&code, q)
+            && let Some(answer) = self.redeem(&code, q, &binding)
         {
             return answer;
         }
@@ -187,7 +200,7 @@ impl Approvals {
                 },
             };
         }
-        let code = self.mint(q);
+        let code = self.mint(q, binding);
         let session_variant = match q.remember {
             Some(what) => {
                 format!("; or {code}{SESSION_CODE_SUFFIX} to also allow identical calls for {what}")
@@ -201,8 +214,9 @@ impl Approvals {
             q.args_hash
         ));
         Answer::NeedsCode(format!(
-            "ask the user for the confirmation code ring0 showed them (never guess it), then \
-             call {} again with the same arguments and _meta {{\"{CONFIRM_META_KEY}\": \"<code>\"}}",
+            "ask the user for the confirmation code ring0 showed them for this call (never guess \
+             it), then call {} again with the same arguments plus the argument \
+             {CONFIRM_ARGUMENT} set to that code",
             q.tool
         ))
     }
@@ -220,7 +234,7 @@ fn question(q: &Question<'_>, shown: &str, whole: bool, modern: bool) -> Value {
         String::new()
     } else {
         format!(
-            " The arguments are too long to show here: ring0's log shows them whole under approval {}.",
+            "\nThe arguments are too long to show here: ring0's log shows them whole under approval {}.",
             q.approval_id
         )
     };
@@ -238,16 +252,23 @@ fn question(q: &Question<'_>, shown: &str, whole: bool, modern: bool) -> Value {
     }
     let mut params = json!({
         "mode": "form",
-        "message": format!(
-            "ring0: allow {} with arguments {shown}? (argument digest {}){where_whole}",
-            q.tool, q.args_hash
-        ),
+        "message": prompt(q, shown, &where_whole),
         "requestedSchema": {"type": "object", "properties": properties, "required": ["approve"]}
     });
     if !modern && let Some(o) = params.as_object_mut() {
         o.remove("mode");
     }
     params
+}
+
+/// The text of the question: rendered once (the arguments as [`shown_args`] escaped them,
+/// never escaped again as a JSON string), one fact per line, bounded by the shown arguments'
+/// own bound.
+fn prompt(q: &Question<'_>, shown: &str, where_whole: &str) -> String {
+    format!(
+        "ring0: allow {}?\narguments: {shown}\nargument digest: {}{where_whole}",
+        q.tool, q.args_hash
+    )
 }
 
 /// Whether an elicitation answer approves: `None` declines, `Some(true)` approves for the

@@ -28,7 +28,6 @@ use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use ring0_core::Principal;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -58,6 +57,8 @@ pub struct HttpOptions {
     pub extra_hosts: Vec<String>,
     /// Accepted browser origins besides loopback ones.
     pub extra_origins: Vec<String>,
+    /// `[http]`: timeouts, the connection cap and the session cap (see [`crate::door`]).
+    pub door: crate::door::DoorConfig,
 }
 
 impl HttpOptions {
@@ -71,6 +72,11 @@ tokio::task_local! {
     /// The principal of the HTTP request being served: set by [`gate`] around the MCP service,
     /// read where that service creates the request's session.
     static CALLER: Principal;
+}
+
+/// The id of the principal of the HTTP request being served, when called inside the gate.
+pub(crate) fn caller() -> Option<String> {
+    CALLER.try_with(|p| p.id.clone()).ok()
 }
 
 /// Which principal opened each sessionful session: a request naming a session must carry a
@@ -223,7 +229,7 @@ pub fn router(
         .with_allowed_hosts(hosts)
         .with_allowed_origins(origins)
         .enforce_origin_validation()
-        .with_cancellation_token(shutdown);
+        .with_cancellation_token(shutdown.clone());
     // One stash for every session: the response layer replaces the typed stand-ins the
     // sessions return by the raw results they stashed.
     let stash = RawStash::new();
@@ -241,7 +247,7 @@ pub fn router(
                 .with_raw_stash(sessions_stash.clone())
                 .with_task_table(tasks.clone()))
         },
-        Arc::new(LocalSessionManager::default()),
+        crate::door::sessions::DoorSessions::start(&options.door, log.clone(), shutdown),
         config,
     );
     let gate_state = Arc::new(Gate {
@@ -254,6 +260,8 @@ pub fn router(
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             crate::lossless::rewrite_response(stash.clone(), req, next)
         }))
+        // Inside the gate: only an authenticated client's messages are read and answered.
+        .layer(middleware::from_fn(crate::door::listener::admit_body))
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             gate(gate_state.clone(), req, next)
         }));
@@ -316,17 +324,9 @@ pub async fn serve_http(
         None
     };
     bound(addr);
-    let app = router(gw, approvals, &options, auth, log, shutdown.clone());
-    // Without TCP_NODELAY, Nagle's algorithm and the peer's delayed ACK hold small responses
-    // back by tens of milliseconds.
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-        .map_err(|e| format!("serving HTTP: {e}"))
+    let app = router(gw, approvals, &options, auth, log.clone(), shutdown.clone());
+    // ring0's own accept loop: connection cap, header and body timeouts (see crate::door).
+    crate::door::listener::serve(listener, app, &options.door, log, shutdown).await
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@
 //! - [`server::GatewayServer`]: one downstream MCP session (rmcp `ServerHandler`), served over
 //!   stdio by [`serve_stdio`] or over HTTP by [`http::serve_http`];
 //! - [`upstream::Upstream`]: one supervised upstream connection;
-//! - [`pin`]: pins, the lock file, quarantine and approval;
+//! - [`pin`]: pins, the lock file, quarantine and approval; [`pin_review`]: the diff a person
+//!   approving a definition sees, and the check that the server still serves it;
 //! - [`lossless`]: tool listings and results as raw JSON past rmcp's typed model, over stdio and
 //!   HTTP in both eras;
 //! - [`project`]: the kernel's projection for MCP clients: every `tools/call` result is built
@@ -24,11 +25,14 @@
 //! - [`route`]: per-call context (the client's relay, confirmation code, era) that travels with
 //!   the call through the kernel;
 //! - [`tasks`]: background shell jobs and long upstream calls as MCP tasks;
-//! - [`auth`]: who is calling over HTTP (static tokens, JWTs, protected-resource metadata).
+//! - [`auth`]: who is calling over HTTP (static tokens, JWTs, protected-resource metadata);
+//! - [`door`]: limits at the door: every client message checked before it is believed, the
+//!   stdio transport, the HTTP listener's connection cap and timeouts, the session cap.
 
 pub mod approval;
 pub mod auth;
 pub mod config;
+pub mod door;
 pub mod forward;
 pub mod gateway;
 pub mod http;
@@ -40,6 +44,7 @@ pub mod mediate;
 pub mod names;
 pub mod passthrough;
 pub mod pin;
+pub mod pin_review;
 pub mod project;
 pub mod route;
 pub mod rpc;

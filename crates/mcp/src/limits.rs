@@ -142,3 +142,27 @@ pub const UPSTREAM_INSTRUCTIONS_BYTES_MAX: usize = 4 * 1024;
 /// Longest string of a message an upstream sends a client during a call (a log message, a
 /// progress message, an elicitation or sampling request) forwarded.
 pub const RELAYED_TEXT_BYTES_MAX: usize = 64 * 1024;
+/// Longest message a downstream client may send: one stdio line or one HTTP request body. A
+/// longer one is discarded as it arrives and answered with `-32700` (HTTP: 413).
+pub const CLIENT_MESSAGE_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Default `[http] header_read_timeout_ms`: how long a connection may take to send a request's
+/// headers (a half-open connection is closed past it), and how long an idle keep-alive
+/// connection waits for its next request.
+pub const HEADER_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Default `[http] body_read_timeout_ms`: how long a request's body may take to arrive.
+pub const BODY_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// Default `[http] connections_max`: connections open at once. Below the usual descriptor limit
+/// of 1024 with room for upstreams, the journal and the log.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 768;
+/// Default `[http] sessions_per_principal_max`: sessionful sessions one principal holds at once.
+pub const SESSIONS_PER_PRINCIPAL_MAX_DEFAULT: usize = 64;
+/// Default `[http] session_idle_timeout_s`: a sessionful session unused this long is closed.
+pub const SESSION_IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30 * 60);
+/// How often idle sessions are looked for. A session is closed at most this long after its
+/// idle timeout.
+pub const SESSION_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// Pause after a failed `accept` (descriptors exhausted): the listener retries instead of
+/// spinning on the error.
+pub const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
+/// How long connections are given to finish at shutdown before they are dropped.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);

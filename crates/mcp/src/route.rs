@@ -25,10 +25,13 @@ pub trait Downstream: Send + Sync {
 /// Where one call came from and how its client can be reached.
 pub struct CallRoute {
     pub downstream: Option<Arc<dyn Downstream>>,
-    /// A confirmation code the request carried (`_meta["io.ring0/confirm"]`).
+    /// A confirmation code the request carried: the person's code, read to the model and sent
+    /// back as the argument [`crate::approval::CONFIRM_ARGUMENT`] (or in
+    /// `_meta["io.ring0/confirm"]`), already taken out of the call's arguments.
     pub confirm: Option<String>,
-    /// Whether the client can be asked questions (it declared elicitation, or the request is
-    /// of the 2026-07-28 era, where questions travel in `input_required` results).
+    /// Whether the client can be asked questions: it declared elicitation (in the 2026-07-28
+    /// era, in the request's own capabilities; the question then travels in an
+    /// `input_required` result). A client that did not is never sent one.
     pub elicitation: bool,
     /// The request is of the 2026-07-28 era: the server may not send it requests; its
     /// downstream asks through `input_required` results instead (see [`crate::input`]).
@@ -51,12 +54,16 @@ impl CallRoute {
     }
 
     /// A request of the 2026-07-28 era: questions reach the client through its downstream as
-    /// `input_required` results, so it can be asked whatever it declared.
-    pub fn modern(downstream: Option<Arc<dyn Downstream>>, confirm: Option<String>) -> Self {
+    /// `input_required` results; `elicitation`: the request declared the capability.
+    pub fn modern(
+        downstream: Option<Arc<dyn Downstream>>,
+        confirm: Option<String>,
+        elicitation: bool,
+    ) -> Self {
         Self {
             downstream,
             confirm,
-            elicitation: true,
+            elicitation,
             modern: true,
         }
     }

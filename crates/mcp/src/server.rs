@@ -19,7 +19,7 @@
 //! `isError: true`; a refusal's rejection envelope as text with `isError: true`. Every result
 //! carries `_meta["io.ring0/receipt"]` with the intent id, journal state and disposition.
 
-use crate::approval::{Answer, Approvals, CONFIRM_META_KEY};
+use crate::approval::{Answer, Approvals, CONFIRM_ARGUMENT, CONFIRM_META_KEY};
 use crate::gateway::{Gateway, Generation};
 use crate::limits::{APPROVAL_WAIT_DEFAULT, CATALOG_TTL_MS, TOOLS_PAGE_SIZE};
 pub use crate::lossless::Lossless;
@@ -497,7 +497,7 @@ impl GatewayServer {
     /// asks its client through `input_required` results. `cancel` cancels the round.
     async fn run_call(
         &self,
-        request: CallToolRequestParams,
+        mut request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
         relay: Option<Arc<Relay>>,
         cancel: tokio_util::sync::CancellationToken,
@@ -508,8 +508,18 @@ impl GatewayServer {
             .meta
             .get_progress_token()
             .and_then(|t| serde_json::to_value(t).ok());
+        // A confirmation code the person read to the model comes back as an ordinary argument;
+        // it is taken out before the call is prepared: never validated, hashed or forwarded.
+        let spoken = request
+            .arguments
+            .as_mut()
+            .and_then(|a| a.remove(CONFIRM_ARGUMENT))
+            .map(|v| match v {
+                Value::String(s) => s,
+                other => other.to_string(),
+            });
         // rmcp moves a request's `_meta` into the context; read both places.
-        let confirm = [
+        let meta_code = [
             serde_json::to_value(&context.meta).ok(),
             request
                 .meta
@@ -523,13 +533,16 @@ impl GatewayServer {
                 .and_then(Value::as_str)
                 .map(str::to_string)
         });
+        let confirm = spoken.or(meta_code);
+        // Only a channel the client declared: elicitation in its capabilities (per request in
+        // the 2026-07-28 era, where the question travels in an `input_required` result).
         let elicitation = context
             .client_capabilities()
             .is_some_and(|c| c.elicitation.is_some());
         let modern = relay.is_some();
         let relay = relay.unwrap_or_else(|| Relay::new(context.peer.clone(), token, None));
         let route = if modern {
-            CallRoute::modern(Some(relay), confirm)
+            CallRoute::modern(Some(relay), confirm, elicitation)
         } else {
             CallRoute::sessionful(Some(relay), confirm, elicitation)
         };
@@ -897,8 +910,20 @@ impl ServerHandler for GatewayServer {
         let mut changes = self.gw.subscribe();
         let peer = context.peer.clone();
         tokio::spawn(async move {
+            // A closed session ends this task even when the catalog never changes again: it
+            // holds the session's peer, which must be released with the session.
+            let mut check = tokio::time::interval(crate::limits::SESSION_SWEEP_INTERVAL);
             loop {
-                match changes.recv().await {
+                let change = tokio::select! {
+                    change = changes.recv() => change,
+                    _ = check.tick() => {
+                        if peer.is_transport_closed() {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                match change {
                     Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         if peer.notify_tool_list_changed().await.is_err() {
                             return;
@@ -924,8 +949,10 @@ pub async fn serve_stdio(server: GatewayServer) -> Result<(), String> {
     // Non-blocking pipes on the IO reactor when the client launched ring0 with pipes (as MCP
     // clients do): tokio's own stdin/stdout hand every read and write to the blocking pool, a
     // thread hop per message each way.
+    // Every line passes the door first: a line rmcp's codec would skip is answered.
+    let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let running = Lossless(server)
-        .serve(rmcp::transport::stdio_pipes())
+        .serve(crate::door::stdio::DoorStdio::new(stdin, stdout))
         .await
         .map_err(|e| format!("MCP session over stdio: {e}"))?;
     running

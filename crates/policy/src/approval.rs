@@ -14,6 +14,10 @@
 //! directory (`.ring0/approvals/<id>.request.json`); `ring0 approve <id>` / `ring0 deny <id>` from
 //! another terminal write `<id>.decision.json` ([`decide_pending`]), and the waiting process picks
 //! it up. Other channels (a chat message, an MCP elicitation) implement [`Approver`] the same way.
+//! Beside each request, `<id>.waiter.json` names the waiting process (its pid and start time):
+//! a request whose process is gone (killed before it could remove its files) or whose deadline
+//! passed is expired — removed when listed, and refused when decided — so nobody "approves" a
+//! call that can no longer run.
 
 use async_trait::async_trait;
 use ring0_core::Authority;
@@ -129,6 +133,8 @@ pub enum ApprovalError {
     InvalidId(String),
     #[error("no pending approval {id:?} in {dir}")]
     NotPending { id: String, dir: PathBuf },
+    #[error("approval {id:?} expired: {why}")]
+    Expired { id: String, why: String },
     #[error("approval {id:?} was already decided")]
     AlreadyDecided { id: String },
     #[error(
@@ -195,6 +201,67 @@ fn decision_path(dir: &Path, id: &str) -> PathBuf {
     dir.join(format!("{id}.decision.json"))
 }
 
+fn waiter_path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{id}.waiter.json"))
+}
+
+/// The process waiting for a request's decision: its pid and start time (clock ticks since
+/// boot, `/proc/<pid>/stat` field 22), so a reused pid is not taken for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Waiter {
+    pid: u32,
+    started: Option<u64>,
+}
+
+impl Waiter {
+    fn this_process() -> Self {
+        let pid = std::process::id();
+        Self {
+            pid,
+            started: process_start(pid),
+        }
+    }
+
+    /// Whether the process is still there. Where the start time cannot be read (not Linux),
+    /// only the deadline expires a request.
+    fn alive(&self) -> bool {
+        match (self.started, process_start(self.pid)) {
+            (Some(recorded), Some(now)) => recorded == now,
+            (Some(_), None) => !cfg!(target_os = "linux"),
+            (None, _) => true,
+        }
+    }
+}
+
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is parenthesized and may hold spaces; fields after it are
+    // plain. Field 22 is the 20th after the closing parenthesis.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Why the pending request `request` in `dir` can no longer be decided, if it cannot.
+fn expiry(dir: &Path, request: &ApprovalRequest) -> Option<String> {
+    if now_ms() >= request.deadline_ms {
+        return Some("its wait for a decision ended".into());
+    }
+    let waiter: Waiter = read_json(&waiter_path(dir, &request.id))?;
+    (!waiter.alive()).then(|| {
+        format!(
+            "the process that asked (pid {}) is gone; make the call again",
+            waiter.pid
+        )
+    })
+}
+
+/// Removes an expired request's files.
+fn forget(dir: &Path, id: &str) {
+    let _ = std::fs::remove_file(request_path(dir, id));
+    let _ = std::fs::remove_file(decision_path(dir, id));
+    let _ = std::fs::remove_file(waiter_path(dir, id));
+}
+
 fn io_err(path: &Path, e: impl std::fmt::Display) -> ApprovalError {
     ApprovalError::Io {
         path: path.to_path_buf(),
@@ -249,7 +316,12 @@ pub fn list_pending(dir: &Path) -> Vec<ApprovalRequest> {
             if !valid_approval_id(id) || decision_path(dir, id).exists() {
                 return None;
             }
-            read_json(&e.path())
+            let request: ApprovalRequest = read_json(&e.path())?;
+            if expiry(dir, &request).is_some() {
+                forget(dir, id);
+                return None;
+            }
+            Some(request)
         })
         .collect();
     out.sort_by_key(|r| r.created_at_ms);
@@ -284,6 +356,13 @@ pub fn decide_pending(
     decision_made: &Decision,
 ) -> Result<ApprovalRequest, ApprovalError> {
     let request = read_pending(dir, id)?;
+    if let Some(why) = expiry(dir, &request) {
+        forget(dir, id);
+        return Err(ApprovalError::Expired {
+            id: id.to_string(),
+            why,
+        });
+    }
     if decision_made.remember && request.remember.is_none() {
         return Err(ApprovalError::RememberNotOffered { id: id.to_string() });
     }
@@ -336,8 +415,7 @@ impl DirectoryApprover {
     }
 
     fn cleanup(&self, id: &str) {
-        let _ = std::fs::remove_file(request_path(&self.dir, id));
-        let _ = std::fs::remove_file(decision_path(&self.dir, id));
+        forget(&self.dir, id);
     }
 }
 
@@ -352,6 +430,11 @@ impl Approver for DirectoryApprover {
         let written = (|| {
             std::fs::create_dir_all(&self.dir).map_err(|e| io_err(&self.dir, e))?;
             set_private(&self.dir);
+            // The waiter first: a request is never listed without the process it belongs to.
+            let waiter = waiter_path(&self.dir, &request.id);
+            let bytes =
+                serde_json::to_vec(&Waiter::this_process()).map_err(|e| io_err(&waiter, e))?;
+            write_atomic(&waiter, &bytes)?;
             let bytes = serde_json::to_vec_pretty(request)
                 .map_err(|e| io_err(&request_path(&self.dir, &request.id), e))?;
             write_atomic(&request_path(&self.dir, &request.id), &bytes)
@@ -426,6 +509,64 @@ fn set_private(_dir: &Path) {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_whose_process_is_gone_expires_and_cannot_be_approved() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = "ap_00c0ffee";
+        let request = ApprovalRequest {
+            id: id.into(),
+            tool: "shell".into(),
+            authority: Authority::A3,
+            call_id: "c".into(),
+            principal: "local".into(),
+            scope: "s".into(),
+            session_id: "s".into(),
+            args_hash: "h".into(),
+            args: serde_json::json!({}),
+            args_shown: "{}".into(),
+            args_whole: true,
+            reason: "A3".into(),
+            summary: "shell".into(),
+            remember: None,
+            created_at_ms: now_ms(),
+            deadline_ms: now_ms() + 60_000,
+        };
+        let write = |waiter: &Waiter| {
+            write_atomic(
+                &waiter_path(dir.path(), id),
+                &serde_json::to_vec(waiter).unwrap(),
+            )
+            .unwrap();
+            write_atomic(
+                &request_path(dir.path(), id),
+                &serde_json::to_vec(&request).unwrap(),
+            )
+            .unwrap();
+        };
+        write(&Waiter::this_process());
+        assert_eq!(
+            list_pending(dir.path()).len(),
+            1,
+            "a live waiter's request is pending"
+        );
+        let gone = Waiter {
+            pid: std::process::id(),
+            started: Waiter::this_process().started.map(|t| t + 1).or(Some(1)),
+        };
+        write(&gone);
+        let decision = Decision {
+            approve: true,
+            remember: false,
+            reason: String::new(),
+        };
+        if cfg!(target_os = "linux") {
+            let err = decide_pending(dir.path(), id, &decision).unwrap_err();
+            assert!(matches!(err, ApprovalError::Expired { .. }), "{err}");
+            assert!(list_pending(dir.path()).is_empty());
+            assert!(!request_path(dir.path(), id).exists());
+        }
+    }
 
     #[test]
     fn ids_cannot_name_paths() {
