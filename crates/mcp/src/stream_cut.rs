@@ -68,37 +68,38 @@ impl StreamCut {
     }
 }
 
-/// Streams that were cut, by session and last event id, until their client resumes them.
+/// A cut stream's key: its session and the last event id its client saw.
+type CutKey = (String, String);
+
+/// Streams that were cut, by [`CutKey`], until their client resumes them (oldest first in the
+/// queue, for the bound).
 #[derive(Clone, Default)]
-pub struct CutStreams(
-    Arc<
-        Mutex<(
-            HashMap<(String, String), StreamCut>,
-            VecDeque<(String, String)>,
-        )>,
-    >,
-);
+pub struct CutStreams(Arc<Mutex<CutTable>>);
+
+#[derive(Default)]
+struct CutTable {
+    by_key: HashMap<CutKey, StreamCut>,
+    order: VecDeque<CutKey>,
+}
 
 impl CutStreams {
-    fn remember(&self, key: (String, String), cut: StreamCut) {
-        let mut guard = self.0.lock().expect("cut streams");
-        let (map, order) = &mut *guard;
-        if map.insert(key.clone(), cut).is_none() {
-            order.push_back(key);
+    fn remember(&self, key: CutKey, cut: StreamCut) {
+        let mut table = self.0.lock().expect("cut streams");
+        if table.by_key.insert(key.clone(), cut).is_none() {
+            table.order.push_back(key);
         }
-        while map.len() > CUT_STREAMS_MAX {
-            let Some(oldest) = order.pop_front() else {
+        while table.by_key.len() > CUT_STREAMS_MAX {
+            let Some(oldest) = table.order.pop_front() else {
                 break;
             };
-            map.remove(&oldest);
+            table.by_key.remove(&oldest);
         }
     }
 
-    fn take(&self, key: &(String, String)) -> Option<StreamCut> {
-        let mut guard = self.0.lock().expect("cut streams");
-        let (map, order) = &mut *guard;
-        let cut = map.remove(key)?;
-        order.retain(|k| k != key);
+    fn take(&self, key: &CutKey) -> Option<StreamCut> {
+        let mut table = self.0.lock().expect("cut streams");
+        let cut = table.by_key.remove(key)?;
+        table.order.retain(|k| k != key);
         Some(cut)
     }
 }
