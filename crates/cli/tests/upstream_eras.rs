@@ -7,6 +7,8 @@
 //!   switched;
 //! - `initialize` answers within the start bound while upstreams hang, and a late upstream joins
 //!   with `notifications/tools/list_changed`;
+//! - a client that resumes streams is let go of its stream when the upstream closes its own
+//!   mid-call, and gets the result on the stream it resumes (SEP-1699);
 //! - ring0's own listing and `server/discover` carry a positive cache hint;
 //! - upstream instructions reach the client, cleaned;
 //! - the official conformance suite passes through ring0 wherever it passes directly, against
@@ -247,6 +249,25 @@ fn modern_headers(method: &'static str) -> Vec<(&'static str, &'static str)> {
         ("MCP-Protocol-Version", "2026-07-28"),
         ("Mcp-Method", method),
     ]
+}
+
+#[test]
+fn a_client_that_resumes_is_let_go_of_its_stream_when_the_upstream_closes_its_own() {
+    let Some(peers) = peers() else { return };
+    let upstream = era_upstream(&peers, &["--legacy-only"]);
+    let dir = tempfile::tempdir().unwrap();
+    let gw = ring0_http(dir.path(), &config(&upstream.url, ""));
+    // The upstream closes its stream mid-call; ring0 resumes it upstream and lets its client's
+    // stream close too, and the client gets the result on the stream it resumes.
+    let seen = calls(
+        &peers,
+        &gw.url,
+        "legacy",
+        json!([["py__test_reconnection", {}]]),
+    );
+    assert_eq!(text_of(&seen, 0), "Reconnection test completed", "{seen}");
+    gw.wait_for_line("[py] the response stream of request");
+    gw.wait_for_line("a client resumes its response stream after event");
 }
 
 /// An upstream that accepts connections and never answers.

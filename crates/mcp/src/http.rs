@@ -250,6 +250,8 @@ pub fn router(
         crate::door::sessions::DoorSessions::start(&options.door, log.clone(), shutdown),
         config,
     );
+    let resume_log = log.clone();
+    let cuts = crate::stream_cut::CutStreams::default();
     let gate_state = Arc::new(Gate {
         auth: auth.clone(),
         owners: SessionOwners::default(),
@@ -257,6 +259,10 @@ pub fn router(
     });
     let mut app = axum::Router::new()
         .route_service(MCP_PATH, service)
+        // Innermost: a cut ends rmcp's own stream, whose events then wait for the resume.
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            crate::stream_cut::layer(cuts.clone(), resume_log.clone(), req, next)
+        }))
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             crate::lossless::rewrite_response(stash.clone(), req, next)
         }))

@@ -49,6 +49,7 @@ pub mod project;
 pub mod route;
 pub mod rpc;
 pub mod server;
+pub mod stream_cut;
 pub mod tasks;
 pub mod upstream;
 

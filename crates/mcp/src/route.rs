@@ -20,6 +20,10 @@ pub trait Downstream: Send + Sync {
     fn log(&self, params: Value);
     /// A request the upstream server made while serving the call, relayed to the client.
     async fn request(&self, method: &str, params: Option<Value>) -> Result<Value, Value>;
+    /// The upstream closed its response stream before the response, asking its client to poll
+    /// (SEP-1699). A downstream whose client resumes lets its own stream close too (see
+    /// [`crate::stream_cut`]); the call goes on either way.
+    fn poll_later(&self) {}
 }
 
 /// Where one call came from and how its client can be reached.

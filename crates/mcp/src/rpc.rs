@@ -100,6 +100,9 @@ pub trait InboundHandler: Send + Sync {
         params: Option<Value>,
         related: Option<u64>,
     ) -> Result<Value, Value>;
+    /// The response stream of request `related` ended before its response and is being
+    /// resumed (the server asked its client to poll).
+    fn stream_closed(&self, _related: u64) {}
 }
 
 type Pending = HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>;
@@ -240,6 +243,11 @@ impl RpcPeer {
     }
 
     /// Whether a request is still waiting for its response.
+    /// Tells the handler that request `id`'s response stream ended before its response.
+    pub fn stream_closed(&self, id: u64) {
+        self.handler.stream_closed(id);
+    }
+
     pub fn is_pending(&self, id: u64) -> bool {
         self.pending.lock().expect("pending").contains_key(&id)
     }

@@ -123,6 +123,8 @@ struct Relay {
     target: Arc<Mutex<(Peer<RoleServer>, Option<Value>)>>,
     progress: mpsc::UnboundedSender<Value>,
     asker: Option<crate::input::Asker>,
+    /// Ends the request's response stream for a client that resumes it.
+    cut: Option<crate::stream_cut::StreamCut>,
 }
 
 impl Relay {
@@ -130,6 +132,7 @@ impl Relay {
         peer: Peer<RoleServer>,
         token: Option<Value>,
         asker: Option<crate::input::Asker>,
+        cut: Option<crate::stream_cut::StreamCut>,
     ) -> Arc<Self> {
         let target = Arc::new(Mutex::new((peer, token)));
         let (progress, mut rx) = mpsc::unbounded_channel::<Value>();
@@ -148,6 +151,7 @@ impl Relay {
             target,
             progress,
             asker,
+            cut,
         })
     }
 
@@ -173,6 +177,12 @@ impl Downstream for Relay {
             p["message"] = json!(m);
         }
         let _ = self.progress.send(p);
+    }
+
+    fn poll_later(&self) {
+        if let Some(cut) = &self.cut {
+            cut.cut();
+        }
     }
 
     fn log(&self, params: Value) {
@@ -477,7 +487,7 @@ impl GatewayServer {
             return pending.step(&parked, &context.ct).await.into_result();
         }
         let (asker, questions) = crate::input::channel();
-        let relay = Relay::new(context.peer.clone(), token, Some(asker));
+        let relay = Relay::new(context.peer.clone(), token, Some(asker), None);
         let first_ct = context.ct.clone();
         let cancel = tokio_util::sync::CancellationToken::new();
         let this = self.clone();
@@ -540,7 +550,13 @@ impl GatewayServer {
             .client_capabilities()
             .is_some_and(|c| c.elicitation.is_some());
         let modern = relay.is_some();
-        let relay = relay.unwrap_or_else(|| Relay::new(context.peer.clone(), token, None));
+        let cut = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(crate::stream_cut::StreamCut::of)
+            .filter(|_| relay.is_none());
+        let relay =
+            relay.unwrap_or_else(|| Relay::new(context.peer.clone(), token, None, cut.clone()));
         let route = if modern {
             CallRoute::modern(Some(relay), confirm, elicitation)
         } else {
@@ -582,6 +598,10 @@ impl GatewayServer {
         };
         if primary {
             self.primary_busy.store(false, Ordering::Release);
+        }
+        // A stream that was let close mid-call gets the response once its client resumed it.
+        if let Some(cut) = &cut {
+            cut.wait_for_resume().await;
         }
         // An unknown tool is a protocol error (-32602), as the protocol specifies; every other
         // refusal is a result the model can correct itself from.

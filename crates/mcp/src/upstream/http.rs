@@ -454,6 +454,13 @@ async fn post(state: Arc<State>, message: Value, related: Option<u64>) {
     if content_type.starts_with("text/event-stream") {
         let mut end = read_events(&state, &peer, response.bytes_stream(), related).await;
         if stateless.is_none() {
+            if let Some(id) = related
+                && end.last_id.is_some()
+                && peer.is_pending(id)
+                && !state.stop.is_cancelled()
+            {
+                peer.stream_closed(id);
+            }
             end = resume(&state, &peer, related, end).await;
         }
         if let Some(id) = related

@@ -167,6 +167,14 @@ impl InboundHandler for Handler {
         }
     }
 
+    fn stream_closed(&self, related: u64) {
+        let Some(up) = self.0.upgrade() else { return };
+        let entry = route_of(&up.in_flight.lock().expect("in flight"), Some(related));
+        if let Some(down) = entry.and_then(|e| e.downstream.clone()) {
+            down.poll_later();
+        }
+    }
+
     async fn request(
         &self,
         method: &str,
