@@ -18,6 +18,7 @@
 //! `ring0 approve-tool NAME` approves a quarantined upstream tool (its new definition's pin is
 //! written to `ring0.lock`; a running server picks it up within a second).
 
+use crate::LogLevel;
 use clap::Args;
 use ring0_config::{Config, Loaded, build_kernel};
 use ring0_mcp::approval::{Approvals, McpApprover};
@@ -68,28 +69,6 @@ pub struct ApproveArgs {
     list: bool,
 }
 
-fn describe_grants(loaded: &Loaded) -> String {
-    loaded
-        .config
-        .grants
-        .iter()
-        .map(|g| {
-            format!(
-                "{} [{}] up to {}{}",
-                g.name,
-                g.tools.join(", "),
-                g.ceiling,
-                if g.approval {
-                    ", held for approval"
-                } else {
-                    ""
-                }
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
 /// The generation holding the tools of every upstream that is up. An upstream publishes its
 /// listing a moment before the gateway's catalog is rebuilt from it; recovery must see the
 /// rebuilt catalog, or it would take the upstream's tools for missing ones.
@@ -126,7 +105,11 @@ fn protected_paths(loaded: &Loaded) -> Vec<PathBuf> {
     protected.files.into_iter().chain(protected.dirs).collect()
 }
 
-pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> {
+pub fn run(
+    args: ServeArgs,
+    state_dir: Option<&Path>,
+    log_level: LogLevel,
+) -> Result<String, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let loaded =
         Config::load(args.config.as_deref(), &cwd, state_dir).map_err(|e| e.to_string())?;
@@ -219,18 +202,33 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
             Some(addr) => format!("http://{addr}{MCP_PATH}"),
             None => "stdio".to_string(),
         };
-        log.line(&format!("serving MCP on {where_}"));
-        log.line(&format!("workspace: {}", loaded.workspace.display()));
-        log.line(&format!("config: {}", loaded.source));
-        log.line(&format!("state: {}", loaded.state_dir.display()));
-        log.line(&format!(
+        let info = |line: &str| {
+            if log_level >= LogLevel::Info {
+                log.line(line);
+            }
+        };
+        info(&format!("serving MCP on {where_}"));
+        info(&format!("workspace: {}", loaded.workspace.display()));
+        info(&format!("config: {}", loaded.source));
+        info(&format!("state: {}", loaded.state_dir.display()));
+        info(&format!(
             "journal: {}",
             loaded
                 .state_dir
                 .join(ring0_config::state::JOURNAL_FILE)
                 .display()
         ));
-        log.line(&format!("grants: {}", describe_grants(&loaded)));
+        info(&format!(
+            "grants: {}",
+            ring0_config::report::describe_grants(&loaded.config).join("; ")
+        ));
+        let catalog: Vec<ring0_core::ToolSpec> = generation
+            .kernel
+            .registry()
+            .iter()
+            .map(|t| t.spec.clone())
+            .filter(|s| !generation.quarantined.contains_key(&s.name))
+            .collect();
         let visible = generation
             .kernel
             .open_session(
@@ -240,7 +238,7 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
             .iter()
             .filter(|s| !generation.quarantined.contains_key(&s.name))
             .count();
-        log.line(&format!(
+        info(&format!(
             "tools: {visible} listed under the grants ({} quarantined){}",
             generation.quarantined.len(),
             if upstream_names.is_empty() {
@@ -249,6 +247,25 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
                 format!("; upstreams: {}", upstream_names.join(", "))
             }
         ));
+        if log_level >= LogLevel::Debug {
+            for spec in &catalog {
+                log.line(&format!(
+                    "tool {} {} {:?}{}",
+                    spec.name,
+                    spec.authority,
+                    spec.effect,
+                    ring0_config::report::deciding_grant(&loaded.config, &spec.name)
+                        .map(|g| format!(", grant {}", g.name))
+                        .unwrap_or_default()
+                ));
+            }
+        }
+        // Every tool is either listed or said here why not; a grant that names nothing is named.
+        let report =
+            ring0_config::report::CatalogReport::new(&loaded.config, &built.policy, &catalog);
+        for line in report.lines() {
+            log.line(&line);
+        }
         match args.http {
             None => {
                 let server = match &args.scope {
