@@ -163,7 +163,7 @@ fn serve_with_workspace_serves_that_workspace_when_started_in_root() {
         stdin.write_all(line.as_bytes()).unwrap();
         stdin.flush().unwrap();
     };
-    let mut reply = |id: u64| loop {
+    let reply = |id: u64| loop {
         let m = messages.recv_timeout(WAIT).expect("a response");
         if m.get("id") == Some(&json!(id)) && m.get("method").is_none() {
             return m;
@@ -181,7 +181,6 @@ fn serve_with_workspace_serves_that_workspace_when_started_in_root() {
         r.to_string().contains("hello from the workspace"),
         "read through the workspace given: {r}"
     );
-    drop(send);
     let _ = child.kill();
     let out = child.wait_with_output().unwrap();
     let stderr = text(&out.stderr);
