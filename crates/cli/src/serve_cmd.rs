@@ -92,6 +92,17 @@ async fn settled_generation(gw: &Gateway) -> Arc<ring0_mcp::gateway::Generation>
     }
 }
 
+/// A client session's end cancels the background jobs its calls started (except detached
+/// ones): over HTTP, a client that deletes its session or goes away leaves nothing running.
+fn end_jobs_with_session(jobs: ring0_config::JobSessions) -> ring0_mcp::gateway::SessionEnd {
+    Arc::new(move |scope: String| {
+        let jobs = jobs.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { jobs.end(&scope).await });
+        }
+    })
+}
+
 /// The directories the workspace grants the tools: an upstream's `roots` stay within them.
 fn granted_roots(loaded: &Loaded) -> Vec<PathBuf> {
     let paths = &loaded.config.paths;
@@ -185,6 +196,7 @@ pub fn run(
             max_concurrent_tools: built.max_concurrent_tools,
             granted_roots: granted_roots(&loaded),
             protected_paths: protected_paths(&loaded),
+            session_end: Some(end_jobs_with_session(built.jobs.clone())),
         })?;
         let down = gw.wait_for_upstreams(UPSTREAM_START_WAIT).await;
         for alias in &down {

@@ -318,3 +318,102 @@ fn every_client_snippet_parses_and_starts_ring0_with_a_workspace() {
         assert!(command == "ring0" || command.ends_with("/ring0"), "{block}");
     }
 }
+
+// ---- background jobs end with their HTTP session ----
+
+fn session_id(head: &str) -> String {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no session id in:\n{head}"))
+}
+
+fn alive(pid: &str) -> bool {
+    Command::new("kill")
+        .args(["-0", pid])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The pid a job wrote to `file` in `dir`, once it has.
+fn pid_in(dir: &Path, file: &str) -> String {
+    let path = dir.join(file);
+    wait_for_file_text(&path, "\n", &format!("the job writes {file}"));
+    std::fs::read_to_string(path).unwrap().trim().to_string()
+}
+
+#[test]
+fn a_background_job_ends_with_its_http_session_unless_detached() {
+    let dir = workspace();
+    std::fs::write(
+        dir.path().join("ring0.toml"),
+        "[[grants]]\nname = \"jobs\"\ntools = [\"shell\"]\nceiling = \"A2\"\n\
+         rules = [\"args.argv[0] == 'sh'\"]\nunattended = true\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("run.sh"),
+        "echo $$ > \"$1.tmp\"; mv \"$1.tmp\" \"$1\"; exec sleep 300\n",
+    )
+    .unwrap();
+    let server = start_http(serve_http_command(dir.path()));
+    let (head, init) = post(
+        &server.addr,
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                           "clientInfo": {"name": "test", "version": "1"}}}),
+    );
+    assert!(init.get("result").is_some(), "{init}");
+    let session = session_id(&head);
+    let headers = [
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-06-18"),
+    ];
+    post(
+        &server.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    for (id, file, detached) in [(2, "bound.pid", false), (3, "detached.pid", true)] {
+        let (_, r) = post(
+            &server.addr,
+            &headers,
+            &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                    "params": {"name": "shell", "arguments": {
+                        "argv": ["sh", "run.sh", file], "background": true, "detached": detached}}}),
+        );
+        assert!(r.to_string().contains("\"job\""), "a job started: {r}");
+    }
+    let bound = pid_in(dir.path(), "bound.pid");
+    let detached = pid_in(dir.path(), "detached.pid");
+    assert!(alive(&bound) && alive(&detached));
+
+    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+    write!(
+        s,
+        "DELETE /mcp HTTP/1.1\r\nHost: {}\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\nConnection: close\r\n\r\n",
+        server.addr
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = std::io::Read::read_to_string(&mut s, &mut answer);
+    assert!(answer.starts_with("HTTP/1.1 2"), "{answer}");
+
+    let deadline = std::time::Instant::now() + WAIT;
+    while alive(&bound) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session's job ended with it"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let detached_lives = alive(&detached);
+    let _ = Command::new("kill").args(["-9", &detached]).status();
+    assert!(detached_lives, "a detached job outlives its session");
+}

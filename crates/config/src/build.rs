@@ -22,6 +22,8 @@ pub struct Built {
     pub policy: Policy,
     /// `[limits] max_concurrent_tools`.
     pub max_concurrent_tools: usize,
+    /// Ends a client session's background jobs (a front end that knows when sessions end).
+    pub jobs: ring0_tools::JobSessions,
     /// The state directory's manifest, recorded again when the kernel is dropped.
     _state: crate::state::Manifest,
 }
@@ -68,6 +70,8 @@ fn cursor_key(state_dir: &Path) -> Result<Vec<u8>, String> {
 pub struct Parts {
     /// The built-in tools, configured from `[paths]`, `[limits]` and `[shell]`.
     pub tools: Vec<ring0_tools::ToolEntry>,
+    /// Ends a client session's background jobs.
+    pub jobs: ring0_tools::JobSessions,
     /// The policy from `[[grants]]`, `[limits]`, `[approval]` and `[audit]`.
     pub policy: Policy,
     /// The SQLite journal at `journal.db` in the state directory.
@@ -104,8 +108,8 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         loaded,
         cursor_key(&loaded.state_dir).map_err(|why| err("workspace.state_dir", why))?,
     );
-    let tools =
-        ring0_tools::builtin_tools(&tools_config).map_err(|e| err("paths", e.to_string()))?;
+    let (tools, jobs) = ring0_tools::builtin_tools_with_jobs(&tools_config)
+        .map_err(|e| err("paths", e.to_string()))?;
     crate::state::create_journal_files(&journal_path)
         .map_err(|why| err("workspace.state_dir", why))?;
     let journal = SqliteJournal::open(&journal_path).map_err(|e| {
@@ -126,6 +130,7 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         .audit_args(config.audit.include_args);
     Ok(Parts {
         tools,
+        jobs,
         policy: policy.build(),
         journal: Arc::new(journal),
         max_concurrent_tools: config.limits.max_concurrent_tools,
@@ -239,6 +244,7 @@ pub fn build_kernel(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Buil
         authorizer,
         policy: parts.policy,
         max_concurrent_tools: parts.max_concurrent_tools,
+        jobs: parts.jobs,
         _state: parts.state,
     })
 }

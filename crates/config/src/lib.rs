@@ -40,6 +40,8 @@ pub mod state;
 
 pub use build::{Built, Checked, Parts, build_kernel, build_parts, check};
 pub use load::{Loaded, approvals_dir, read_bounded};
+/// Ends a client session's background jobs (see [`Built::jobs`]).
+pub use ring0_tools::JobSessions;
 pub use schema::{
     ApprovalSection, AuditSection, CONFIG_BYTES_MAX, CONFIG_FILE_DEFAULT, Config, ConfigError,
     DEFAULT_CONFIG, GrantSection, LimitsSection, PathsSection, ShellSection, WorkspaceSection,
