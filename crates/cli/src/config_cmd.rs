@@ -116,6 +116,12 @@ pub fn run(command: ConfigCommand, state_dir: Option<&Path>) -> Result<String, S
         };
         let _ = writeln!(out, "  {} {}: {verdict}", spec.name, spec.authority);
     }
+    if !checked.catalog.iter().any(|s| s.name == "read_spill") {
+        let _ = writeln!(
+            out,
+            "  read_spill A0: registered once the state directory exists (its spill store is there)"
+        );
+    }
     upstreams(&mut out, &loaded);
     let warnings = checked.report.lines();
     if warnings.is_empty() {
