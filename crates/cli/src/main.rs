@@ -2,17 +2,18 @@
 //!
 //! Every subcommand parses its arguments, calls one library entry point and prints the result;
 //! no mediation logic lives here. Exit codes: 0 success, 1 the operation failed (reported on
-//! stderr), 2 bad usage.
+//! stderr), 2 bad usage; `ring0 run` exits with its command's code (see `run_cmd`).
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 mod approve_cmd;
 mod audit_cmd;
 mod call_cmd;
 mod checkpoint_cmd;
+mod config_cmd;
 mod journal_cmd;
 mod run_cmd;
 mod serve_cmd;
@@ -34,6 +35,36 @@ struct Cli {
     /// `~/.local/state/ring0/<workspace id>/`). Relative to the current directory.
     #[arg(long, global = true, value_name = "DIR", env = "RING0_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// Act as if started in DIR: the workspace of the embedded defaults, where `ring0.toml` is
+    /// looked for, and the directory other relative paths on the command line start from.
+    /// For clients that start servers in `/` or the home directory.
+    #[arg(long, global = true, value_name = "DIR", env = "RING0_WORKSPACE")]
+    workspace: Option<PathBuf>,
+    /// How much `ring0 serve` says on stderr at start (`-v` is `--log-level debug`). Messages a
+    /// person acts on (approval codes, upstream failures) are printed at every level.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_name = "LEVEL",
+        env = "RING0_LOG_LEVEL",
+        default_value_t = LogLevel::Info
+    )]
+    log_level: LogLevel,
+    /// More detail on stderr: the same as `--log-level debug`.
+    #[arg(short, long, global = true)]
+    verbose: bool,
+}
+
+/// How much ring0 says about itself on stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum LogLevel {
+    /// Only what needs attention: tools not listed, grants matching nothing, upstreams down.
+    Warn,
+    /// Also where it serves, the workspace, config, state, grants and tool counts (default).
+    Info,
+    /// Also every tool of the catalog with its authority and the grant that decides it.
+    Debug,
 }
 
 #[derive(Subcommand)]
@@ -68,6 +99,20 @@ enum Command {
         #[command(subcommand)]
         command: checkpoint_cmd::CheckpointCommand,
     },
+    /// Write a commented `ring0.toml` for the workspace (MCP servers found in client configs
+    /// are included, commented out).
+    Init(config_cmd::InitArgs),
+    /// Check a configuration and print what it resolves to (`ring0 config check`).
+    Config {
+        #[command(subcommand)]
+        command: config_cmd::ConfigCommand,
+    },
+    /// Print a completion script for SHELL (`ring0 completions bash > ~/.local/share/bash-completion/completions/ring0`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Args)]
@@ -79,14 +124,30 @@ struct JournalArgs {
     path: Option<PathBuf>,
 }
 
+/// Moves into `--workspace DIR`, so every subcommand starts from there.
+fn enter_workspace(dir: &Path) -> Result<(), String> {
+    std::env::set_current_dir(dir).map_err(|e| format!("--workspace {}: {e}", dir.display()))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(dir) = &cli.workspace
+        && let Err(message) = enter_workspace(dir)
+    {
+        eprintln!("ring0: {message}");
+        return ExitCode::from(2);
+    }
     let state = cli.state_dir.as_deref();
+    let log_level = if cli.verbose {
+        LogLevel::Debug
+    } else {
+        cli.log_level
+    };
     let result = match cli.command {
         Command::Journal(args) => journal_cmd::run(args.command, args.path.as_deref(), state),
         Command::Shape(args) => shape_cmd::run(args),
-        Command::Run(args) => run_cmd::run(args),
-        Command::Serve(args) => serve_cmd::run(args, state),
+        Command::Run(args) => return run(args),
+        Command::Serve(args) => serve_cmd::run(args, state, log_level),
         Command::ApproveTool(args) => approve_cmd::approve_tool(args, state),
         Command::Call(args) => call_cmd::run(args, state),
         Command::Turn(args) => turn_cmd::run(args, state),
@@ -95,6 +156,13 @@ fn main() -> ExitCode {
         Command::Token(args) => token_cmd::run(args),
         Command::Audit { command } => audit_cmd::run(command, state),
         Command::Checkpoint { command } => checkpoint_cmd::run(command, state),
+        Command::Init(args) => config_cmd::init(args),
+        Command::Config { command } => config_cmd::run(command, state),
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "ring0", &mut out);
+            String::from_utf8(out).map_err(|e| e.to_string())
+        }
     };
     match result {
         Ok(output) => {
@@ -106,6 +174,20 @@ fn main() -> ExitCode {
         Err(message) => {
             eprintln!("ring0: {message}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `ring0 run`: prints what the command printed (shaped) and exits with its code.
+fn run(args: run_cmd::RunArgs) -> ExitCode {
+    match run_cmd::run(args) {
+        Ok(outcome) => {
+            let _ = io::stdout().lock().write_all(outcome.output.as_bytes());
+            ExitCode::from(outcome.code)
+        }
+        Err((message, code)) => {
+            eprintln!("ring0: {message}");
+            ExitCode::from(code)
         }
     }
 }

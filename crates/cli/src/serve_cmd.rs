@@ -18,6 +18,7 @@
 //! `ring0 approve-tool NAME` (see `crate::approve_cmd`) approves a quarantined upstream tool (its
 //! new definition's pin is written to `ring0.lock`; a running server picks it up within a second).
 
+use crate::LogLevel;
 use clap::Args;
 use ring0_config::{Config, Loaded, build_kernel};
 use ring0_mcp::approval::{Approvals, McpApprover};
@@ -57,28 +58,6 @@ pub struct ServeArgs {
     scope: Option<String>,
 }
 
-fn describe_grants(loaded: &Loaded) -> String {
-    loaded
-        .config
-        .grants
-        .iter()
-        .map(|g| {
-            format!(
-                "{} [{}] up to {}{}",
-                g.name,
-                g.tools.join(", "),
-                g.ceiling,
-                if g.approval {
-                    ", held for approval"
-                } else {
-                    ""
-                }
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
 /// The generation holding the tools of every upstream that is up. An upstream publishes its
 /// listing a moment before the gateway's catalog is rebuilt from it; recovery must see the
 /// rebuilt catalog, or it would take the upstream's tools for missing ones.
@@ -102,6 +81,17 @@ async fn settled_generation(gw: &Gateway) -> Arc<ring0_mcp::gateway::Generation>
     }
 }
 
+/// A client session's end cancels the background jobs its calls started (except detached
+/// ones): over HTTP, a client that deletes its session or goes away leaves nothing running.
+fn end_jobs_with_session(jobs: ring0_config::JobSessions) -> ring0_mcp::gateway::SessionEnd {
+    Arc::new(move |scope: String| {
+        let jobs = jobs.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { jobs.end(&scope).await });
+        }
+    })
+}
+
 /// The directories the workspace grants the tools: an upstream's `roots` stay within them.
 fn granted_roots(loaded: &Loaded) -> Vec<PathBuf> {
     let paths = &loaded.config.paths;
@@ -115,7 +105,11 @@ fn protected_paths(loaded: &Loaded) -> Vec<PathBuf> {
     protected.files.into_iter().chain(protected.dirs).collect()
 }
 
-pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> {
+pub fn run(
+    args: ServeArgs,
+    state_dir: Option<&Path>,
+    log_level: LogLevel,
+) -> Result<String, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let loaded =
         Config::load(args.config.as_deref(), &cwd, state_dir).map_err(|e| e.to_string())?;
@@ -191,6 +185,7 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
             max_concurrent_tools: built.max_concurrent_tools,
             granted_roots: granted_roots(&loaded),
             protected_paths: protected_paths(&loaded),
+            session_end: Some(end_jobs_with_session(built.jobs.clone())),
         })?;
         // Each upstream is waited for at most its own `start_timeout_ms`, all at once.
         let down = gw.wait_for_start().await;
@@ -209,18 +204,33 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
             Some(addr) => format!("http://{addr}{MCP_PATH}"),
             None => "stdio".to_string(),
         };
-        log.line(&format!("serving MCP on {where_}"));
-        log.line(&format!("workspace: {}", loaded.workspace.display()));
-        log.line(&format!("config: {}", loaded.source));
-        log.line(&format!("state: {}", loaded.state_dir.display()));
-        log.line(&format!(
+        let info = |line: &str| {
+            if log_level >= LogLevel::Info {
+                log.line(line);
+            }
+        };
+        info(&format!("serving MCP on {where_}"));
+        info(&format!("workspace: {}", loaded.workspace.display()));
+        info(&format!("config: {}", loaded.source));
+        info(&format!("state: {}", loaded.state_dir.display()));
+        info(&format!(
             "journal: {}",
             loaded
                 .state_dir
                 .join(ring0_config::state::JOURNAL_FILE)
                 .display()
         ));
-        log.line(&format!("grants: {}", describe_grants(&loaded)));
+        info(&format!(
+            "grants: {}",
+            ring0_config::report::describe_grants(&loaded.config).join("; ")
+        ));
+        let catalog: Vec<ring0_core::ToolSpec> = generation
+            .kernel
+            .registry()
+            .iter()
+            .map(|t| t.spec.clone())
+            .filter(|s| !generation.quarantined.contains_key(&s.name))
+            .collect();
         let visible = generation
             .kernel
             .open_session(
@@ -230,7 +240,7 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
             .iter()
             .filter(|s| !generation.quarantined.contains_key(&s.name))
             .count();
-        log.line(&format!(
+        info(&format!(
             "tools: {visible} listed under the grants ({} quarantined){}",
             generation.quarantined.len(),
             if upstream_names.is_empty() {
@@ -239,6 +249,25 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
                 format!("; upstreams: {}", upstream_names.join(", "))
             }
         ));
+        if log_level >= LogLevel::Debug {
+            for spec in &catalog {
+                log.line(&format!(
+                    "tool {} {} {:?}{}",
+                    spec.name,
+                    spec.authority,
+                    spec.effect,
+                    ring0_config::report::deciding_grant(&loaded.config, &spec.name)
+                        .map(|g| format!(", grant {}", g.name))
+                        .unwrap_or_default()
+                ));
+            }
+        }
+        // Every tool is either listed or said here why not; a grant that names nothing is named.
+        let report =
+            ring0_config::report::CatalogReport::new(&loaded.config, &built.policy, &catalog);
+        for line in report.lines() {
+            log.line(&line);
+        }
         match args.http {
             None => {
                 let server = match &args.scope {

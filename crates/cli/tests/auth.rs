@@ -132,7 +132,7 @@ fn two_token_config(dir: &Path) {
     std::fs::write(
         dir.join("ring0.toml"),
         format!(
-            "[[grants]]\nname = \"read\"\ntools = [\"read_file\", \"list_dir\"]\nceiling = \"A0\"\n\n\
+            "defaults = false\n[[grants]]\nname = \"read\"\ntools = [\"read_file\", \"list_dir\"]\nceiling = \"A0\"\n\n\
              [auth]\nresource = {RESOURCE:?}\n\n\
              [[auth.tokens]]\nname = \"alice\"\nsha256 = {:?}\ngroups = [\"eng\"]\n\n\
              [[auth.tokens]]\nname = \"bob-laptop\"\nsha256 = {:?}\nprincipal = \"bob\"\n",
@@ -460,7 +460,7 @@ fn jwt_server(issuer: &Issuer) -> (tempfile::TempDir, Served) {
     std::fs::write(
         dir.path().join("ring0.toml"),
         format!(
-            "[[grants]]\nname = \"read\"\ntools = [\"read_file\"]\nceiling = \"A0\"\n\n\
+            "defaults = false\n[[grants]]\nname = \"read\"\ntools = [\"read_file\"]\nceiling = \"A0\"\n\n\
              [auth]\nresource = {RESOURCE:?}\nauthorization_servers = [{ISSUER:?}]\n\n\
              [auth.jwt]\nissuer = {ISSUER:?}\njwks_file = \"jwks.json\"\ngroups_claim = \"groups\"\n"
         ),

@@ -89,7 +89,7 @@ fn tools_no_grant_names_are_unknown() {
     let dir = workspace();
     std::fs::write(
         dir.path().join("ring0.toml"),
-        "[[grants]]\nname = \"read\"\ntools = [\"read_file\"]\nceiling = \"A0\"\n",
+        "defaults = false\n[[grants]]\nname = \"read\"\ntools = [\"read_file\"]\nceiling = \"A0\"\n",
     )
     .unwrap();
     let out = run(
@@ -106,7 +106,7 @@ fn cel_rule_from_the_config_file_denies() {
     let dir = workspace();
     std::fs::write(
         dir.path().join("ring0.toml"),
-        "[[grants]]\nname = \"read\"\ntools = [\"read_file\"]\nceiling = \"A0\"\nrules = [\"args.path.endsWith('.md')\"]\n",
+        "defaults = false\n[[grants]]\nname = \"read\"\ntools = [\"read_file\"]\nceiling = \"A0\"\nrules = [\"args.path.endsWith('.md')\"]\n",
     )
     .unwrap();
     let out = run(
@@ -123,7 +123,7 @@ fn invalid_config_is_refused_with_the_key_and_why() {
     let dir = workspace();
     std::fs::write(
         dir.path().join("ring0.toml"),
-        "[[grants]]\nname = \"g\"\ntools = [\"*\"]\nceiling = \"A1\"\nrate = \"ten per second\"\n",
+        "defaults = false\n[[grants]]\nname = \"g\"\ntools = [\"*\"]\nceiling = \"A1\"\nrate = \"ten per second\"\n",
     )
     .unwrap();
     let out = run(
@@ -232,7 +232,7 @@ fn unanswered_call_times_out() {
     let dir = workspace();
     std::fs::write(
         dir.path().join("ring0.toml"),
-        "[[grants]]\nname = \"sh\"\ntools = [\"shell\"]\nceiling = \"A2\"\napproval = true\n[approval]\ntimeout_secs = 1\n",
+        "defaults = false\n[[grants]]\nname = \"sh\"\ntools = [\"shell\"]\nceiling = \"A2\"\napproval = true\n[approval]\ntimeout_secs = 1\n",
     )
     .unwrap();
     let out = run(

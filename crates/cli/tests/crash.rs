@@ -233,7 +233,8 @@ fn write_config(dir: &Path, service: SocketAddr, probe: bool) -> PathBuf {
         "settlement = \"idempotency_key\""
     };
     let text = format!(
-        r#"[[grants]]
+        r#"defaults = false
+[[grants]]
 name = "counter"
 tools = ["ctr__*"]
 ceiling = "A2"

@@ -29,7 +29,8 @@ fn py_fixture() -> PathBuf {
 /// the crashing Python fixture as `fx`.
 fn e2e_workspace(dir: &Path, fixture: &Path) {
     let config = format!(
-        r#"[workspace]
+        r#"defaults = false
+[workspace]
 state_dir = ".ring0"
 
 [[grants]]
@@ -172,7 +173,8 @@ fn reference_servers_serve_through_ring0_to_the_inspector_cli() {
     std::fs::write(root.join("hello.txt"), "hello from the filesystem server\n").unwrap();
     let modules = peers.join("node/node_modules/@modelcontextprotocol");
     let config = format!(
-        r#"[[grants]]
+        r#"defaults = false
+[[grants]]
 name = "reference"
 tools = ["everything__*", "files__*"]
 ceiling = "A3"
@@ -337,7 +339,7 @@ fn conformance_scenarios_that_pass_directly_pass_through_ring0() {
     std::fs::write(
         dir.path().join("ring0.toml"),
         format!(
-            "[[grants]]\nname = \"conformance\"\ntools = [\"*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"conformance\"\ncommand = {:?}\nnamespace = false\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
+            "defaults = false\n[[grants]]\nname = \"conformance\"\ntools = [\"*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"conformance\"\ncommand = {:?}\nnamespace = false\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
             fixture.display().to_string()
         ),
     )

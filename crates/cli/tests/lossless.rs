@@ -26,7 +26,7 @@ fn fixtures() -> PathBuf {
 fn workspace() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
-        "[workspace]\nstate_dir = \".ring0\"\n\n[[grants]]\nname = \"unmodelled\"\ntools = [\"un__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"un\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
+        "defaults = false\n[workspace]\nstate_dir = \".ring0\"\n\n[[grants]]\nname = \"unmodelled\"\ntools = [\"un__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"un\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n",
         fixtures()
             .join("unmodelled_server.py")
             .display()

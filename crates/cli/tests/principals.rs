@@ -23,7 +23,7 @@ fn config(dir: &Path) {
     std::fs::write(
         dir.join("ring0.toml"),
         format!(
-            "[[grants]]\nname = \"read\"\ntools = [\"read_file\"]\nceiling = \"A0\"\nrate = \"2/min\"\n\n\
+            "defaults = false\n[[grants]]\nname = \"read\"\ntools = [\"read_file\"]\nceiling = \"A0\"\nrate = \"2/min\"\n\n\
              [[grants]]\nname = \"shell\"\ntools = [\"shell\"]\nceiling = \"A2\"\napproval = true\n\n\
              [[auth.tokens]]\nname = \"alice\"\nsha256 = {:?}\n\n\
              [[auth.tokens]]\nname = \"bob\"\nsha256 = {:?}\n",

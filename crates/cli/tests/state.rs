@@ -84,7 +84,7 @@ fn mode(path: &Path) -> u32 {
 }
 
 /// A configuration granting reads and writes everywhere it can, and `shell` with approval.
-const WIDE_CONFIG: &str = "[paths]\nread = [\".\", \"/\"]\nwrite = [\".\", \"/\"]\n\n\
+const WIDE_CONFIG: &str = "defaults = false\n[paths]\nread = [\".\", \"/\"]\nwrite = [\".\", \"/\"]\n\n\
     [[grants]]\nname = \"shell\"\ntools = [\"shell\"]\nceiling = \"A2\"\napproval = true\n\n\
     [[grants]]\nname = \"all\"\ntools = [\"*\"]\nceiling = \"A2\"\n";
 
@@ -129,7 +129,7 @@ fn a_state_dir_flag_and_the_config_key_choose_the_state_directory() {
     assert!(flagged.join("journal.db").exists());
     std::fs::write(
         env.ws.join("ring0.toml"),
-        "[workspace]\nstate_dir = \"../configured\"\n\n[[grants]]\nname = \"r\"\ntools = [\"read_file\"]\nceiling = \"A0\"\n",
+        "defaults = false\n[workspace]\nstate_dir = \"../configured\"\n\n[[grants]]\nname = \"r\"\ntools = [\"read_file\"]\nceiling = \"A0\"\n",
     )
     .unwrap();
     let out = env.call(&[], "read_file", json!({"path": "notes.txt"}));

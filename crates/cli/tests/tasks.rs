@@ -259,7 +259,7 @@ fn where_the_job_tools_are_not_granted_a_background_job_is_answered_with_its_han
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("ring0.toml"),
-        "[[grants]]\nname = \"shell\"\ntools = [\"shell\"]\nceiling = \"A2\"\napproval = true\n",
+        "defaults = false\n[[grants]]\nname = \"shell\"\ntools = [\"shell\"]\nceiling = \"A2\"\napproval = true\n",
     )
     .unwrap();
     let mut c = Stdio0::start(dir.path(), task_capabilities());
@@ -276,7 +276,7 @@ fn fixture() -> PathBuf {
 
 fn serve_http(dir: &Path) -> HttpServer {
     let config = format!(
-        "[[grants]]\nname = \"fixture\"\ntools = [\"fx__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"fx\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\", \"FIXTURE_LOG\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n[upstreams.tools.silent]\neffect = \"non_idempotent\"\nauthority = \"A0\"\n",
+        "defaults = false\n[[grants]]\nname = \"fixture\"\ntools = [\"fx__*\"]\nceiling = \"A3\"\n\n[[upstreams]]\nalias = \"fx\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\", \"FIXTURE_LOG\"]\n[upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\nstrategy = [\"exploration\"]\n[upstreams.tools.silent]\neffect = \"non_idempotent\"\nauthority = \"A0\"\n",
         fixture().display().to_string()
     );
     std::fs::write(dir.join("ring0.toml"), config).unwrap();

@@ -10,6 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const READS_ONLY: &str = r#"
+defaults = false
 [workspace]
 state_dir = "state"
 
@@ -20,6 +21,7 @@ ceiling = "A0"
 "#;
 
 const READS_AND_WRITES: &str = r#"
+defaults = false
 [workspace]
 state_dir = "state"
 

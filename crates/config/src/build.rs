@@ -6,7 +6,7 @@ use crate::load::Loaded;
 use crate::schema::ConfigError;
 use ring0_journal::SqliteJournal;
 use ring0_kernel::{Authorizer, Kernel, SessionConfig};
-use ring0_policy::{Approver, JsonlAudit, Policy, RateLimit};
+use ring0_policy::{Approver, JsonlAudit, Policy, PolicyBuilder, RateLimit};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +22,8 @@ pub struct Built {
     pub policy: Policy,
     /// `[limits] max_concurrent_tools`.
     pub max_concurrent_tools: usize,
+    /// Ends a client session's background jobs (a front end that knows when sessions end).
+    pub jobs: ring0_tools::JobSessions,
     /// The state directory's manifest, recorded again when the kernel is dropped.
     _state: crate::state::Manifest,
 }
@@ -68,6 +70,8 @@ fn cursor_key(state_dir: &Path) -> Result<Vec<u8>, String> {
 pub struct Parts {
     /// The built-in tools, configured from `[paths]`, `[limits]` and `[shell]`.
     pub tools: Vec<ring0_tools::ToolEntry>,
+    /// Ends a client session's background jobs.
+    pub jobs: ring0_tools::JobSessions,
     /// The policy from `[[grants]]`, `[limits]`, `[approval]` and `[audit]`.
     pub policy: Policy,
     /// The SQLite journal at `journal.db` in the state directory.
@@ -102,23 +106,12 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
     let journal_path = loaded.state_dir.join(crate::state::JOURNAL_FILE);
     let mut manifest = crate::state::Manifest::check(&loaded.state_dir, &journal_path, &audit_path)
         .map_err(|why| err("workspace.state_dir", why))?;
-    let mut tools_config = ring0_tools::ToolsConfig::new(
-        &loaded.workspace,
-        &loaded.state_dir,
+    let tools_config = tools_config(
+        loaded,
         cursor_key(&loaded.state_dir).map_err(|why| err("workspace.state_dir", why))?,
     );
-    tools_config.protected = loaded.protected();
-    tools_config.read_roots = config.paths.read.clone();
-    tools_config.write_roots = config.paths.write.clone();
-    tools_config.read_text_bytes_max = config.limits.read_text_bytes;
-    tools_config.search_workers = config.limits.search_workers;
-    tools_config.shell.authority = config.shell.authority;
-    tools_config.shell.allow_command_string = config.grants.iter().any(|g| g.shell);
-    if let Some(env) = &config.shell.env_allow {
-        tools_config.shell.env_allow = env.clone();
-    }
-    let tools =
-        ring0_tools::builtin_tools(&tools_config).map_err(|e| err("paths", e.to_string()))?;
+    let (tools, jobs) = ring0_tools::builtin_tools_with_jobs(&tools_config)
+        .map_err(|e| err("paths", e.to_string()))?;
     let spill = ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
         .map_err(|e| err("workspace.state_dir", format!("spill store: {e}")))?;
     crate::state::create_journal_files(&journal_path)
@@ -134,11 +127,50 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
     manifest
         .record()
         .map_err(|why| err("workspace.state_dir", why))?;
-    let mut policy = Policy::builder()
+    let policy = policy_builder(loaded)?
         .approver(approver)
         .approval_timeout(Duration::from_secs(config.approval.timeout_secs))
         .audit(Arc::new(audit))
-        .audit_args(config.audit.include_args)
+        .audit_args(config.audit.include_args);
+    Ok(Parts {
+        tools,
+        jobs,
+        policy: policy.build(),
+        journal: Arc::new(journal),
+        max_concurrent_tools: config.limits.max_concurrent_tools,
+        spill: Arc::new(spill),
+        state: manifest,
+    })
+}
+
+/// The built-in tools' configuration from `[paths]`, `[limits]` and `[shell]`.
+fn tools_config(loaded: &Loaded, cursor_key: Vec<u8>) -> ring0_tools::ToolsConfig {
+    let config = &loaded.config;
+    let mut tools_config =
+        ring0_tools::ToolsConfig::new(&loaded.workspace, &loaded.state_dir, cursor_key);
+    tools_config.protected = loaded.protected();
+    tools_config.read_roots = config.paths.read.clone();
+    tools_config.write_roots = config.paths.write.clone();
+    tools_config.read_text_bytes_max = config.limits.read_text_bytes;
+    tools_config.search_workers = config.limits.search_workers;
+    tools_config.shell.authority = config.shell.authority;
+    tools_config.shell.allow_command_string = config.grants.iter().any(|g| g.shell);
+    if let Some(env) = &config.shell.env_allow {
+        tools_config.shell.env_allow = env.clone();
+    }
+    tools_config
+}
+
+/// The policy's grants and limits from `[[grants]]` and `[limits]`; the caller adds who
+/// approves and where decisions are recorded.
+fn policy_builder(loaded: &Loaded) -> Result<PolicyBuilder, ConfigError> {
+    let config = &loaded.config;
+    let err = |key: &str, why: String| ConfigError {
+        file: loaded.source.clone(),
+        key: key.to_string(),
+        why,
+    };
+    let mut policy = Policy::builder()
         .sandboxed_tools(ring0_tools::SANDBOXED_TOOLS.iter().copied())
         .shell_arg(
             ring0_tools::SHELL_STRING_ARG.0,
@@ -162,13 +194,40 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
             RateLimit::parse(rate).map_err(|e| err("limits.principal_rate", e.to_string()))?,
         );
     }
-    Ok(Parts {
-        tools,
-        policy: policy.build(),
-        journal: Arc::new(journal),
-        max_concurrent_tools: config.limits.max_concurrent_tools,
-        spill: Arc::new(spill),
-        state: manifest,
+    Ok(policy)
+}
+
+/// The built-in catalog and the policy of a configuration, built without touching the state
+/// directory (no journal, audit log or key is created): what `ring0 config check` reports.
+pub struct Checked {
+    /// The built-in tools' specs. `read_spill` is among them only when the state directory
+    /// already exists (its spill store lives there).
+    pub catalog: Vec<ring0_core::ToolSpec>,
+    /// The policy the grants and limits make (no approver, no audit log).
+    pub policy: Policy,
+    /// What the configuration does to the catalog.
+    pub report: crate::report::CatalogReport,
+}
+
+/// Builds the built-in catalog and the policy of `loaded` without side effects on its state.
+pub fn check(loaded: &Loaded) -> Result<Checked, ConfigError> {
+    // Cursors are never signed here; the key only has to be well formed.
+    let mut tools_config = tools_config(loaded, vec![0; 32]);
+    if !tools_config.spill_dir.as_ref().is_some_and(|d| d.is_dir()) {
+        tools_config.spill_dir = None;
+    }
+    let tools = ring0_tools::builtin_tools(&tools_config).map_err(|e| ConfigError {
+        file: loaded.source.clone(),
+        key: "paths".into(),
+        why: e.to_string(),
+    })?;
+    let policy = policy_builder(loaded)?.build();
+    let catalog: Vec<ring0_core::ToolSpec> = tools.into_iter().map(|(spec, _)| spec).collect();
+    let report = crate::report::CatalogReport::new(&loaded.config, &policy, &catalog);
+    Ok(Checked {
+        catalog,
+        policy,
+        report,
     })
 }
 
@@ -192,6 +251,7 @@ pub fn build_kernel(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Buil
         authorizer,
         policy: parts.policy,
         max_concurrent_tools: parts.max_concurrent_tools,
+        jobs: parts.jobs,
         _state: parts.state,
     })
 }

@@ -9,6 +9,10 @@
 //!   resolving the workspace, the state directory and ring0's protected paths ([`Loaded`]).
 //! - [`state`]: the state directory — where it is, how it is created private, and the manifest
 //!   that refuses a journal or audit log replaced or truncated behind ring0's back.
+//! - [`report`]: what a configuration does to a catalog, said at start: the grants in effect,
+//!   every tool hidden from every principal with the reason, every grant that names no tool.
+//! - [`init`]: a commented `ring0.toml` for a workspace, with the MCP servers found in the
+//!   configuration files of common clients written out as commented `[[upstreams]]`.
 //! - [`build`]: the built-in tools, the SQLite journal and the session's policy ([`Parts`]), and
 //!   a kernel assembled from them ([`Built`]).
 //!
@@ -28,12 +32,16 @@
 #![deny(missing_docs)]
 
 pub mod build;
+pub mod init;
 pub mod load;
+pub mod report;
 pub mod schema;
 pub mod state;
 
-pub use build::{Built, Parts, build_kernel, build_parts};
+pub use build::{Built, Checked, Parts, build_kernel, build_parts, check};
 pub use load::{Loaded, approvals_dir, read_bounded};
+/// Ends a client session's background jobs (see [`Built::jobs`]).
+pub use ring0_tools::JobSessions;
 pub use schema::{
     ApprovalSection, AuditSection, CONFIG_BYTES_MAX, CONFIG_FILE_DEFAULT, Config, ConfigError,
     DEFAULT_CONFIG, GrantSection, LimitsSection, PathsSection, ShellSection, WorkspaceSection,

@@ -6,11 +6,16 @@
 use crate::schema::{
     CONFIG_BYTES_MAX, CONFIG_FILE_DEFAULT, Config, ConfigError, DEFAULT_CONFIG, GrantSection,
 };
+use ring0_core::Authority;
 use ring0_policy::{APPROVAL_TIMEOUT_MAX, ApprovalScope, Grant, RateLimit};
 use std::path::{Path, PathBuf};
 
 /// Largest `read_text_bytes` (the model-visible projection of a call is at most 64 KiB).
 const READ_TEXT_BYTES_MAX: usize = 48 * 1024;
+/// The least authority `shell` and `job_send_input` may declare: a command's effect is
+/// non-idempotent and reaches beyond the workspace sandbox, with no way to settle an ambiguous
+/// outcome, so anything lower would let the policy run it as a read or a sandboxed write.
+pub const SHELL_AUTHORITY_MIN: Authority = Authority::A2;
 
 /// A configuration as loaded, with where it came from.
 #[derive(Debug, Clone)]
@@ -54,8 +59,37 @@ impl Loaded {
 }
 
 impl Config {
-    /// Parses and checks `text`; `source` names it in errors.
+    /// Parses and checks `text`; `source` names it in errors. The embedded default grants are
+    /// added after the file's own unless it says `defaults = false`.
     pub fn parse(text: &str, source: &str) -> Result<Config, ConfigError> {
+        let mut config = Self::parse_alone(text, source)?;
+        if config.defaults {
+            let defaults = Self::parse_alone(DEFAULT_CONFIG, "embedded defaults")
+                .expect("the embedded defaults are valid");
+            let before = config.grants.len();
+            for grant in defaults.grants {
+                if !config.grants.iter().any(|g| g.name == grant.name) {
+                    config.grants.push(grant);
+                }
+            }
+            config.default_grants = config.grants.len() - before;
+        }
+        if config.grants.len() > ring0_policy::GRANTS_MAX {
+            return Err(ConfigError {
+                file: source.to_string(),
+                key: "grants".into(),
+                why: format!(
+                    "{} grants (with the defaults); at most {} are allowed",
+                    config.grants.len(),
+                    ring0_policy::GRANTS_MAX
+                ),
+            });
+        }
+        Ok(config)
+    }
+
+    /// Parses and checks `text` as written, without the default grants.
+    fn parse_alone(text: &str, source: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| ConfigError {
             file: source.to_string(),
             key: e
@@ -70,7 +104,10 @@ impl Config {
 
     /// The embedded defaults.
     pub fn embedded() -> Config {
-        Config::parse(DEFAULT_CONFIG, "embedded defaults").expect("the embedded defaults are valid")
+        let mut config = Self::parse_alone(DEFAULT_CONFIG, "embedded defaults")
+            .expect("the embedded defaults are valid");
+        config.default_grants = config.grants.len();
+        config
     }
 
     fn check(&self, source: &str) -> Result<(), ConfigError> {
@@ -126,6 +163,19 @@ impl Config {
             let (key, why) = why.split_once(" must").unwrap_or(("http", why.as_str()));
             err(key.to_string(), format!("must{why}"))
         })?;
+        if self.shell.authority < SHELL_AUTHORITY_MIN {
+            return Err(err(
+                "shell.authority".into(),
+                format!(
+                    "{} is below what shell's effect requires ({SHELL_AUTHORITY_MIN}): a command \
+                     acts outside the workspace sandbox and its outcome cannot be settled. To run \
+                     some commands without approval, write a grant for shell with rules that \
+                     limit them and unattended = true (docs/config.md, \"Commands without \
+                     approval\")",
+                    self.shell.authority
+                ),
+            ));
+        }
         if self.paths.read.is_empty() && self.paths.write.is_empty() {
             return Err(err("paths".into(), "grants no root at all".into()));
         }
@@ -138,6 +188,7 @@ impl Config {
         let mut grant = Grant::new(&g.name, &patterns, g.ceiling)
             .approval(g.approval)
             .shell(g.shell)
+            .unattended(g.unattended)
             .principals(g.principals.iter().cloned())
             .groups(g.groups.iter().cloned());
         if let Some(scope) = &g.approval_scope {
@@ -158,6 +209,8 @@ impl Config {
                 "tools"
             } else if why.contains("principal") {
                 "principals"
+            } else if why.contains("unattended") {
+                "unattended"
             } else if why.contains("name") {
                 "name"
             } else {

@@ -61,6 +61,11 @@ pub struct ConfigError {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// Whether the embedded default grants are added after the file's own `[[grants]]`
+    /// (a default grant whose name the file already uses is left out). Default `true`; a
+    /// top-level key, so it must come before the first table.
+    #[serde(default = "yes")]
+    pub defaults: bool,
     /// `[workspace]`: where the workspace and ring0's state are.
     #[serde(default)]
     pub workspace: WorkspaceSection,
@@ -68,9 +73,13 @@ pub struct Config {
     #[serde(default)]
     pub paths: PathsSection,
     /// `[[grants]]`: what the session may call. Deny by default: a tool no grant names is
-    /// neither listed nor callable. The first grant naming a tool decides for it.
+    /// neither listed nor callable. The first grant naming a tool decides for it. After loading,
+    /// the file's grants followed by the embedded defaults it did not turn off.
     #[serde(default)]
     pub grants: Vec<GrantSection>,
+    /// How many of `grants` (at its end) are embedded defaults added by loading.
+    #[serde(skip)]
+    pub default_grants: usize,
     /// `[limits]`: rate and size limits.
     #[serde(default)]
     pub limits: LimitsSection,
@@ -181,6 +190,11 @@ pub struct GrantSection {
     /// `"30m"` (the same, lapsing after that long; s, m, h; at most 24h). Default `"once"`.
     #[serde(default)]
     pub approval_scope: Option<String>,
+    /// Let an A2 tool that declares no way to settle an ambiguous outcome (`shell`,
+    /// `job_send_input`) run without approval whenever every rule holds. Needs `rules`.
+    /// Default `false`: such a tool is listed under this grant only with `approval = true`.
+    #[serde(default)]
+    pub unattended: bool,
 }
 
 /// `[limits]`
@@ -260,7 +274,9 @@ impl Default for AuditSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShellSection {
-    /// Authority `shell` and `job_send_input` declare. Default `"A2"`.
+    /// Authority `shell` and `job_send_input` declare: `"A2"` (the default, the least their
+    /// effect allows: commands act outside the workspace sandbox) or `"A3"` (every command
+    /// held for approval whatever the grant says).
     #[serde(default = "shell_authority_default")]
     pub authority: Authority,
     /// Environment variables commands inherit. Default PATH, HOME, LANG, LC_ALL, LC_CTYPE, TZ,
@@ -278,6 +294,9 @@ impl Default for ShellSection {
     }
 }
 
+fn yes() -> bool {
+    true
+}
 fn dot() -> PathBuf {
     PathBuf::from(".")
 }

@@ -64,7 +64,13 @@ pub struct GatewayOptions {
     /// ring0's own files (the config, the lock file, the state directory): no upstream's `roots`
     /// may contain one or lie inside one.
     pub protected_paths: Vec<PathBuf>,
+    /// Told the scope of a sessionful client session when it ends (deleted by its client, or
+    /// its transport gone): what the session started in the background ends with it.
+    pub session_end: Option<SessionEnd>,
 }
+
+/// What a front end does when a client session ends, given the session's scope.
+pub type SessionEnd = Arc<dyn Fn(String) + Send + Sync>;
 
 /// A tool as the downstream catalog shows it.
 #[derive(Debug, Clone)]
@@ -102,6 +108,7 @@ struct Inner {
     counter: AtomicU64,
     changes: broadcast::Sender<u64>,
     max_concurrent_tools: usize,
+    session_end: Option<SessionEnd>,
 }
 
 /// The catalog of built-in and upstream tools over one kernel.
@@ -417,6 +424,11 @@ pub fn builtin_definition(spec: &ToolSpec) -> Value {
 }
 
 impl Gateway {
+    /// What ends with a client session (see [`GatewayOptions::session_end`]).
+    pub(crate) fn session_end(&self) -> Option<SessionEnd> {
+        self.inner.session_end.clone()
+    }
+
     /// Builds the gateway and starts a supervisor for every upstream (call inside a runtime).
     pub fn start(options: GatewayOptions) -> Result<Self, String> {
         crate::config::validate(&options.upstreams).map_err(|e| e.to_string())?;
@@ -436,6 +448,7 @@ impl Gateway {
             generation: RwLock::new(Arc::new(builtin_kernel)),
             counter: AtomicU64::new(0),
             changes,
+            session_end: options.session_end,
         });
         let http_client = if options.upstreams.iter().any(|u| u.url.is_some()) {
             Some(crate::upstream::http::client()?)

@@ -232,14 +232,43 @@ pub struct GatewayServer {
     tasks: Arc<TaskTable>,
     /// Who the session acts for: every kernel session it opens carries it to policy.
     principal: ring0_core::Principal,
+    /// Tells the gateway's front end when the last handle of a sessionful session is gone.
+    ending: Arc<SessionEnding>,
+}
+
+/// The end of one downstream session: once its client completed the sessionful handshake
+/// (`notifications/initialized`), dropping the session's last handle reports its scope to the
+/// gateway's [`crate::gateway::SessionEnd`]. A stateless request, which is a session of its own,
+/// never reports: what it started belongs to no session that could end.
+struct SessionEnding {
+    scope: String,
+    sessionful: AtomicBool,
+    hook: Option<crate::gateway::SessionEnd>,
+}
+
+impl Drop for SessionEnding {
+    fn drop(&mut self) {
+        if self.sessionful.load(Ordering::Acquire)
+            && let Some(hook) = &self.hook
+        {
+            hook(std::mem::take(&mut self.scope));
+        }
+    }
 }
 
 impl GatewayServer {
     /// A session. `scope` is the user-intent scope of its semantic keys.
     pub fn new(gw: Gateway, approvals: Arc<Approvals>, scope: impl Into<String>) -> Self {
+        let scope = scope.into();
+        let ending = Arc::new(SessionEnding {
+            scope: scope.clone(),
+            sessionful: AtomicBool::new(false),
+            hook: gw.session_end(),
+        });
         Self {
+            ending,
             gw,
-            scope: scope.into(),
+            scope,
             approvals,
             primary: Arc::new(Mutex::new(None)),
             primary_busy: Arc::new(AtomicBool::new(false)),
@@ -924,6 +953,7 @@ impl ServerHandler for GatewayServer {
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        self.ending.sessionful.store(true, Ordering::Release);
         if self.listening.swap(true, Ordering::AcqRel) {
             return;
         }

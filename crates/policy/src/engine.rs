@@ -55,6 +55,9 @@ pub struct Grant {
     pub groups: Vec<String>,
     /// What a person's approval may cover.
     pub approval_scope: ApprovalScope,
+    /// An A2 tool that declares no settlement may run without approval under this grant: the
+    /// operator vouches for what its `rules` let through. Needs at least one rule.
+    pub unattended: bool,
 }
 
 /// What one approval may cover: this call only, or — when the person chooses "allow for this
@@ -125,6 +128,7 @@ impl Grant {
             principals: Vec::new(),
             groups: Vec::new(),
             approval_scope: ApprovalScope::Once,
+            unattended: false,
         }
     }
 
@@ -170,6 +174,13 @@ impl Grant {
         self
     }
 
+    /// Lets an A2 tool that declares no settlement run without approval when every rule holds
+    /// (see [`Grant::unattended`]).
+    pub fn unattended(mut self, on: bool) -> Self {
+        self.unattended = on;
+        self
+    }
+
     /// Adds a CEL rule, compiled now.
     pub fn rule(mut self, source: &str) -> Result<Self, RuleError> {
         self.rules.push(ArgRule::compile(source)?);
@@ -211,6 +222,9 @@ impl Grant {
             .any(String::is_empty)
         {
             return Err("an empty principal or group name matches nobody".into());
+        }
+        if self.unattended && self.rules.is_empty() {
+            return Err("unattended needs rules that limit what runs without approval".into());
         }
         if self.rules.len() > RULES_PER_GRANT_MAX {
             return Err(format!(
@@ -456,6 +470,12 @@ impl Policy {
         &self.config.grants
     }
 
+    /// Why `spec` is not listed to `principal` (no grant names it, or the grant that does cannot
+    /// admit it), or `None` when it is: the same argument-independent check discovery uses.
+    pub fn hidden_because(&self, spec: &ToolSpec, principal: &Principal) -> Option<String> {
+        self.static_check(spec, principal).err().map(|r| r.reason)
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -506,11 +526,15 @@ impl Policy {
             };
             return Err(refuse(format!("ceiling:{}", grant.name), why));
         }
-        if authority == Authority::A2 && spec.settlement == Settlement::None && !grant.approval {
+        if authority == Authority::A2
+            && spec.settlement == Settlement::None
+            && !grant.approval
+            && !grant.unattended
+        {
             return Err(refuse(
                 format!("a2_settlement:{}", grant.name),
                 format!(
-                    "tool {:?} acts outside the sandbox (A2) and declares no way to settle an ambiguous outcome (idempotency key or probe); grant {:?} would have to hold it for approval",
+                    "tool {:?} acts outside the sandbox (A2) and declares no way to settle an ambiguous outcome (idempotency key or probe); grant {:?} would have to hold it for approval (or limit it with rules and set unattended)",
                     spec.name, grant.name
                 ),
             ));

@@ -382,6 +382,54 @@ async fn a2_tool_with_settlement_or_held_for_approval_runs() {
 }
 
 #[tokio::test]
+async fn unattended_grant_runs_an_unsettled_a2_tool_within_its_rules_without_approval() {
+    let grant = Grant::new("d", &["deploy"], Authority::A2)
+        .rule("args.env == 'staging'")
+        .unwrap()
+        .unattended(true);
+    let h = harness(
+        vec![deploy_spec(Settlement::None)],
+        Policy::builder().grant(grant).unwrap(),
+    );
+    assert_eq!(h.session.catalog().len(), 1, "listed");
+    assert_eq!(
+        status(&call(&h, "deploy", json!({"env": "staging"})).await),
+        "ran"
+    );
+    assert_ne!(
+        status(&call(&h, "deploy", json!({"env": "prod"})).await),
+        "ran"
+    );
+}
+
+#[test]
+fn unattended_grant_without_rules_is_refused() {
+    let err = Policy::builder()
+        .grant(Grant::new("d", &["deploy"], Authority::A2).unattended(true))
+        .err()
+        .expect("refused");
+    assert!(err.contains("unattended needs rules"), "{err}");
+}
+
+#[test]
+fn hidden_tool_says_why() {
+    let policy = Policy::builder()
+        .grant(Grant::new("d", &["deploy"], Authority::A2))
+        .unwrap()
+        .build();
+    let local = ring0_core::Principal::local();
+    let why = policy
+        .hidden_because(&deploy_spec(Settlement::None), &local)
+        .expect("hidden");
+    assert!(why.contains("would have to hold it for approval"), "{why}");
+    assert!(
+        policy
+            .hidden_because(&deploy_spec(Settlement::IdempotencyKey), &local)
+            .is_none()
+    );
+}
+
+#[tokio::test]
 async fn shell_string_is_refused_unless_the_grant_allows_a_shell() {
     let spec = ToolSpec::new(
         "shell",

@@ -240,8 +240,30 @@ fn workspace_paths(shown: &[String]) -> Vec<&str> {
 /// A tool's spec and executor, as `KernelBuilder::tool` takes them.
 pub type ToolEntry = (ToolSpec, Arc<dyn Tool>);
 
+/// The end of a client's session, for the background jobs its calls started: a front end that
+/// knows when a session ends (an MCP HTTP session deleted or dropped) tells the jobs here.
+#[derive(Clone)]
+pub struct JobSessions {
+    jobs: Arc<shell::Jobs>,
+}
+
+impl JobSessions {
+    /// Cancels the live background jobs of the session of `scope` (the kernel session's
+    /// scope), except those started with `detached: true`.
+    pub async fn end(&self, scope: &str) {
+        self.jobs.end_scope(scope).await;
+    }
+}
+
 /// Every built-in tool: its spec and executor, ready for `KernelBuilder::tool`.
 pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<ToolEntry>, ToolsError> {
+    builtin_tools_with_jobs(config).map(|(tools, _)| tools)
+}
+
+/// [`builtin_tools`], and the handle that ends a session's background jobs.
+pub fn builtin_tools_with_jobs(
+    config: &ToolsConfig,
+) -> Result<(Vec<ToolEntry>, JobSessions), ToolsError> {
     let ws = Arc::new(Workspace::open(config)?);
     let mut policy = ExecPolicy::new(ws.sandbox.workspace())
         .allow_shell(config.shell.allow_command_string)
@@ -291,7 +313,7 @@ pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<ToolEntry>, ToolsError>
         let tool = ReadSpill { store };
         out.push((tool.spec(), Arc::new(tool)));
     }
-    Ok(out)
+    Ok((out, JobSessions { jobs }))
 }
 
 /// An `apply_patch` over `ws` (hosts that register tools one by one, and tests).

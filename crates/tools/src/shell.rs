@@ -53,6 +53,8 @@ pub(crate) struct Jobs {
     /// Where each background job's news goes: the event stream of the session whose call
     /// started it. News that arrives before the route is known waits here for it.
     routes: Arc<Mutex<HashMap<String, Route>>>,
+    /// Jobs started with `detached: true`: they outlive the end of their session.
+    detached: Mutex<HashSet<String>>,
 }
 
 enum Route {
@@ -85,6 +87,35 @@ impl Jobs {
             manager: OnceCell::new(),
             sessions: Mutex::new(HashSet::new()),
             routes: Arc::new(Mutex::new(HashMap::new())),
+            detached: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The end of the client session of `scope`: its background jobs are cancelled (their whole
+    /// process trees torn down), except those started detached. A scope that never started a
+    /// job costs nothing.
+    pub(crate) async fn end_scope(&self, scope: &str) {
+        let Some(Ok(manager)) = self.manager.get() else {
+            return;
+        };
+        let Ok(session) = SessionId::new(format!("scope_{}", scope_id(scope))) else {
+            return;
+        };
+        let live: Vec<String> = manager
+            .list(&session)
+            .into_iter()
+            .filter(|s| !s.state.is_terminal())
+            .map(|s| s.job.to_string())
+            .collect();
+        for job in live {
+            let detached = self
+                .detached
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&job);
+            if !detached {
+                let _ = manager.cancel(&session, &job).await;
+            }
         }
     }
 
@@ -120,8 +151,7 @@ impl Jobs {
     /// The job session of a scope (scopes are free text; job session ids are not).
     async fn session(&self, scope: &str) -> Result<(&JobManager, SessionId), ToolError> {
         let manager = self.manager().await?;
-        let digest = Sha256::digest(scope.as_bytes());
-        let id: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        let id = scope_id(scope);
         let session = SessionId::new(format!("scope_{id}"))
             .map_err(|e| ToolError::not_applied(e.to_string()))?;
         let fresh = self
@@ -162,6 +192,12 @@ impl Jobs {
     }
 }
 
+/// The job session id of a scope (scopes are free text; job session ids are not).
+fn scope_id(scope: &str) -> String {
+    let digest = Sha256::digest(scope.as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn job_error(e: JobError) -> ToolError {
     ToolError::not_applied(e.to_string())
 }
@@ -189,6 +225,8 @@ struct ShellArgs {
     #[serde(default)]
     background: bool,
     #[serde(default)]
+    detached: bool,
+    #[serde(default)]
     stdin: Option<String>,
 }
 
@@ -198,8 +236,9 @@ impl Shell {
             "shell",
             "Run a command in the workspace. Give `argv` (program and arguments, no shell \
              parsing); `command` (a shell script) only where a shell is granted. `background: \
-             true` returns a job handle at once (see job_inspect / job_wait); otherwise the \
-             shaped output, exit code and duration are returned.",
+             true` returns a job handle at once (see job_inspect / job_wait); the job ends with \
+             the client's session unless `detached: true`. Otherwise the shaped output, exit \
+             code and duration are returned.",
             json!({
                 "type": "object",
                 "properties": {
@@ -209,6 +248,7 @@ impl Shell {
                     "env": {"type": "object", "additionalProperties": {"type": "string"}},
                     "timeout_ms": {"type": "integer", "minimum": 1, "maximum": SHELL_TIMEOUT_MS_MAX},
                     "background": {"type": "boolean", "default": false},
+                    "detached": {"type": "boolean", "default": false, "description": "With background: the job outlives the client's session."},
                     "stdin": {"type": "string", "enum": ["null", "pipe", "tty"], "description": "For background jobs that read input."}
                 }
             }),
@@ -259,6 +299,11 @@ impl Shell {
                 )));
             }
         };
+        if a.detached && !a.background {
+            return Err(ToolError::not_applied(
+                "`detached` needs `background: true`",
+            ));
+        }
         if stdin.is_interactive() && !a.background {
             return Err(ToolError::not_applied(
                 "interactive stdin needs `background: true`",
@@ -277,6 +322,13 @@ impl Tool for Shell {
         if a.background {
             let (manager, session) = self.jobs.session(&ctx.scope).await?;
             let receipt = manager.start(&session, &spec).await.map_err(job_error)?;
+            if a.detached {
+                self.jobs
+                    .detached
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(receipt.job.to_string());
+            }
             self.jobs
                 .route_to(receipt.job.to_string(), ctx.events.clone());
             return Ok(Observation::json(json!({

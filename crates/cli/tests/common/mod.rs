@@ -94,7 +94,7 @@ pub fn one_upstream_config(
     tool_tables: &str,
 ) -> String {
     format!(
-        "[workspace]\nstate_dir = \".ring0\"\n\n\
+        "defaults = false\n[workspace]\nstate_dir = \".ring0\"\n\n\
          [[grants]]\nname = {grant:?}\ntools = {tools}\nceiling = {ceiling:?}\n\n\
          [[upstreams]]\nalias = {alias:?}\n{transport}\n\
          [upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\n\

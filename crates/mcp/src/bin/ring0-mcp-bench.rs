@@ -379,7 +379,7 @@ fn main() {
                 std::fs::write(
                     work.path().join("ring0.toml"),
                     format!(
-                        "[[grants]]\nname = \"bench\"\ntools = [\"b__*\"]\nceiling = \"A0\"\n\n\
+                        "defaults = false\n[[grants]]\nname = \"bench\"\ntools = [\"b__*\"]\nceiling = \"A0\"\n\n\
                          [[upstreams]]\nalias = \"b\"\n{transport}\
                          [upstreams.tools.\"*\"]\neffect = \"nullipotent\"\nauthority = \"A0\"\n\
                          strategy = [\"exploration\"]\n"
