@@ -123,6 +123,9 @@ struct Relay {
     target: Arc<Mutex<(Peer<RoleServer>, Option<Value>)>>,
     progress: mpsc::UnboundedSender<Value>,
     asker: Option<crate::input::Asker>,
+    /// Whether the client declared elicitation: a client that did not is never sent an
+    /// `elicitation/create`, whoever asks.
+    elicitation: bool,
 }
 
 impl Relay {
@@ -130,6 +133,7 @@ impl Relay {
         peer: Peer<RoleServer>,
         token: Option<Value>,
         asker: Option<crate::input::Asker>,
+        elicitation: bool,
     ) -> Arc<Self> {
         let target = Arc::new(Mutex::new((peer, token)));
         let (progress, mut rx) = mpsc::unbounded_channel::<Value>();
@@ -148,6 +152,7 @@ impl Relay {
             target,
             progress,
             asker,
+            elicitation,
         })
     }
 
@@ -188,6 +193,12 @@ impl Downstream for Relay {
     }
 
     async fn request(&self, method: &str, params: Option<Value>) -> Result<Value, Value> {
+        if method == "elicitation/create" && !self.elicitation {
+            return Err(error_object(
+                code::METHOD_NOT_FOUND,
+                "the client did not declare elicitation: it cannot be asked",
+            ));
+        }
         if let Some(asker) = &self.asker {
             return asker.ask(method, params).await;
         }
@@ -477,7 +488,8 @@ impl GatewayServer {
             return pending.step(&parked, &context.ct).await.into_result();
         }
         let (asker, questions) = crate::input::channel();
-        let relay = Relay::new(context.peer.clone(), token, Some(asker));
+        let elicitation = declares_elicitation(&context);
+        let relay = Relay::new(context.peer.clone(), token, Some(asker), elicitation);
         let first_ct = context.ct.clone();
         let cancel = tokio_util::sync::CancellationToken::new();
         let this = self.clone();
@@ -534,13 +546,10 @@ impl GatewayServer {
                 .map(str::to_string)
         });
         let confirm = spoken.or(meta_code);
-        // Only a channel the client declared: elicitation in its capabilities (per request in
-        // the 2026-07-28 era, where the question travels in an `input_required` result).
-        let elicitation = context
-            .client_capabilities()
-            .is_some_and(|c| c.elicitation.is_some());
+        let elicitation = declares_elicitation(&context);
         let modern = relay.is_some();
-        let relay = relay.unwrap_or_else(|| Relay::new(context.peer.clone(), token, None));
+        let relay =
+            relay.unwrap_or_else(|| Relay::new(context.peer.clone(), token, None, elicitation));
         let route = if modern {
             CallRoute::modern(Some(relay), confirm, elicitation)
         } else {
@@ -882,6 +891,14 @@ impl ServerHandler for GatewayServer {
             }
         });
     }
+}
+
+/// Whether the client declared elicitation: in its capabilities (per request in the 2026-07-28
+/// era, where a question travels in an `input_required` result). Only a declared channel is used.
+fn declares_elicitation(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .client_capabilities()
+        .is_some_and(|c| c.elicitation.is_some())
 }
 
 /// Whether a request is answered in the 2026-07-28 era (or later).
