@@ -364,3 +364,42 @@ fn approve_tool_refuses_a_definition_the_server_no_longer_serves() {
     let lock = std::fs::read_to_string(dir.path().join("ring0.lock")).unwrap();
     assert!(!lock.contains(&pin), "{lock}");
 }
+
+#[test]
+fn a_client_without_elicitation_is_never_sent_an_upstreams_elicitation() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../mcp/tests/fixtures/stdio_server.py");
+    let transport = format!(
+        "command = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\"]\n",
+        fixture.display().to_string()
+    );
+    let text = one_upstream_config("fixture", r#"["fx__*"]"#, "A3", "fx", &transport, "");
+    std::fs::write(dir.path().join("ring0.toml"), text).unwrap();
+    let mut cmd = Command::new(ring0());
+    cmd.arg("serve")
+        .current_dir(dir.path())
+        .stderr(Stdio::null());
+    let (mut child, mut stdin, messages) = spawn_stdio_json(cmd);
+    for line in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fx__ask","arguments":{}}}"#,
+    ] {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    let answer = loop {
+        let m = messages.recv_timeout(WAIT).expect("ring0 answers");
+        assert_ne!(m["method"], "elicitation/create", "never asked: {m}");
+        if m["id"] == 2 {
+            break m;
+        }
+    };
+    // The upstream was told the client cannot be asked, and said what it got.
+    let text = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or("");
+    assert!(text.contains("did not declare elicitation"), "{answer}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

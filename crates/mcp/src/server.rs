@@ -123,6 +123,9 @@ struct Relay {
     target: Arc<Mutex<(Peer<RoleServer>, Option<Value>)>>,
     progress: mpsc::UnboundedSender<Value>,
     asker: Option<crate::input::Asker>,
+    /// Whether the client declared elicitation: a client that did not is never sent an
+    /// `elicitation/create`, whoever asks.
+    elicitation: bool,
     /// Ends the request's response stream for a client that resumes it.
     cut: Option<crate::stream_cut::StreamCut>,
 }
@@ -132,6 +135,7 @@ impl Relay {
         peer: Peer<RoleServer>,
         token: Option<Value>,
         asker: Option<crate::input::Asker>,
+        elicitation: bool,
         cut: Option<crate::stream_cut::StreamCut>,
     ) -> Arc<Self> {
         let target = Arc::new(Mutex::new((peer, token)));
@@ -151,6 +155,7 @@ impl Relay {
             target,
             progress,
             asker,
+            elicitation,
             cut,
         })
     }
@@ -198,6 +203,12 @@ impl Downstream for Relay {
     }
 
     async fn request(&self, method: &str, params: Option<Value>) -> Result<Value, Value> {
+        if method == "elicitation/create" && !self.elicitation {
+            return Err(error_object(
+                code::METHOD_NOT_FOUND,
+                "the client did not declare elicitation: it cannot be asked",
+            ));
+        }
         if let Some(asker) = &self.asker {
             return asker.ask(method, params).await;
         }
@@ -516,7 +527,8 @@ impl GatewayServer {
             return pending.step(&parked, &context.ct).await.into_result();
         }
         let (asker, questions) = crate::input::channel();
-        let relay = Relay::new(context.peer.clone(), token, Some(asker), None);
+        let elicitation = declares_elicitation(&context);
+        let relay = Relay::new(context.peer.clone(), token, Some(asker), elicitation, None);
         let first_ct = context.ct.clone();
         let cancel = tokio_util::sync::CancellationToken::new();
         let this = self.clone();
@@ -573,19 +585,16 @@ impl GatewayServer {
                 .map(str::to_string)
         });
         let confirm = spoken.or(meta_code);
-        // Only a channel the client declared: elicitation in its capabilities (per request in
-        // the 2026-07-28 era, where the question travels in an `input_required` result).
-        let elicitation = context
-            .client_capabilities()
-            .is_some_and(|c| c.elicitation.is_some());
+        let elicitation = declares_elicitation(&context);
         let modern = relay.is_some();
         let cut = context
             .extensions
             .get::<http::request::Parts>()
             .and_then(crate::stream_cut::StreamCut::of)
             .filter(|_| relay.is_none());
-        let relay =
-            relay.unwrap_or_else(|| Relay::new(context.peer.clone(), token, None, cut.clone()));
+        let relay = relay.unwrap_or_else(|| {
+            Relay::new(context.peer.clone(), token, None, elicitation, cut.clone())
+        });
         let route = if modern {
             CallRoute::modern(Some(relay), confirm, elicitation)
         } else {
@@ -984,6 +993,14 @@ impl ServerHandler for GatewayServer {
             }
         });
     }
+}
+
+/// Whether the client declared elicitation: in its capabilities (per request in the 2026-07-28
+/// era, where a question travels in an `input_required` result). Only a declared channel is used.
+fn declares_elicitation(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .client_capabilities()
+        .is_some_and(|c| c.elicitation.is_some())
 }
 
 /// Whether a request is answered in the 2026-07-28 era (or later).
