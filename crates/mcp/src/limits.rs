@@ -127,3 +127,14 @@ pub const UPSTREAM_PROMPTS_MAX: usize = 1024;
 /// Longest string of a message an upstream sends a client during a call (a log message, a
 /// progress message, an elicitation or sampling request) forwarded.
 pub const RELAYED_TEXT_BYTES_MAX: usize = 64 * 1024;
+/// Longest scope a client may name in `_meta["io.ring0/scope"]`; a longer one is refused.
+pub const SCOPE_BYTES_MAX: usize = 256;
+/// Longest idempotency key a client may send (`params.idempotencyKey` or
+/// `_meta["io.ring0/idempotency-key"]`); a longer one is refused.
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 256;
+/// Largest HTTP request body to `/mcp`, read by ring0 (for fields rmcp's model drops) and by
+/// rmcp, which is given the same bound explicitly.
+pub const REQUEST_BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Longest stdio line ring0 examines for fields rmcp's model drops; a longer line is passed to
+/// rmcp as it came, which refuses lines beyond its own bound.
+pub const STDIO_LINE_BYTES_MAX: usize = 16 * 1024 * 1024;

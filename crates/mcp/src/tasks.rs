@@ -77,6 +77,8 @@ struct State {
     /// When `job_inspect` last refreshed the status message (each one is a journaled round).
     inspected: Option<Instant>,
     work: Work,
+    /// The delivery of the call's result, reported when the result is handed to the client.
+    delivery: Option<crate::delivery::Delivery>,
 }
 
 /// One task.
@@ -210,6 +212,7 @@ impl TaskTable {
                 cancel_requested: false,
                 inspected: None,
                 work: Work::Pending,
+                delivery: None,
             }),
         });
         tasks.insert(record.id.clone(), record.clone());
@@ -467,14 +470,14 @@ pub(crate) async fn offer(
     let mut ctx = context.clone();
 
     if background_shell {
-        let result = match server.call(request.clone(), ctx).await {
+        let answer = match server.call(request.clone(), ctx).await {
             Ok(r) => r,
             Err(e) => {
                 table.remove(&task.id);
                 return Err(e);
             }
         };
-        let job = Some(&result)
+        let job = Some(&answer.value)
             .filter(|v| v.get("isError").and_then(Value::as_bool) != Some(true))
             .and_then(|v| {
                 v.pointer("/structuredContent/job")
@@ -484,7 +487,7 @@ pub(crate) async fn offer(
         let Some(job) = job else {
             // Refused, failed, not started, or waiting for an answer: the ordinary answer.
             table.remove(&task.id);
-            return server.respond(result, modern).map(Some);
+            return server.respond(answer, modern).map(Some);
         };
         {
             let mut s = task.lock();
@@ -493,6 +496,10 @@ pub(crate) async fn offer(
                 job: job.clone(),
                 scope: server.scope().to_string(),
             };
+        }
+        // The job handle reaches the client in the task it is answered with.
+        if let Some(d) = answer.delivery {
+            d.delivered();
         }
         watch_job(
             server.clone(),
@@ -542,8 +549,9 @@ pub(crate) async fn offer(
             return;
         }
         match done {
-            Ok(Ok(result))
-                if result.get("resultType").and_then(Value::as_str) == Some("input_required") =>
+            Ok(Ok(answer))
+                if answer.value.get("resultType").and_then(Value::as_str)
+                    == Some("input_required") =>
             {
                 record.finish(
                     TaskStatus::Failed,
@@ -551,15 +559,18 @@ pub(crate) async fn offer(
                     Some(internal("the call asked for input a task cannot carry")),
                 )
             }
-            Ok(Ok(result)) => record.finish(
-                TaskStatus::Completed,
-                Some(object(adapt_to_era(
-                    result,
-                    RawKind::CallTool,
-                    record.modern,
-                ))),
-                None,
-            ),
+            Ok(Ok(answer)) => {
+                record.lock().delivery = answer.delivery;
+                record.finish(
+                    TaskStatus::Completed,
+                    Some(object(adapt_to_era(
+                        answer.value,
+                        RawKind::CallTool,
+                        record.modern,
+                    ))),
+                    None,
+                )
+            }
             Ok(Err(e)) => record.finish(
                 TaskStatus::Failed,
                 None,
@@ -633,7 +644,14 @@ pub(crate) async fn get(
             }
         }
     }
-    Ok(GetTaskResult::new(task.detailed()))
+    let detailed = task.detailed();
+    if matches!(detailed.payload, TaskPayload::Completed { .. })
+        && let Some(d) = task.lock().delivery.take()
+    {
+        // The result is handed to the client in this answer.
+        d.delivered();
+    }
+    Ok(GetTaskResult::new(detailed))
 }
 
 /// `tasks/cancel`: stops the job or the call; the task reports `cancelled`.
