@@ -381,3 +381,57 @@ fn a_keyed_call_re_issued_after_ring0_was_killed_mid_call_has_one_effect() {
     assert_eq!(appended_text(&seen["again"]), "crash", "{seen}");
     assert_eq!(effects(dir.path(), "crash"), 1, "{seen}");
 }
+
+#[test]
+fn a_held_call_that_will_be_replayed_is_never_shown_to_the_approver() {
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let mut config = std::fs::read_to_string(dir.path().join("ring0.toml")).unwrap();
+    config.push_str(
+        "\n[[grants]]\nname = \"shell\"\ntools = [\"shell\"]\nceiling = \"A2\"\napproval = true\n",
+    );
+    std::fs::write(dir.path().join("ring0.toml"), config).unwrap();
+    let ring0 = ring0().display().to_string();
+    let seen = client(&peers, "held", dir.path(), &ring0, "legacy", "");
+    assert_eq!(seen["first"]["is_error"], false, "{seen}");
+    assert_eq!(seen["ran"], true, "{seen}");
+    assert_eq!(seen["again"]["is_error"], false, "{seen}");
+    assert_eq!(
+        seen["again"]["receipt"]["disposition"], "replayed",
+        "{seen}"
+    );
+    assert_eq!(
+        seen["asked"].as_array().unwrap().len(),
+        1,
+        "the retry is answered without asking: {seen}"
+    );
+}
+
+#[test]
+fn the_repeat_guard_advises_at_the_third_call_and_stops_only_that_call() {
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    std::fs::write(dir.path().join("effects.log"), "").unwrap();
+    std::fs::write(dir.path().join("guard.txt"), "the same every time\n").unwrap();
+    let ring0 = ring0().display().to_string();
+    let seen = client(&peers, "guard", dir.path(), &ring0, "legacy", "");
+    let same = seen["same"].as_array().unwrap();
+    let text = |i: usize| same[i]["text"].as_str().unwrap_or("").to_string();
+    assert_eq!(same[0]["is_error"], false, "{seen}");
+    assert!(!text(1).contains("times in a row"), "{seen}");
+    assert!(
+        text(2).contains("times in a row"),
+        "the advisory reaches the model with the 3rd result: {seen}"
+    );
+    let stopped = same
+        .iter()
+        .position(|r| r["text"].as_str().unwrap_or("").contains("repeat_limit"))
+        .unwrap_or_else(|| panic!("the exact repeat is stopped: {seen}"));
+    assert!(stopped < same.len(), "{seen}");
+    assert!(
+        same[stopped..].iter().all(|r| r["is_error"] == true),
+        "{seen}"
+    );
+    // Another call still runs.
+    assert_eq!(seen["other"]["is_error"], false, "{seen}");
+}
