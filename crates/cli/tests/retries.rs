@@ -34,10 +34,13 @@ fn workspace(peers: &Path) -> tempfile::TempDir {
     let config = format!(
         "[workspace]\nstate_dir = \".ring0\"\n\n\
          [[grants]]\nname = \"files\"\ntools = [\"read_file\", \"write_file\", \"apply_patch\"]\nceiling = \"A1\"\n\n\
-         [[grants]]\nname = \"effects\"\ntools = [\"fx__append\"]\nceiling = \"A2\"\n\n\
+         [[grants]]\nname = \"effects\"\ntools = [\"fx__append\", \"fx__append_lane\"]\nceiling = \"A2\"\n\n\
          [[upstreams]]\nalias = \"fx\"\ncommand = {:?}\nargs = [{:?}, \"--dir\", {:?}]\n\n\
          [upstreams.tools.append]\neffect = \"non_idempotent\"\nauthority = \"A2\"\n\
-         strategy = [\"exploitation\"]\nsettlement = \"idempotency_key\"\n",
+         strategy = [\"exploitation\"]\nsettlement = \"idempotency_key\"\n\n\
+         [upstreams.tools.append_lane]\neffect = \"non_idempotent\"\nauthority = \"A2\"\n\
+         strategy = [\"exploitation\"]\nsettlement = \"idempotency_key\"\n\
+         conflict_key = \"lane:{{lane}}\"\n",
         python(peers).display().to_string(),
         fixtures().join("effect_upstream.py").display().to_string(),
         dir.path().display().to_string(),
@@ -176,66 +179,70 @@ fn a_keyed_call_re_issued_in_the_other_era_has_one_effect() {
     assert_eq!(effects(dir.path(), "keyed"), 1, "{again}");
 }
 
+/// Write A, B, A; a read after a change; two appends; an apply_patch twice: each ran.
+fn repeats_run_again(target: &str, dir: &Path, peers: &Path, mode: &str) {
+    let seen = client(peers, "repeats", dir, target, mode, "alice-token");
+    let label = format!("{target} {mode}");
+    for w in seen["writes"].as_array().unwrap() {
+        assert_eq!(w["is_error"], false, "{label}: {seen}");
+    }
+    // Write A, B, A: A is on disk, as ring0 said.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("aba.txt")).unwrap(),
+        "A\n",
+        "{label}: {seen}"
+    );
+    assert!(
+        seen["aba_read"]["text"].as_str().unwrap().contains('A'),
+        "{label}: {seen}"
+    );
+    // A read after a change shows the change.
+    assert!(
+        seen["state_1"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("version 1"),
+        "{label}: {seen}"
+    );
+    assert!(
+        seen["state_2"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("version 2"),
+        "{label}: {seen}"
+    );
+    // Two unkeyed appends, each delivered: two effects.
+    assert_eq!(effects(dir, "again"), 2, "{label}: {seen}");
+    // An apply_patch applied, delivered and asked again applies again.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("patched.txt")).unwrap(),
+        "one\ntwo\ntwo\n",
+        "{label}: {seen}"
+    );
+}
+
 #[test]
-fn repeats_run_again_over_stdio_and_both_http_eras() {
+fn repeats_run_again_over_stdio() {
     let Some(peers) = peers() else { return };
     let dir = workspace(&peers);
     let ring0 = ring0().display().to_string();
+    repeats_run_again(&ring0, dir.path(), &peers, "legacy");
+}
+
+#[test]
+fn repeats_run_again_over_sessionful_http() {
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
     let server = serve_http(dir.path());
-    for (target, mode) in [
-        (ring0.as_str(), "legacy"),
-        (server.url().as_str(), "legacy"),
-        (server.url().as_str(), "2026-07-28"),
-    ] {
-        let _ = std::fs::remove_file(dir.path().join("effects.log"));
-        let seen = client(&peers, "repeats", dir.path(), target, mode, "alice-token");
-        let label = format!("{target} {mode}");
-        for w in seen["writes"].as_array().unwrap() {
-            assert_eq!(w["is_error"], false, "{label}: {seen}");
-        }
-        // Write A, B, A: A is on disk, as ring0 said.
-        assert_eq!(
-            std::fs::read_to_string(dir.path().join("aba.txt")).unwrap(),
-            "A\n",
-            "{label}: {seen}"
-        );
-        assert!(
-            seen["aba_read"]["text"].as_str().unwrap().contains('A'),
-            "{label}: {seen}"
-        );
-        // A read after a change shows the change.
-        assert!(
-            seen["state_1"]["text"]
-                .as_str()
-                .unwrap()
-                .contains("version 1"),
-            "{label}: {seen}"
-        );
-        assert!(
-            seen["state_2"]["text"]
-                .as_str()
-                .unwrap()
-                .contains("version 2"),
-            "{label}: {seen}"
-        );
-        // Two unkeyed appends, each delivered: two effects.
-        assert_eq!(effects(dir.path(), "again"), 2, "{label}: {seen}");
-        let lines: Vec<Value> = seen["appends"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| {
-                serde_json::from_str::<Value>(a["text"].as_str().unwrap()).unwrap()["lines"].clone()
-            })
-            .collect();
-        assert_eq!(lines, vec![json!(1), json!(2)], "{label}: {seen}");
-        // An apply_patch applied, delivered and asked again applies again.
-        assert_eq!(
-            std::fs::read_to_string(dir.path().join("patched.txt")).unwrap(),
-            "one\ntwo\ntwo\n",
-            "{label}: {seen}"
-        );
-    }
+    repeats_run_again(&server.url(), dir.path(), &peers, "legacy");
+}
+
+#[test]
+fn repeats_run_again_over_stateless_http() {
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let server = serve_http(dir.path());
+    repeats_run_again(&server.url(), dir.path(), &peers, "2026-07-28");
 }
 
 #[test]
@@ -434,4 +441,37 @@ fn the_repeat_guard_advises_at_the_third_call_and_stops_only_that_call() {
     );
     // Another call still runs.
     assert_eq!(seen["other"]["is_error"], false, "{seen}");
+}
+
+#[test]
+fn calls_with_equal_conflict_keys_serialize_across_concurrent_tools_calls() {
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let ring0 = ring0().display().to_string();
+    let seen = client(&peers, "lanes", dir.path(), &ring0, "legacy", "");
+    for call in ["a", "b", "c"] {
+        assert_eq!(seen[call]["is_error"], false, "{call}: {seen}");
+    }
+    let before: Vec<&str> = seen["while_a_waits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    // C, in another lane, ran while A waited; B, in A's lane, did not start.
+    assert!(before.contains(&"done C"), "{seen}");
+    assert!(!before.contains(&"enter B"), "{seen}");
+    let events: Vec<&str> = seen["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let at = |e: &str| {
+        events
+            .iter()
+            .position(|x| *x == e)
+            .unwrap_or_else(|| panic!("{e}: {seen}"))
+    };
+    assert!(at("done A") < at("enter B"), "{seen}");
 }
