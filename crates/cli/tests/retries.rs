@@ -475,3 +475,22 @@ fn calls_with_equal_conflict_keys_serialize_across_concurrent_tools_calls() {
     };
     assert!(at("done A") < at("enter B"), "{seen}");
 }
+
+#[test]
+fn an_unsettled_write_blocks_the_next_write_of_its_key_and_no_other() {
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let ring0 = ring0().display().to_string();
+    let seen = client(&peers, "unsettled", dir.path(), &ring0, "legacy", "");
+    assert_eq!(seen["a"]["is_error"], true, "{seen}");
+    let unknown = seen["a"]["receipt"]["intent_id"].as_str().unwrap_or("");
+    assert!(!unknown.is_empty(), "{seen}");
+    // B shares A's conflict key: refused, naming A's intent, and nothing ran.
+    let b = seen["b"]["text"].as_str().unwrap();
+    assert!(b.contains("blocked_by_unsettled"), "{seen}");
+    assert!(b.contains(unknown), "{seen}");
+    // C's key is another: it runs.
+    assert_eq!(seen["c"]["is_error"], false, "{seen}");
+    assert_eq!(effects(dir.path(), "B"), 0, "{seen}");
+    assert_eq!(effects(dir.path(), "C"), 1, "{seen}");
+}
