@@ -138,9 +138,12 @@ pub fn principal_scope(principal: &Principal) -> String {
 /// message changed.
 pub fn lift_wire_fields(message: &mut Value) -> bool {
     match message {
+        // Every entry is lifted (no short circuit), then whether any changed.
         Value::Array(batch) => batch
             .iter_mut()
-            .fold(false, |changed, m| lift_one(m) || changed),
+            .map(lift_one)
+            .collect::<Vec<bool>>()
+            .contains(&true),
         other => lift_one(other),
     }
 }
