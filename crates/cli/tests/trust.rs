@@ -283,6 +283,7 @@ fn commit_unsent_write(dir: &Path) {
             canonical_args: ring0_core::canonical::canonical_string(&args).unwrap(),
             call_id: "toolu_crashed".into(),
             mutating: true,
+            client_key: None,
         };
         let decision = journal.propose(proposal).await.unwrap();
         assert!(

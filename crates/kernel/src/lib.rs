@@ -64,6 +64,7 @@ pub mod admit;
 pub mod assemble;
 mod commit;
 pub mod compat;
+pub mod delivery;
 mod dispatch;
 pub mod events;
 pub mod plan;
@@ -73,6 +74,7 @@ pub mod project;
 mod recover;
 pub mod registry;
 mod round;
+pub mod scope;
 mod session;
 mod settle;
 mod shape;
@@ -82,16 +84,19 @@ pub mod traits;
 pub mod validate;
 
 pub use admit::{RepeatLimits, ToolChoice};
+pub use delivery::DeliveryTicket;
 pub use dispatch::SETTLE_REDISPATCH_MAX;
 pub use events::Event;
 pub use plan::SchedulingMode;
-pub use policy::{AuthDecision, AuthRequest, Authorizer, GrantTable, PolicyRewrite, SessionInfo};
+pub use policy::{
+    AuthAdmission, AuthDecision, AuthRequest, Authorizer, GrantTable, PolicyRewrite, SessionInfo,
+};
 pub use project::{ProjectionInput, Projector};
 pub use registry::{RegistrationError, Registry};
 pub use session::{
-    Kernel, KernelBuilder, MAX_CONCURRENT_TOOLS_DEFAULT, RoundOptions, RoundOutcome,
-    SECRET_VALUES_MAX, SecretValuesError, Session, SessionConfig, Termination, ToolRefused,
-    TurnOutcome,
+    IDEMPOTENCY_KEY_RETENTION_MS_DEFAULT, IN_FLIGHT_WAIT_MS_DEFAULT, Kernel, KernelBuilder,
+    MAX_CONCURRENT_TOOLS_DEFAULT, RoundOptions, RoundOutcome, SECRET_VALUES_MAX, SecretValuesError,
+    Session, SessionConfig, Termination, ToolRefused, TurnOutcome,
 };
 pub use streaming::{LEDGER_TURNS_MAX, RoundIdentity, StreamNotice, StreamingRound};
 pub use tool::{

@@ -523,6 +523,7 @@ impl GatewayServer {
                         .map(Value::Object)
                         .unwrap_or_else(|| Value::Object(Map::new())),
                 ),
+                idempotency_key: None,
             }],
             text: None,
         };

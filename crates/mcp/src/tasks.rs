@@ -300,6 +300,7 @@ async fn mediated(
             ),
             tool: tool.into(),
             arguments: ProposedArguments::Value(args),
+            idempotency_key: None,
         }],
         text: None,
     };
