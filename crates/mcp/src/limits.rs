@@ -130,8 +130,8 @@ pub const RELAYED_TEXT_BYTES_MAX: usize = 64 * 1024;
 /// Longest scope a client may name in `_meta["io.ring0/scope"]`; a longer one is refused.
 pub const SCOPE_BYTES_MAX: usize = 256;
 /// Longest idempotency key a client may send (`params.idempotencyKey` or
-/// `_meta["io.ring0/idempotency-key"]`); a longer one is refused.
-pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 256;
+/// `_meta["io.ring0/idempotency-key"]`): the kernel's bound; a longer one is refused.
+pub use ring0_core::limits::IDEMPOTENCY_KEY_BYTES_MAX;
 /// Largest HTTP request body to `/mcp`, read by ring0 (for fields rmcp's model drops) and by
 /// rmcp, which is given the same bound explicitly.
 pub const REQUEST_BODY_BYTES_MAX: usize = 4 * 1024 * 1024;

@@ -523,7 +523,7 @@ impl GatewayServer {
                         .map(Value::Object)
                         .unwrap_or_else(|| Value::Object(Map::new())),
                 ),
-                idempotency_key: None,
+                idempotency_key: identity.idempotency_key.clone(),
             }],
             text: None,
         };
@@ -591,8 +591,9 @@ pub(crate) fn is_stateless_http(context: &RequestContext<RoleServer>) -> bool {
 
 /// The delivery of a one-call round's result: reported once the response carrying it has left
 /// ring0, so that an identical call after it runs again instead of being answered with it.
-fn delivery_of(_outcome: &ring0_kernel::RoundOutcome) -> Option<Delivery> {
-    None
+fn delivery_of(outcome: &ring0_kernel::RoundOutcome) -> Option<Delivery> {
+    let ticket = outcome.delivery(0)?.clone();
+    Some(Delivery::new(move || ticket.delivered()))
 }
 
 /// The call id of a `tools/call`: the client's request id (evidence that links the journal's
@@ -921,6 +922,7 @@ mod tests {
                 content: projection,
                 is_error: false,
             }],
+            deliveries: vec![None],
             terminated: None,
             policy_message: None,
             missing_required_call: false,
