@@ -97,27 +97,18 @@ fn appended_text(seen: &Value) -> Value {
     serde_json::from_str::<Value>(text).unwrap_or(Value::Null)["text"].clone()
 }
 
-/// A dropped answer, in one session, with and without a key; then the keyed call from a new
-/// session: one effect each.
-fn one_effect_after_dropped_answers(server: &str, dir: &Path, peers: &Path, mode: &str) {
-    let token = "alice-token";
-    let seen = client(peers, "dropped", dir, server, mode, token);
-    for case in ["keyed_retry", "unkeyed_retry"] {
-        assert_eq!(seen[case]["is_error"], false, "{case}: {seen}");
-    }
-    assert_eq!(appended_text(&seen["keyed_retry"]), "keyed", "{seen}");
-    assert_eq!(appended_text(&seen["unkeyed_retry"]), "unkeyed", "{seen}");
+/// A keyed call whose answer was dropped, retried in the same session and then from a new
+/// one: one effect, and the recorded result each time.
+fn one_effect_for_a_keyed_retry(server: &str, dir: &Path, peers: &Path, mode: &str) {
+    let seen = client(peers, "dropped_keyed", dir, server, mode, "alice-token");
+    assert_eq!(seen["retry"]["is_error"], false, "{seen}");
+    assert_eq!(appended_text(&seen["retry"]), "keyed", "{seen}");
     assert_eq!(
         effects(dir, "keyed"),
         1,
         "a keyed retry in one session: {seen}"
     );
-    assert_eq!(
-        effects(dir, "unkeyed"),
-        1,
-        "an unkeyed retry of an undelivered answer: {seen}"
-    );
-    let again = client(peers, "keyed", dir, server, mode, token);
+    let again = client(peers, "keyed", dir, server, mode, "alice-token");
     assert_eq!(again["again"]["is_error"], false, "{again}");
     assert_eq!(appended_text(&again["again"]), "keyed", "{again}");
     assert_eq!(
@@ -127,28 +118,60 @@ fn one_effect_after_dropped_answers(server: &str, dir: &Path, peers: &Path, mode
     );
 }
 
+/// An unkeyed call whose answer was dropped, made again: answered with its result, one effect.
+fn one_effect_for_an_unkeyed_retry(server: &str, dir: &Path, peers: &Path, mode: &str) {
+    let seen = client(peers, "dropped_unkeyed", dir, server, mode, "alice-token");
+    assert_eq!(seen["retry"]["is_error"], false, "{seen}");
+    assert_eq!(appended_text(&seen["retry"]), "unkeyed", "{seen}");
+    assert_eq!(effects(dir, "unkeyed"), 1, "{seen}");
+}
+
 #[test]
-fn a_retried_call_has_one_effect_over_stdio() {
+fn a_keyed_retry_has_one_effect_over_stdio() {
     let Some(peers) = peers() else { return };
     let dir = workspace(&peers);
     let ring0 = ring0().display().to_string();
-    one_effect_after_dropped_answers(&ring0, dir.path(), &peers, "legacy");
+    one_effect_for_a_keyed_retry(&ring0, dir.path(), &peers, "legacy");
 }
 
 #[test]
-fn a_retried_call_has_one_effect_over_sessionful_http() {
+fn a_keyed_retry_has_one_effect_over_sessionful_http() {
     let Some(peers) = peers() else { return };
     let dir = workspace(&peers);
     let server = serve_http(dir.path());
-    one_effect_after_dropped_answers(&server.url(), dir.path(), &peers, "legacy");
+    one_effect_for_a_keyed_retry(&server.url(), dir.path(), &peers, "legacy");
 }
 
 #[test]
-fn a_retried_call_has_one_effect_over_stateless_http() {
+fn a_keyed_retry_has_one_effect_over_stateless_http() {
     let Some(peers) = peers() else { return };
     let dir = workspace(&peers);
     let server = serve_http(dir.path());
-    one_effect_after_dropped_answers(&server.url(), dir.path(), &peers, "2026-07-28");
+    one_effect_for_a_keyed_retry(&server.url(), dir.path(), &peers, "2026-07-28");
+}
+
+#[test]
+fn an_unkeyed_retry_of_an_undelivered_answer_has_one_effect_over_stdio() {
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let ring0 = ring0().display().to_string();
+    one_effect_for_an_unkeyed_retry(&ring0, dir.path(), &peers, "legacy");
+}
+
+#[test]
+fn an_unkeyed_retry_of_an_undelivered_answer_has_one_effect_over_sessionful_http() {
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let server = serve_http(dir.path());
+    one_effect_for_an_unkeyed_retry(&server.url(), dir.path(), &peers, "legacy");
+}
+
+#[test]
+fn an_unkeyed_retry_of_an_undelivered_answer_has_one_effect_over_stateless_http() {
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let server = serve_http(dir.path());
+    one_effect_for_an_unkeyed_retry(&server.url(), dir.path(), &peers, "2026-07-28");
 }
 
 #[test]
