@@ -652,4 +652,78 @@ mod tests {
         assert_eq!(message["result"]["content"][0]["type"], "widget");
         assert_eq!(message["id"], 3);
     }
+
+    fn counted() -> (Delivery, Arc<std::sync::atomic::AtomicUsize>) {
+        let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let m = n.clone();
+        let d = Delivery::new(move || {
+            m.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        (d, n)
+    }
+
+    fn result_event(stash: &RawStash, delivery: Delivery) -> Bytes {
+        let marked = stash.stand_in_delivering(
+            json!({"content": []}),
+            json!({"content": []}),
+            Some(delivery),
+        );
+        let id = marked["_meta"][RAW_META_KEY].as_str().unwrap().to_string();
+        Bytes::from(format!(
+            "data: {{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{{\"content\":[],\"_meta\":{{\"{RAW_META_KEY}\":\"{id}\"}}}}}}\n\n"
+        ))
+    }
+
+    fn rewrite(
+        stash: &Arc<RawStash>,
+        chunk: Bytes,
+    ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> + Unpin {
+        SseRewrite {
+            inner: futures::stream::iter(vec![Ok(chunk)]),
+            stash: stash.clone(),
+            pending: BytesMut::new(),
+            passthrough: false,
+            done: false,
+            sent: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_sse_result_is_delivered_once_the_connection_asks_for_more_after_its_event() {
+        use futures::StreamExt;
+        let stash = RawStash::new();
+        let (delivery, fired) = counted();
+        let mut events = rewrite(&stash, result_event(&stash, delivery));
+        assert!(events.next().await.is_some());
+        assert_eq!(fired.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert!(events.next().await.is_none());
+        assert_eq!(fired.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_sse_stream_dropped_before_its_result_event_was_taken_delivers_nothing() {
+        use futures::StreamExt;
+        let stash = RawStash::new();
+        let (delivery, fired) = counted();
+        let mut events = rewrite(&stash, result_event(&stash, delivery));
+        let _event = events.next().await;
+        drop(events);
+        assert_eq!(fired.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_result_too_large_to_keep_still_carries_its_delivery() {
+        let stash = RawStash::with_limits(100, 16);
+        let (delivery, fired) = counted();
+        let mut out = stash.stand_in_delivering(
+            Value::String("x".repeat(64)),
+            json!({"content": []}),
+            Some(delivery),
+        );
+        let (changed, delivery) = stash.substitute_once_delivering(&mut out);
+        assert!(changed);
+        assert!(out["_meta"].get(RAW_META_KEY).is_none(), "{out}");
+        delivery.unwrap().delivered();
+        assert_eq!(fired.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
 }

@@ -478,28 +478,13 @@ impl GatewayServer {
             .meta
             .get_progress_token()
             .and_then(|t| serde_json::to_value(t).ok());
-        // rmcp moves a request's `_meta` into the context; read both places.
-        let metas: Vec<Map<String, Value>> = [
-            serde_json::to_value(&context.meta).ok(),
-            request
-                .meta
-                .as_ref()
-                .and_then(|m| serde_json::to_value(m).ok()),
-        ]
-        .into_iter()
-        .flatten()
-        .filter_map(|m| match m {
-            Value::Object(m) => Some(m),
-            _ => None,
-        })
-        .collect();
+        let metas = request_metas(&request, &context);
         let confirm = metas.iter().find_map(|m| {
             m.get(CONFIRM_META_KEY)
                 .and_then(Value::as_str)
                 .map(str::to_string)
         });
-        let identity = crate::retry::read(&metas.iter().collect::<Vec<_>>())
-            .map_err(|e| ErrorData::invalid_params(e.message, Some(e.data)))?;
+        let identity = read_identity(&metas)?;
         let scope = self.scope_of(&identity, &context);
         let elicitation = context
             .client_capabilities()
@@ -563,6 +548,16 @@ impl GatewayServer {
         })
     }
 
+    /// The kernel scope a `tools/call` runs in (see [`GatewayServer::scope_of`]).
+    pub(crate) fn call_scope(
+        &self,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<String, ErrorData> {
+        let identity = read_identity(&request_metas(request, context))?;
+        Ok(self.scope_of(&identity, context))
+    }
+
     /// The kernel scope of a call: the scope the client named, bound to its principal; else the
     /// principal's for a stateless 2026-07-28 request over HTTP (which has no session); else
     /// this session's (the MCP session, or stdio's `--scope`).
@@ -579,6 +574,34 @@ impl GatewayServer {
         }
         self.scope.clone()
     }
+}
+
+/// A request's `_meta` objects: rmcp moves a request's `_meta` into the context, so both places
+/// are read.
+fn request_metas(
+    request: &CallToolRequestParams,
+    context: &RequestContext<RoleServer>,
+) -> Vec<Map<String, Value>> {
+    [
+        serde_json::to_value(&context.meta).ok(),
+        request
+            .meta
+            .as_ref()
+            .and_then(|m| serde_json::to_value(m).ok()),
+    ]
+    .into_iter()
+    .flatten()
+    .filter_map(|m| match m {
+        Value::Object(m) => Some(m),
+        _ => None,
+    })
+    .collect()
+}
+
+/// The identity fields of a call, or the invalid-params error that names the bad one.
+fn read_identity(metas: &[Map<String, Value>]) -> Result<crate::retry::CallIdentity, ErrorData> {
+    crate::retry::read(&metas.iter().collect::<Vec<_>>())
+        .map_err(|e| ErrorData::invalid_params(e.message, Some(e.data)))
 }
 
 /// Whether a request came over HTTP without a session (the stateless 2026-07-28 era).

@@ -453,7 +453,7 @@ pub(crate) async fn offer(
         // A job task is followed and cancelled with the job tools: where the grants do not
         // allow them, the job handle is answered the ordinary way.
         let session = generation.kernel.open_session(
-            SessionConfig::new(server.scope().to_string())
+            SessionConfig::new(server.call_scope(request, context)?)
                 .principal(server.principal().clone())
                 .authorizer(generation.gate.clone()),
         );
@@ -471,6 +471,8 @@ pub(crate) async fn offer(
     let mut ctx = context.clone();
 
     if background_shell {
+        // The job lives in the scope its call ran in: its operations run there too.
+        let scope = server.call_scope(request, context)?;
         let answer = match server.call(request.clone(), ctx).await {
             Ok(r) => r,
             Err(e) => {
@@ -495,19 +497,14 @@ pub(crate) async fn offer(
             s.message = Some(format!("job {job} started"));
             s.work = Work::Job {
                 job: job.clone(),
-                scope: server.scope().to_string(),
+                scope: scope.clone(),
             };
         }
         // The job handle reaches the client in the task it is answered with.
         if let Some(d) = answer.delivery {
             d.delivered();
         }
-        watch_job(
-            server.clone(),
-            task.clone(),
-            job.clone(),
-            server.scope().to_string(),
-        );
+        watch_job(server.clone(), task.clone(), job.clone(), scope);
         return Ok(Some(create_result(&task, Some(&job))));
     }
 
