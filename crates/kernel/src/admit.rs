@@ -200,6 +200,8 @@ pub fn advisory_message(tool: &str, count: u32) -> String {
 }
 
 /// What the exact-repeat guard decided about one prepared call, with its events sent.
+// Made once per call and matched at once: boxing the refusal would not pay for itself.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum RepeatDecision {
     /// The call may run; `advisory` is the policy message for the next model request, if the
     /// call reached the advisory count.
