@@ -86,11 +86,8 @@ pub enum RejectionKind {
     /// other calls still run.
     RepeatLimit,
     ToolChoiceViolation,
-    /// The same intent is already in flight; wait for it.
-    DuplicateInFlight,
     /// Intent id bound to a different semantic key, or another canonicalizer version.
     IntentConflict,
-    BlockedByUncertainWrite,
     /// An earlier write of the scope has an unknown outcome (`intent_id` names it); writes it
     /// blocks are refused until it settles.
     BlockedByUnsettled,
@@ -127,9 +124,7 @@ impl RejectionKind {
             Self::RepeatTerminated => "repeat_terminated",
             Self::RepeatLimit => "repeat_limit",
             Self::ToolChoiceViolation => "tool_choice_violation",
-            Self::DuplicateInFlight => "duplicate_in_flight",
             Self::IntentConflict => "intent_conflict",
-            Self::BlockedByUncertainWrite => "blocked_by_uncertain_write",
             Self::BlockedByUnsettled => "blocked_by_unsettled",
             Self::InvalidIdempotencyKey => "invalid_idempotency_key",
             Self::IdempotencyConflict => "idempotency_conflict",
@@ -163,11 +158,7 @@ impl RejectionKind {
                 "stop repeating this exact call: its result will not change; other calls still run"
             }
             Self::ToolChoiceViolation => "follow the requested tool choice",
-            Self::DuplicateInFlight => "the same call is already running; wait for its result",
             Self::IntentConflict => "do not retry; the intent differs from the one recorded",
-            Self::BlockedByUncertainWrite => {
-                "an earlier write has an unknown outcome; wait until it is settled"
-            }
             Self::BlockedByUnsettled => {
                 "an earlier write has an unknown outcome; wait until it is settled, then call again"
             }
@@ -221,7 +212,7 @@ pub struct Rejection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
     /// The intent the refusal is about (`blocked_by_unsettled`, `idempotency_conflict`,
-    /// `in_progress`, `duplicate_in_flight`).
+    /// `in_progress`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intent_id: Option<String>,
     pub advice: String,
@@ -329,9 +320,7 @@ mod tests {
             RepeatTerminated,
             RepeatLimit,
             ToolChoiceViolation,
-            DuplicateInFlight,
             IntentConflict,
-            BlockedByUncertainWrite,
             BlockedByUnsettled,
             InvalidIdempotencyKey,
             IdempotencyConflict,

@@ -143,6 +143,9 @@ pub fn attempt_idempotency_key(key: &ring0_core::SemanticKey, epoch: u64, attemp
 }
 
 /// What the records found leave to the backend when they decide nothing themselves.
+// Returned once per proposal and matched at once: boxing the plan would add an allocation to
+// every decided proposal on the writer's thread.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Planned {
     /// The records decided: answer, and write what the plan says.

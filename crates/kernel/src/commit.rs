@@ -15,6 +15,10 @@
 //!
 //! None of those but the first reach the executor.
 
+// A receipt or a record is the ordinary answer here, made once per call and moved once; boxing
+// it would only add an allocation to every commit.
+#![allow(clippy::result_large_err, clippy::large_enum_variant)]
+
 use crate::dispatch::{DispatchEnv, receipt_from, rejected};
 use crate::prepare::Prepared;
 use ring0_core::call::RejectionKind;

@@ -1,13 +1,17 @@
 //! The mediation kernel: every tool call a model proposes passes through here.
 //!
 //! ```text
-//! ingest → prepare → admit → plan → commit → dispatch → settle → shape → project
+//! ingest → prepare → admit → plan → commit → approve → dispatch → settle → shape → project
 //! ```
 //!
 //! A host builds a [`Kernel`] with its tools, opens a [`Session`] (scope, grants, execution
 //! mode, limits) and hands it each model turn in any supported provider format. It gets back
 //! the tool-result message in the same format, the canonical receipts, and events on
 //! [`Session::subscribe`].
+//!
+//! Each call answered by a journal record comes back with a [`DeliveryTicket`]
+//! ([`RoundOutcome::delivery`]): mark it once the result reached the caller, and an identical
+//! call after that runs again; until then it is answered with that result (see [`delivery`]).
 //!
 //! This crate must never let a tool run except through the pipeline: nothing is dispatched before
 //! every call of the round is prepared, nothing mutating is dispatched before it is committed to
