@@ -374,6 +374,10 @@ fn an_approval_for_one_http_session_never_releases_the_identical_call_in_another
     );
     assert_eq!(seen["a_first"]["ran"], true, "{seen}");
     assert_eq!(seen["a_again"]["is_error"], false, "{seen}");
+    assert_eq!(
+        seen["a_again"]["ran"], true,
+        "a delivered call asked again runs: {seen}"
+    );
     let asked = seen["asked"].as_array().unwrap();
     assert_eq!(
         asked.len(),

@@ -32,8 +32,8 @@ use ring0_core::limits::CALL_ID_BYTES_MAX;
 use ring0_core::receipt::CallOutcome;
 use ring0_core::{Authority, ProposedArguments, ProposedCall, Round, ToolSpec};
 use ring0_kernel::{
-    AuthDecision, AuthRequest, Authorizer, CallExtensions, RoundOptions, Session, SessionConfig,
-    SessionInfo,
+    AuthAdmission, AuthDecision, AuthRequest, Authorizer, CallExtensions, RoundOptions, Session,
+    SessionConfig, SessionInfo,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
@@ -109,6 +109,23 @@ impl Authorizer for SessionGate {
                 reason,
             },
         }
+    }
+
+    /// An A3 call the grants allow is held: the person is asked in [`Authorizer::hold`], after
+    /// the journal decided the call will run.
+    async fn admit(&self, request: &AuthRequest<'_>) -> AuthAdmission {
+        match self.inner.admit(request).await {
+            AuthAdmission::Decided(AuthDecision::Allow { .. })
+                if request.spec.authority >= Authority::A3 =>
+            {
+                AuthAdmission::Hold
+            }
+            other => other,
+        }
+    }
+
+    async fn hold(&self, request: &AuthRequest<'_>) -> AuthDecision {
+        self.authorize(request).await
     }
 
     fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool {
