@@ -956,6 +956,7 @@ mod tests {
                 Disposition::Dispatched,
                 CallOutcome::Completed { observation },
             )],
+            deliveries: vec![None],
             results: vec![ToolResult {
                 call_id: "mcp-1".into(),
                 tool: "up__tool".into(),
