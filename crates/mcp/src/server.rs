@@ -963,7 +963,6 @@ mod tests {
                 content: projection,
                 is_error: false,
             }],
-            deliveries: vec![None],
             terminated: None,
             policy_message: None,
             missing_required_call: false,
