@@ -52,8 +52,10 @@ pub struct ServeArgs {
     allow_host: Vec<String>,
     /// The user-intent scope of the stdio session (part of every call's identity). By default
     /// each connection gets a fresh scope. Give a fixed scope for a client that re-proposes its
-    /// calls after a restart (of ring0 or of itself): a mutating call it already made is then
-    /// replayed from the journal, or settled, instead of running again.
+    /// calls after a restart (of ring0 or of itself): a mutating call whose result it never
+    /// received is then answered from the journal, or settled, instead of running again. A
+    /// client may also name a scope per call in `_meta["io.ring0/scope"]`, or send an
+    /// idempotency key, which decides across scopes.
     #[arg(long, value_name = "SCOPE")]
     scope: Option<String>,
 }
@@ -137,7 +139,10 @@ pub fn run(
     }
     if args.scope.is_some() && args.http.is_some() {
         return Err(
-            "--scope applies to the stdio session; HTTP sessions each get their own scope".into(),
+            "--scope applies to the stdio session; over HTTP a sessionful session has its own \
+             scope, stateless requests share their principal's, and a client may name one in \
+             _meta[\"io.ring0/scope\"]"
+                .into(),
         );
     }
     // One client over stdio: a single-threaded runtime keeps a call's hops between tasks (the

@@ -1,12 +1,19 @@
 //! `ring0 turn --format openai|responses|anthropic < message.json`: every call of one model turn,
 //! mediated; the tool-result message(s) printed in the same format.
+//!
+//! Each run is a new request. Once the results are written to standard output they count as
+//! delivered, so feeding the same turn again runs its mutating calls again (a new attempt of
+//! each, with its own provider idempotency key); a run that died before printing left its
+//! results undelivered, and the next identical run is answered with them instead of acting
+//! twice. A call with an explicit idempotency key is answered with its recorded result for as
+//! long as the key is kept, whatever was delivered.
 
 use crate::call_cmd::{SessionArgs, open, runtime};
 use clap::Args;
 use ring0_core::ProviderFormat;
 use ring0_kernel::RoundOptions;
 use serde_json::Value;
-use std::io::Read;
+use std::io::{Read, Write};
 
 /// Largest turn read from standard input.
 const TURN_BYTES_MAX: u64 = 16 * 1024 * 1024;
@@ -18,8 +25,9 @@ pub struct TurnArgs {
     /// The turn's format: openai (Chat Completions), responses (OpenAI Responses), anthropic.
     #[arg(long)]
     pub format: String,
-    /// Attempt epoch (default 0): feeding the same turn again replays its recorded results
-    /// instead of running mutating calls twice.
+    /// Attempt epoch (default 0): a host's own count of attempts, part of every call's
+    /// identity. Not needed for repeats: a turn whose results were printed runs again when fed
+    /// again.
     #[arg(long, default_value_t = 0)]
     pub epoch: u64,
 }
@@ -67,5 +75,12 @@ pub fn run(args: TurnArgs, state_dir: Option<&std::path::Path>) -> Result<String
     }
     let mut rendered = serde_json::to_string_pretty(&out.message).map_err(|e| e.to_string())?;
     rendered.push('\n');
-    Ok(rendered)
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(rendered.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(|e| format!("writing the results: {e}"))?;
+    // Written: the results reached the caller, so the same turn fed again is a new request.
+    out.round.delivered();
+    Ok(String::new())
 }

@@ -335,22 +335,23 @@ fn turn_refuses_an_unknown_format() {
 }
 
 #[test]
-fn the_same_turn_fed_twice_replays_its_write_instead_of_running_it_again() {
+fn the_same_turn_fed_again_after_its_results_were_printed_runs_again() {
     let dir = workspace();
     let message = json!({"role": "assistant", "content": [
-        {"type": "tool_use", "id": "toolu_w", "name": "write_file", "input": {"path": "once.txt", "content": "1"}}
+        {"type": "tool_use", "id": "toolu_w", "name": "write_file", "input": {"path": "once.txt", "content": "1", "overwrite": true}}
     ]});
     let first = turn(dir.path(), "anthropic", message.clone());
     assert!(first.status.success(), "{}", stderr(&first));
     assert_eq!(stdout_json(&first)["content"][0]["is_error"], false);
     std::fs::write(dir.path().join("once.txt"), "changed by a person").unwrap();
+    // The first run's results were printed, so they were delivered: this is a genuine repeat.
     let second = turn(dir.path(), "anthropic", message);
     let result = stdout_json(&second);
     assert_eq!(result["content"][0]["is_error"], false, "{result}");
-    assert!(result.to_string().contains("replayed"), "{result}");
+    assert!(!result.to_string().contains("replayed"), "{result}");
     assert_eq!(
         std::fs::read_to_string(dir.path().join("once.txt")).unwrap(),
-        "changed by a person",
-        "the write did not run a second time"
+        "1",
+        "the write ran again"
     );
 }

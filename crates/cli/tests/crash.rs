@@ -365,8 +365,11 @@ fn run_ring0(dir: &Path, config: &Path, run: u32, orders: &[u64], kill: Option<K
         for &order in orders {
             // A fresh request id in every run: the client's ids are not what identifies a refund.
             let id = format!("r{run}-o{order}");
+            // One idempotency key per refund: a refund asked for again in a later run is the
+            // same logical call (a retry), whatever became of the earlier run's answer.
             let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-                "params": {"name": TOOL, "arguments": {"order": order}}});
+                "params": {"name": TOOL, "arguments": {"order": order},
+                           "_meta": {"io.ring0/idempotency-key": format!("refund-{order}")}}});
             if !send(&mut stdin, &call) {
                 break;
             }

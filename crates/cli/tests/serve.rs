@@ -144,6 +144,11 @@ impl Client {
         self.request("tools/call", json!({"name": name, "arguments": args}))["result"].clone()
     }
 
+    fn call_with_meta(&mut self, name: &str, args: Value, meta: Value) -> Value {
+        let params = json!({"name": name, "arguments": args, "_meta": meta});
+        self.request("tools/call", params)["result"].clone()
+    }
+
     fn wait_for(&mut self, what: impl Fn(&Value) -> bool) -> Value {
         if let Some(m) = self.seen.iter().find(|m| what(m)) {
             return m.clone();
@@ -423,15 +428,17 @@ const JOURNALED: &str =
     "effect = \"idempotent\"\nauthority = \"A2\"\nsettlement = \"idempotency_key\"\n";
 
 #[test]
-fn a_repeated_call_is_answered_from_its_receipt_with_the_result_the_first_call_had() {
-    // The second call runs nothing: its result exists only as the journal's receipt, so the
-    // client sees the first result again only if results are projected from receipts.
+fn a_retried_call_is_answered_from_its_receipt_with_the_result_the_first_call_had() {
+    // The retry (same idempotency key) runs nothing: its result exists only as the journal's
+    // receipt, so the client sees the first result again only if results are projected from
+    // receipts.
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &format!("[upstreams.tools.image]\n{JOURNALED}"));
     let mut c = Client::start(dir.path(), Some(&config));
     c.initialize(json!({}));
-    let first = c.call("fx__image", json!({}));
-    let again = c.call("fx__image", json!({}));
+    let key = json!({"io.ring0/idempotency-key": "image-1"});
+    let first = c.call_with_meta("fx__image", json!({}), key.clone());
+    let again = c.call_with_meta("fx__image", json!({}), key);
     let receipt = |r: &Value| r["_meta"]["io.ring0/receipt"]["disposition"].clone();
     assert_eq!(receipt(&first), "dispatched", "{first}");
     assert_eq!(receipt(&again), "replayed", "{again}");

@@ -285,6 +285,7 @@ fn commit_unsent_write(dir: &Path) {
             canonical_args: ring0_core::canonical::canonical_string(&args).unwrap(),
             call_id: "toolu_crashed".into(),
             mutating: true,
+            client_key: None,
         };
         let decision = journal.propose(proposal).await.unwrap();
         assert!(
@@ -375,6 +376,10 @@ fn an_approval_for_one_http_session_never_releases_the_identical_call_in_another
     );
     assert_eq!(seen["a_first"]["ran"], true, "{seen}");
     assert_eq!(seen["a_again"]["is_error"], false, "{seen}");
+    assert_eq!(
+        seen["a_again"]["ran"], true,
+        "a delivered call asked again runs: {seen}"
+    );
     let asked = seen["asked"].as_array().unwrap();
     assert_eq!(
         asked.len(),

@@ -30,6 +30,13 @@ pub struct ProposedCall {
     pub call_id: String,
     pub tool: String,
     pub arguments: ProposedArguments,
+    /// The caller's explicit idempotency key, if it sent one (MCP `params.idempotencyKey` or
+    /// `_meta["io.ring0/idempotency-key"]`, a library host's own key). It names one logical call
+    /// for its principal: a retry under the same key with the same prepared arguments is
+    /// answered with the recorded result, never run twice. Checked by the kernel against
+    /// [`crate::limits::IDEMPOTENCY_KEY_BYTES_MAX`] (printable ASCII).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 /// Everything the model proposed in one turn.
@@ -75,12 +82,22 @@ pub enum RejectionKind {
     StrategyConflict,
     RunsAlone,
     RepeatTerminated,
+    /// This exact call (tool and prepared arguments) was repeated past the termination count;
+    /// other calls still run.
+    RepeatLimit,
     ToolChoiceViolation,
-    /// The same intent is already in flight; wait for it.
-    DuplicateInFlight,
     /// Intent id bound to a different semantic key, or another canonicalizer version.
     IntentConflict,
-    BlockedByUncertainWrite,
+    /// An earlier write of the scope has an unknown outcome (`intent_id` names it); writes it
+    /// blocks are refused until it settles.
+    BlockedByUnsettled,
+    /// The idempotency key is malformed (too long, or not printable ASCII).
+    InvalidIdempotencyKey,
+    /// The idempotency key was used for a call with other arguments (`intent_id` names it).
+    IdempotencyConflict,
+    /// The same logical call is still running (`intent_id` names it); its result was not ready
+    /// within the wait.
+    InProgress,
     Cancelled,
     JournalUnavailable,
     RoundLimit,
@@ -105,10 +122,13 @@ impl RejectionKind {
             Self::StrategyConflict => "strategy_conflict",
             Self::RunsAlone => "runs_alone",
             Self::RepeatTerminated => "repeat_terminated",
+            Self::RepeatLimit => "repeat_limit",
             Self::ToolChoiceViolation => "tool_choice_violation",
-            Self::DuplicateInFlight => "duplicate_in_flight",
             Self::IntentConflict => "intent_conflict",
-            Self::BlockedByUncertainWrite => "blocked_by_uncertain_write",
+            Self::BlockedByUnsettled => "blocked_by_unsettled",
+            Self::InvalidIdempotencyKey => "invalid_idempotency_key",
+            Self::IdempotencyConflict => "idempotency_conflict",
+            Self::InProgress => "in_progress",
             Self::Cancelled => "cancelled",
             Self::JournalUnavailable => "journal_unavailable",
             Self::RoundLimit => "round_limit",
@@ -134,12 +154,21 @@ impl RejectionKind {
             Self::ApprovalTimeout => "no decision was made in time; ask the user before retrying",
             Self::StrategyConflict | Self::RunsAlone => "call it again in the next round",
             Self::RepeatTerminated => "stop repeating this call",
-            Self::ToolChoiceViolation => "follow the requested tool choice",
-            Self::DuplicateInFlight => "the same call is already running; wait for its result",
-            Self::IntentConflict => "do not retry; the intent differs from the one recorded",
-            Self::BlockedByUncertainWrite => {
-                "an earlier write has an unknown outcome; wait until it is settled"
+            Self::RepeatLimit => {
+                "stop repeating this exact call: its result will not change; other calls still run"
             }
+            Self::ToolChoiceViolation => "follow the requested tool choice",
+            Self::IntentConflict => "do not retry; the intent differs from the one recorded",
+            Self::BlockedByUnsettled => {
+                "an earlier write has an unknown outcome; wait until it is settled, then call again"
+            }
+            Self::InvalidIdempotencyKey => {
+                "send an idempotency key of at most 256 printable ASCII characters, or none"
+            }
+            Self::IdempotencyConflict => {
+                "this idempotency key belongs to another call; use a new key for new arguments"
+            }
+            Self::InProgress => "the same call is still running; call again later for its result",
             Self::Cancelled => "the round was cancelled",
             Self::JournalUnavailable => "the call was not run; try again later",
             Self::RoundLimit => "send fewer calls per round",
@@ -182,6 +211,10 @@ pub struct Rejection {
     /// For `rate_limited`: how long until the same call would be accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// The intent the refusal is about (`blocked_by_unsettled`, `idempotency_conflict`,
+    /// `in_progress`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent_id: Option<String>,
     pub advice: String,
 }
 
@@ -209,6 +242,7 @@ impl Rejection {
             errors_omitted: 0,
             suggestions: Vec::new(),
             retry_after_ms: None,
+            intent_id: None,
             advice: status.advice().to_string(),
         }
     }
@@ -235,6 +269,13 @@ impl Rejection {
 
     pub fn with_retry_after_ms(mut self, retry_after_ms: u64) -> Self {
         self.retry_after_ms = Some(retry_after_ms);
+        self
+    }
+
+    /// Names the intent the refusal is about.
+    pub fn with_intent_id(mut self, intent_id: impl Into<String>) -> Self {
+        self.intent_id =
+            Some(truncate_utf8(&intent_id.into(), REJECTION_TEXT_BYTES_MAX).to_string());
         self
     }
 
@@ -277,10 +318,13 @@ mod tests {
             StrategyConflict,
             RunsAlone,
             RepeatTerminated,
+            RepeatLimit,
             ToolChoiceViolation,
-            DuplicateInFlight,
             IntentConflict,
-            BlockedByUncertainWrite,
+            BlockedByUnsettled,
+            InvalidIdempotencyKey,
+            IdempotencyConflict,
+            InProgress,
             Cancelled,
             JournalUnavailable,
             RoundLimit,

@@ -223,6 +223,7 @@ fn parse_chat(turn: &Value) -> Result<Round, FormatError> {
             call_id: call_id(f, &format!("{path}.id"), call.get("id"))?,
             tool: tool_name(function.get("name")),
             arguments,
+            idempotency_key: None,
         });
     }
     Ok(round)
@@ -253,6 +254,7 @@ fn parse_responses(turn: &Value) -> Result<Round, FormatError> {
                     call_id: call_id(f, &format!("{path}.call_id"), item.get("call_id"))?,
                     tool: tool_name(item.get("name")),
                     arguments,
+                    idempotency_key: None,
                 });
             }
             Some("message") => {
@@ -300,6 +302,7 @@ fn parse_anthropic(turn: &Value) -> Result<Round, FormatError> {
                 arguments: ProposedArguments::Value(
                     block.get("input").cloned().unwrap_or(Value::Null),
                 ),
+                idempotency_key: None,
             }),
             Some("text") => {
                 if let Some(t) = block.get("text").and_then(Value::as_str) {
@@ -350,6 +353,17 @@ fn parse_mcp(turn: &Value) -> Result<Round, FormatError> {
             }
         };
         let params = req.get("params");
+        let idempotency_key = match mcp_idempotency_key(params) {
+            None => None,
+            Some(Value::String(key)) => Some(key.clone()),
+            Some(_) => {
+                return Err(err(
+                    f,
+                    &format!("{path}.params.idempotencyKey"),
+                    "must be a string",
+                ));
+            }
+        };
         round.calls.push(ProposedCall {
             index: i,
             call_id,
@@ -360,9 +374,23 @@ fn parse_mcp(turn: &Value) -> Result<Round, FormatError> {
                     .cloned()
                     .unwrap_or_else(|| json!({})),
             ),
+            idempotency_key,
         });
     }
     Ok(round)
+}
+
+/// Where an MCP `tools/call` carries its caller's idempotency key: `params.idempotencyKey`, or
+/// else `params._meta["io.ring0/idempotency-key"]`.
+pub const MCP_IDEMPOTENCY_KEY_META: &str = "io.ring0/idempotency-key";
+
+fn mcp_idempotency_key(params: Option<&Value>) -> Option<&Value> {
+    let params = params?;
+    params.get("idempotencyKey").or_else(|| {
+        params
+            .get("_meta")
+            .and_then(|m| m.get(MCP_IDEMPOTENCY_KEY_META))
+    })
 }
 
 #[cfg(test)]

@@ -116,6 +116,15 @@ digest_newtype!(
     "Tool plus canonical prepared arguments: what exact-repeat detection and memoization compare."
 );
 
+/// What a logical call is scoped to, besides its tool, arguments and epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallIdentity<'a> {
+    /// A call without an explicit key: its principal's user-intent scope.
+    Scope { principal: &'a str, scope: &'a str },
+    /// A call with the caller's explicit idempotency key: its principal and that key.
+    Key { principal: &'a str, key: &'a str },
+}
+
 impl SemanticKey {
     /// Computes the key with the current [`CANONICALIZER_VERSION`].
     pub fn compute(
@@ -146,6 +155,42 @@ impl SemanticKey {
         let doc = format!(
             "{{\"epoch\":{epoch},\"prepared_args\":{canonical_args},\"scope\":{scope},\"tool\":{tool}}}"
         );
+        Ok(Self {
+            version: CANONICALIZER_VERSION,
+            digest: Digest32::of(CANONICALIZER_VERSION, doc.as_bytes()),
+        })
+    }
+
+    /// The key of one logical call: tool, canonical prepared arguments, epoch, and what it is
+    /// scoped to ([`CallIdentity`]). A call of the local principal without an explicit key has
+    /// the key [`SemanticKey::from_canonical_args`] gives for its scope; any other principal is
+    /// part of the document too, so two principals never share an intent; an explicitly keyed
+    /// call is named by its principal and key instead of its scope, so a retry from another
+    /// scope (a reconnect) finds it.
+    pub fn for_call(
+        tool: &str,
+        canonical_args: &str,
+        identity: &CallIdentity<'_>,
+        epoch: u64,
+    ) -> Result<Self, CanonicalError> {
+        let text = |s: &str| crate::canonical::canonical_string(&Value::String(s.into()));
+        let doc = match *identity {
+            CallIdentity::Scope { principal, scope } if principal == crate::Principal::LOCAL_ID => {
+                return Self::from_canonical_args(tool, canonical_args, scope, epoch);
+            }
+            CallIdentity::Scope { principal, scope } => format!(
+                "{{\"epoch\":{epoch},\"prepared_args\":{canonical_args},\"principal\":{},\"scope\":{},\"tool\":{}}}",
+                text(principal)?,
+                text(scope)?,
+                text(tool)?
+            ),
+            CallIdentity::Key { principal, key } => format!(
+                "{{\"epoch\":{epoch},\"idempotency_key\":{},\"prepared_args\":{canonical_args},\"principal\":{},\"tool\":{}}}",
+                text(key)?,
+                text(principal)?,
+                text(tool)?
+            ),
+        };
         Ok(Self {
             version: CANONICALIZER_VERSION,
             digest: Digest32::of(CANONICALIZER_VERSION, doc.as_bytes()),
@@ -187,6 +232,33 @@ impl Fingerprint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn call_identity_separates_principals_and_keys_from_scopes() {
+        let args = r#"{"n":1}"#;
+        let key = |id: CallIdentity<'_>| SemanticKey::for_call("t", args, &id, 0).unwrap();
+        let local = key(CallIdentity::Scope {
+            principal: "local",
+            scope: "s",
+        });
+        assert_eq!(
+            local,
+            SemanticKey::from_canonical_args("t", args, "s", 0).unwrap()
+        );
+        let alice = key(CallIdentity::Scope {
+            principal: "alice",
+            scope: "s",
+        });
+        let keyed = key(CallIdentity::Key {
+            principal: "alice",
+            key: "s",
+        });
+        let bob_keyed = key(CallIdentity::Key {
+            principal: "bob",
+            key: "s",
+        });
+        assert!(local != alice && alice != keyed && keyed != bob_keyed && local != keyed);
+    }
 
     #[test]
     fn semantic_key_ignores_key_order_and_number_spelling() {

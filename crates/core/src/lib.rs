@@ -24,7 +24,7 @@ pub use call::{
 };
 pub use canonical::{CanonicalError, canonicalize, parse_strict};
 pub use format::{ProviderFormat, ToolResult};
-pub use identity::{CANONICALIZER_VERSION, Fingerprint, SemanticKey};
+pub use identity::{CANONICALIZER_VERSION, CallIdentity, Fingerprint, SemanticKey};
 pub use observation::Observation;
 pub use principal::Principal;
 pub use receipt::{IntentState, Receipt};

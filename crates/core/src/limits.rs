@@ -21,6 +21,8 @@ pub const PROJECTION_BYTES_MAX: usize = 64 * 1024;
 pub const TOOL_NAME_BYTES_MAX: usize = 128;
 /// Longest accepted call id.
 pub const CALL_ID_BYTES_MAX: usize = 256;
+/// Longest accepted idempotency key a caller sends with a call (256 bytes of printable ASCII).
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 256;
 /// Room in a projected receipt for everything but its observation: identity, keys, state,
 /// timeline, a failure message. Together with [`OBSERVATION_BYTES_MAX`] it makes up
 /// [`PROJECTION_BYTES_MAX`].

@@ -54,6 +54,7 @@ fn proposal(run: &str, n: usize) -> Proposal {
         canonical_args: canonical_string(&args).unwrap(),
         call_id: format!("call-{n}"),
         mutating: true,
+        client_key: None,
     }
 }
 

@@ -8,12 +8,13 @@
 
 use crate::JournalError;
 use crate::limits::{
-    ARGS_BYTES_MAX, ATTEMPTS_MAX, NOTE_BYTES_MAX, RECEIPT_BYTES_MAX, SCOPE_BYTES_MAX,
-    SNAPSHOT_BYTES_MAX,
+    ARGS_BYTES_MAX, ATTEMPTS_MAX, CLIENT_KEY_BYTES_MAX, NOTE_BYTES_MAX, RECEIPT_BYTES_MAX,
+    SCOPE_BYTES_MAX, SNAPSHOT_BYTES_MAX,
 };
 use crate::machine;
 use crate::record::{
-    CALL_IDS_PER_RECORD_MAX, IntentId, IntentRecord, Proposal, ProposeDecision, Transition,
+    CALL_IDS_PER_RECORD_MAX, ClientKey, IntentId, IntentRecord, Proposal, ProposeDecision,
+    Transition,
 };
 use ring0_core::IntentState;
 use ring0_core::limits::{CALL_ID_BYTES_MAX, TOOL_NAME_BYTES_MAX};
@@ -88,6 +89,19 @@ pub(crate) fn validate_proposal(p: &Proposal) -> Result<(), JournalError> {
     too_large("scope", p.scope.len(), SCOPE_BYTES_MAX)?;
     too_large("tool name", p.tool.len(), TOOL_NAME_BYTES_MAX)?;
     too_large("call id", p.call_id.len(), CALL_ID_BYTES_MAX)?;
+    if let Some(ck) = &p.client_key {
+        too_large("idempotency key", ck.key.len(), CLIENT_KEY_BYTES_MAX)?;
+        too_large(
+            "principal",
+            ck.principal.len(),
+            ring0_core::principal::PRINCIPAL_ID_BYTES_MAX,
+        )?;
+        if ck.key.is_empty() || !ck.key.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+            return Err(JournalError::Invalid(
+                "an idempotency key is 1 or more printable ASCII characters".into(),
+            ));
+        }
+    }
     if i64::try_from(p.attempt_epoch).is_err() {
         return Err(JournalError::Invalid(format!(
             "attempt epoch {} is above 2^63-1",
@@ -113,9 +127,44 @@ pub(crate) struct ProposePlan {
     pub write: Option<Write>,
 }
 
+/// The provider idempotency key of one attempt of an intent: the first attempt's is the
+/// semantic key's for the epoch (as before attempts were counted); every later attempt's is
+/// derived from it and the attempt number, so a provider never merges two genuine attempts.
+pub fn attempt_idempotency_key(key: &ring0_core::SemanticKey, epoch: u64, attempt: u32) -> String {
+    let first = key.idempotency_key(epoch);
+    if attempt == 0 {
+        return first;
+    }
+    let mut h = Sha256::new();
+    h.update(b"ring0-attempt\0");
+    h.update(first.as_bytes());
+    h.update(attempt.to_be_bytes());
+    format!("r0-{}", &hex(&h.finalize())[..40])
+}
+
+/// What the records found leave to the backend when they decide nothing themselves.
+// Returned once per proposal and matched at once: boxing the plan would add an allocation to
+// every decided proposal on the writer's thread.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Planned {
+    /// The records decided: answer, and write what the plan says.
+    Decided(ProposePlan),
+    /// A new record, as [`new_record`] builds it, for this attempt of the logical call.
+    Fresh { attempt: u32 },
+}
+
+/// Whether a record found under a caller's key is still within the key's retention.
+pub(crate) fn key_alive(record: &IntentRecord, retention_ms: u64, now_ms: u64) -> bool {
+    now_ms.saturating_sub(record.created_ms()) < retention_ms
+}
+
 /// The records a backend found for a proposal.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Found<'a> {
+    /// The record the proposal's explicit idempotency key names (principal and key), if any,
+    /// whatever its age: the decision applies the retention.
+    pub by_client_key: Option<&'a IntentRecord>,
     /// The record with the host-supplied intent id, if the proposal carries one.
     pub by_id: Option<&'a IntentRecord>,
     /// The current mutating record holding the proposal's semantic key.
@@ -235,27 +284,107 @@ pub(crate) fn plan_propose(
     incarnation: u64,
     fresh: impl FnOnce() -> IntentRecord,
 ) -> Result<ProposePlan, JournalError> {
-    if let Some(plan) = plan_existing(p, found, now_ms, incarnation)? {
-        return Ok(plan);
-    }
-    let record = fresh();
+    let attempt = match plan_existing(p, found, now_ms, incarnation)? {
+        Planned::Decided(plan) => return Ok(plan),
+        Planned::Fresh { attempt } => attempt,
+    };
+    let record = with_attempt(fresh(), attempt, now_ms);
     Ok(ProposePlan {
         decision: ProposeDecision::Recorded(record.clone()),
         write: Some(Write::Insert(record)),
     })
 }
 
-/// The decision the records found make about a proposal, or `None` when they leave it to a new
-/// record. A plan from here never inserts: it answers, or updates the record found by key.
+/// A new record made the `attempt`-th attempt of its logical call (unchanged for the first).
+pub(crate) fn with_attempt(mut record: IntentRecord, attempt: u32, now_ms: u64) -> IntentRecord {
+    if attempt > 0 {
+        record.attempt = attempt;
+        record.idempotency_key =
+            attempt_idempotency_key(&record.semantic_key, record.attempt_epoch, attempt);
+        if let Some(recorded) = record.timeline.last_mut() {
+            recorded.note = Some(format!(
+                "attempt {attempt}: the result of the previous identical call was delivered"
+            ));
+            recorded.at_ms = now_ms;
+        }
+    }
+    record
+}
+
+/// A caller's explicitly keyed proposal: the record its key names decides it, within the key's
+/// retention; a key that names another call is a conflict; a forgotten key names nothing.
+fn plan_keyed(
+    p: &Proposal,
+    found: Found<'_>,
+    now_ms: u64,
+    incarnation: u64,
+    retention_ms: u64,
+) -> Result<Planned, JournalError> {
+    let Some(existing) = found
+        .by_client_key
+        .filter(|r| key_alive(r, retention_ms, now_ms))
+    else {
+        return Ok(Planned::Fresh { attempt: 0 });
+    };
+    if existing.tool != p.tool || existing.canonical_args != p.canonical_args {
+        return Ok(Planned::Decided(ProposePlan {
+            decision: ProposeDecision::KeyConflict(existing.clone()),
+            write: None,
+        }));
+    }
+    Ok(match decide_found(existing, p, now_ms, incarnation)? {
+        Some(plan) => Planned::Decided(plan),
+        None => Planned::Fresh { attempt: 0 },
+    })
+}
+
+/// Decides a proposal against the mutating record that holds its identity (by key or by
+/// semantic key): an answer, a re-recording after a definite failure, or `None` when the record
+/// does not stand in the way (a rejected one).
+fn decide_found(
+    existing: &IntentRecord,
+    p: &Proposal,
+    now_ms: u64,
+    incarnation: u64,
+) -> Result<Option<ProposePlan>, JournalError> {
+    let mut updated = existing.clone();
+    let pushed = push_call_id(&mut updated, &p.call_id);
+    let write = pushed.then(|| Write::Update(updated.clone()));
+    if let Some(decision) = decide_existing(&updated, p) {
+        return Ok(Some(ProposePlan { decision, write }));
+    }
+    if updated.state == IntentState::Failed {
+        machine::check(IntentState::Failed, IntentState::Recorded)?;
+        updated.state = IntentState::Recorded;
+        updated.fence += 1;
+        updated.owner = incarnation;
+        updated.receipt = None;
+        updated.delivered = false;
+        updated.timeline.push(TimelineEntry {
+            state: IntentState::Recorded,
+            at_ms: now_ms,
+            note: Some("re-proposed after a definite failure".into()),
+        });
+        return Ok(Some(ProposePlan {
+            decision: ProposeDecision::Recorded(updated.clone()),
+            write: Some(Write::Update(updated)),
+        }));
+    }
+    Ok(None)
+}
+
+/// The decision the records found make about a proposal, or [`Planned::Fresh`] when they leave
+/// it to a new record (the next attempt, when the identical call before it was delivered). A
+/// plan from here never inserts: it answers, or updates the record found.
 pub(crate) fn plan_existing(
     p: &Proposal,
     found: Found<'_>,
     now_ms: u64,
     incarnation: u64,
-) -> Result<Option<ProposePlan>, JournalError> {
+) -> Result<Planned, JournalError> {
     validate_proposal(p)?;
     let no_write = |decision| {
-        Ok(Some(ProposePlan {
+        Ok(Planned::Decided(ProposePlan {
             decision,
             write: None,
         }))
@@ -277,29 +406,26 @@ pub(crate) fn plan_existing(
             });
         }
     }
+    if p.mutating
+        && let Some(ck) = &p.client_key
+        && found.by_id.is_none()
+    {
+        return plan_keyed(p, found, now_ms, incarnation, ck.retention_ms);
+    }
     if p.mutating {
         if let Some(existing) = found.by_key {
-            let mut updated = existing.clone();
-            let pushed = push_call_id(&mut updated, &p.call_id);
-            let write = pushed.then(|| Write::Update(updated.clone()));
-            if let Some(decision) = decide_existing(&updated, p) {
-                return Ok(Some(ProposePlan { decision, write }));
-            }
-            if updated.state == IntentState::Failed {
-                machine::check(IntentState::Failed, IntentState::Recorded)?;
-                updated.state = IntentState::Recorded;
-                updated.fence += 1;
-                updated.owner = incarnation;
-                updated.receipt = None;
-                updated.timeline.push(TimelineEntry {
-                    state: IntentState::Recorded,
-                    at_ms: now_ms,
-                    note: Some("re-proposed after a definite failure".into()),
+            if existing.state == IntentState::Acked
+                && existing.delivered
+                && existing.client_key.is_none()
+                && existing.semantic_key.version == p.semantic_key.version
+            {
+                // The caller received the result and asks again: a genuine repeat.
+                return Ok(Planned::Fresh {
+                    attempt: existing.attempt.saturating_add(1),
                 });
-                return Ok(Some(ProposePlan {
-                    decision: ProposeDecision::Recorded(updated.clone()),
-                    write: Some(Write::Update(updated)),
-                }));
+            }
+            if let Some(plan) = decide_found(existing, p, now_ms, incarnation)? {
+                return Ok(Planned::Decided(plan));
             }
             // A rejected record does not stand in the way: a new record replaces it,
             // unless the same intent is live under another canonicalizer version.
@@ -331,7 +457,7 @@ pub(crate) fn plan_existing(
             existing: Some(bound.clone()),
         });
     }
-    Ok(None)
+    Ok(Planned::Fresh { attempt: 0 })
 }
 
 /// The record a proposal creates when nothing recorded decides it: RECORDED under `id` (the
@@ -370,6 +496,13 @@ pub(crate) fn new_record(
         receipt: None,
         snapshot: None,
         owner: incarnation,
+        attempt: 0,
+        delivered: false,
+        client_key: p.client_key.as_ref().map(|ck| ClientKey {
+            principal: ck.principal.clone(),
+            key: ck.key.clone(),
+            retention_ms: 0,
+        }),
     }
 }
 

@@ -48,10 +48,10 @@ pub mod sim;
 pub mod sqlite;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decide::decide_existing;
+pub use decide::{attempt_idempotency_key, decide_existing};
 pub use machine::{TransitionError, check, is_allowed};
 pub use memory::MemoryJournal;
-pub use record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
+pub use record::{ClientKey, IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 pub use recovery::{Executor, RecoveryPolicy, RecoveryReport, drive, drive_bounded, recover};
 pub use settle::{
     DispatchOutcome, ErrorClass, ProbeVerdict, Settled, begin_dispatch, begin_reconcile,
@@ -127,6 +127,15 @@ pub trait Journal: Send + Sync {
     /// The most recent records, newest first, at most `limit` (and at most
     /// [`limits::RECENT_LIMIT_MAX`]).
     async fn recent(&self, limit: usize) -> Result<Vec<IntentRecord>, JournalError>;
+
+    /// Records that the intent's result reached its caller: an identical call without a key
+    /// after this is a new attempt, where before it would be answered with this result. Never
+    /// waits for the disk: the record is written with the next commit, and a delivery lost in a
+    /// crash only makes the next identical call a replay (the safe side). Changes no state or
+    /// fence. Backends without delivery records ignore it, so every identical call is a replay.
+    fn mark_delivered(&self, id: IntentId) {
+        let _ = id;
+    }
 
     /// This open of the journal: records stamped with it (`IntentRecord::owner`) were moved by
     /// this process. `None` for a backend that does not track incarnations; recovery then

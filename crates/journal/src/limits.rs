@@ -102,3 +102,14 @@ pub const FOLDED_FILTER_INITIAL_ENTRIES: usize = 65_536;
 /// intents). Past it the filter is dropped and the writer probes the tables for every new key,
 /// as it would without one.
 pub const FOLDED_FILTER_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// Default time (24 hours) a caller's explicit idempotency key is kept: a retry under the key
+/// within it is answered with the recorded result; after it the key names nothing.
+pub const CLIENT_KEY_RETENTION_MS_DEFAULT: u64 = 24 * 60 * 60 * 1000;
+
+/// Most explicit idempotency keys kept per principal (65,536); beyond it the oldest are
+/// forgotten first.
+pub const CLIENT_KEYS_PER_PRINCIPAL_MAX: usize = 65_536;
+
+/// Longest explicit idempotency key the journal stores (256 bytes, as the kernel accepts).
+pub const CLIENT_KEY_BYTES_MAX: usize = ring0_core::limits::IDEMPOTENCY_KEY_BYTES_MAX;

@@ -8,13 +8,13 @@
 
 use crate::clock::{Clock, SystemClock};
 use crate::decide::{self, Found, Write};
-use crate::limits::{MEMO_ENTRIES_MAX, RECENT_LIMIT_MAX};
+use crate::limits::{CLIENT_KEYS_PER_PRINCIPAL_MAX, MEMO_ENTRIES_MAX, RECENT_LIMIT_MAX};
 use crate::memo::{self, MemoEntry};
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 use crate::{Journal, JournalError};
 use async_trait::async_trait;
 use ring0_core::{Fingerprint, Observation, SemanticKey};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use crate::decide::decide_existing;
@@ -24,11 +24,38 @@ struct State {
     records: HashMap<IntentId, IntentRecord>,
     by_key: HashMap<SemanticKey, IntentId>,
     by_content: HashMap<String, IntentId>,
+    /// Explicit idempotency keys: (principal, key) → the record they name.
+    by_client_key: HashMap<(String, String), IntentId>,
+    /// Per principal, its keys in the order they were bound (oldest first), for the bound.
+    client_keys_order: HashMap<String, VecDeque<(String, IntentId)>>,
     order: Vec<IntentId>,
     memo: HashMap<Fingerprint, MemoEntry>,
 }
 
 impl State {
+    /// Binds a keyed record's key, forgetting the principal's oldest keys beyond the bound.
+    fn bind_client_key(&mut self, record: &IntentRecord) {
+        let Some(ck) = &record.client_key else {
+            return;
+        };
+        let slot = (ck.principal.clone(), ck.key.clone());
+        self.by_client_key.insert(slot, record.id);
+        let order = self
+            .client_keys_order
+            .entry(ck.principal.clone())
+            .or_default();
+        order.push_back((ck.key.clone(), record.id));
+        while order.len() > CLIENT_KEYS_PER_PRINCIPAL_MAX {
+            let Some((key, id)) = order.pop_front() else {
+                break;
+            };
+            let slot = (ck.principal.clone(), key);
+            if self.by_client_key.get(&slot) == Some(&id) {
+                self.by_client_key.remove(&slot);
+            }
+        }
+    }
+
     fn store(&mut self, write: Write) {
         match write {
             Write::Insert(record) => {
@@ -36,6 +63,7 @@ impl State {
                     self.by_key.insert(record.semantic_key, record.id);
                     self.by_content
                         .insert(decide::record_content_digest(&record), record.id);
+                    self.bind_client_key(&record);
                 }
                 self.order.push(record.id);
                 self.records.insert(record.id, record);
@@ -120,7 +148,17 @@ impl Journal for MemoryJournal {
         } else {
             (None, None)
         };
+        let by_client_key = p
+            .client_key
+            .as_ref()
+            .filter(|_| p.mutating)
+            .and_then(|ck| {
+                st.by_client_key
+                    .get(&(ck.principal.clone(), ck.key.clone()))
+            })
+            .and_then(|id| st.records.get(id));
         let found = Found {
+            by_client_key,
             by_id,
             by_key,
             by_content,
@@ -144,6 +182,12 @@ impl Journal for MemoryJournal {
         let next = decide::plan_transition(record, &t, self.clock.now_ms(), self.incarnation)?;
         st.store(Write::Update(next.clone()));
         Ok(next)
+    }
+
+    fn mark_delivered(&self, id: IntentId) {
+        if let Some(record) = self.lock().records.get_mut(&id) {
+            record.delivered = true;
+        }
     }
 
     async fn get(&self, id: IntentId) -> Result<Option<IntentRecord>, JournalError> {

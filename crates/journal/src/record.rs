@@ -25,6 +25,32 @@ pub struct Proposal {
     /// Mutating intents are deduplicated by semantic key. Reads are recorded for the audit trail
     /// only: running the same read twice is not a second effect, and must not replay stale data.
     pub mutating: bool,
+    /// The caller's explicit idempotency key, when it sent one: then that key, not the scope,
+    /// finds the intent again (see [`ClientKey`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<ClientKey>,
+}
+
+/// A caller's explicit idempotency key, scoped to its principal. A proposal under a key that
+/// names a live record of the same tool and arguments is decided by that record (replay, wait);
+/// under a key that names another call it is an [`ProposeDecision::KeyConflict`]. A key is
+/// forgotten `retention_ms` after its record was created, and a principal keeps at most
+/// [`crate::limits::CLIENT_KEYS_PER_PRINCIPAL_MAX`] keys, the oldest forgotten first.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ClientKey {
+    pub principal: String,
+    pub key: String,
+    /// How long the key is kept (not stored with the record: the proposal's retention decides).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retention_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A compare-and-set state change.
@@ -100,6 +126,17 @@ pub struct IntentRecord {
     /// a record moved by an earlier incarnation can have been left behind by a crash.
     #[serde(default)]
     pub owner: u64,
+    /// Which attempt of its logical call this record is (0 for the first). A call without an
+    /// explicit key whose predecessor's result was delivered starts the next attempt under the
+    /// same semantic key, with its own provider idempotency key.
+    #[serde(default)]
+    pub attempt: u32,
+    /// The result reached the caller ([`crate::Journal::mark_delivered`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub delivered: bool,
+    /// The caller's explicit key (principal and key; the retention is the proposal's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<ClientKey>,
 }
 
 /// Most call ids remembered per record.
@@ -120,6 +157,8 @@ pub enum ProposeDecision {
         reason: String,
         existing: Option<IntentRecord>,
     },
+    /// The caller's idempotency key names a record of another tool or other arguments.
+    KeyConflict(IntentRecord),
 }
 
 impl IntentRecord {
@@ -133,6 +172,11 @@ impl IntentRecord {
         self.call_ids.last().map_or("", String::as_str)
     }
 
+    /// When the record was created (its first timeline entry).
+    pub fn created_ms(&self) -> u64 {
+        self.timeline.first().map_or(0, |e| e.at_ms)
+    }
+
     /// The state this record entered before the current one, if any.
     pub fn previous_state(&self) -> Option<ring0_core::IntentState> {
         let n = self.timeline.len();
@@ -144,7 +188,9 @@ impl ProposeDecision {
     /// The record the decision is about, if any.
     pub fn record(&self) -> Option<&IntentRecord> {
         match self {
-            Self::Recorded(r) | Self::Duplicate(r) | Self::Replay(r) => Some(r),
+            Self::Recorded(r) | Self::Duplicate(r) | Self::Replay(r) | Self::KeyConflict(r) => {
+                Some(r)
+            }
             Self::Conflict { existing, .. } => existing.as_ref(),
         }
     }
@@ -156,6 +202,7 @@ impl ProposeDecision {
             Self::Duplicate(_) => "duplicate",
             Self::Replay(_) => "replay",
             Self::Conflict { .. } => "conflict",
+            Self::KeyConflict(_) => "key_conflict",
         }
     }
 }

@@ -487,7 +487,9 @@ impl Journal for SimJournal {
                         self.entered(IntentState::Recorded);
                     }
                     ProposeDecision::Duplicate(_) => self.entered(IntentState::RejectedDuplicate),
-                    ProposeDecision::Conflict { .. } => self.entered(IntentState::RejectedConflict),
+                    ProposeDecision::Conflict { .. } | ProposeDecision::KeyConflict(_) => {
+                        self.entered(IntentState::RejectedConflict)
+                    }
                     ProposeDecision::Replay(_) => {}
                 }
             }
@@ -788,6 +790,7 @@ fn prepare(args_text: &str, call_id: String, host_id: Option<IntentId>, revised:
         canonical_args,
         call_id,
         mutating: true,
+        client_key: None,
     }
 }
 

@@ -248,3 +248,75 @@ fn memoized_observations_survive_a_restart() {
     let j = SqliteJournal::open_with(&path, options(&c)).unwrap();
     assert_eq!(block_on(j.memo_get(&fp, 60_000)).unwrap(), Some(obs));
 }
+
+/// A record driven to ACKED.
+fn acked(j: &SqliteJournal, r: &ring0_journal::IntentRecord) -> ring0_journal::IntentRecord {
+    let d = block_on(j.transition(Transition::to(r, IntentState::Dispatched))).unwrap();
+    block_on(j.transition(Transition::to(&d, IntentState::Acked))).unwrap()
+}
+
+#[test]
+fn a_delivered_intent_proposed_again_is_its_next_attempt_and_survives_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j.db");
+    let c = clock();
+    let (first, second) = {
+        let j = SqliteJournal::open_with(&path, options(&c)).unwrap();
+        let first = recorded(block_on(j.propose(refund(20, "t1"))).unwrap());
+        acked(&j, &first);
+        // Not delivered: the same intent answers.
+        let replay = block_on(j.propose(refund(20, "t2"))).unwrap();
+        assert_eq!(replay.kind(), "replay");
+        j.mark_delivered(first.id);
+        let second = recorded(block_on(j.propose(refund(20, "t3"))).unwrap());
+        (first, second)
+    };
+    assert_eq!(
+        (second.attempt, second.semantic_key),
+        (1, first.semantic_key)
+    );
+    assert_ne!(second.idempotency_key, first.idempotency_key);
+    let j = SqliteJournal::open_with(&path, options(&c)).unwrap();
+    assert!(block_on(j.get(first.id)).unwrap().unwrap().delivered);
+    let again = block_on(j.propose(refund(20, "t4"))).unwrap();
+    assert_eq!(
+        (again.kind(), again.record().unwrap().id),
+        ("duplicate", second.id),
+        "the key now names the newest attempt"
+    );
+}
+
+#[test]
+fn a_client_key_names_its_call_across_scopes_and_refuses_other_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j.db");
+    let c = clock();
+    let key = ring0_journal::ClientKey {
+        principal: "alice".into(),
+        key: "k-1".into(),
+        retention_ms: 60_000,
+    };
+    let keyed = |amount, scope: &str| {
+        let mut p = proposal("refund", json!({"amount": amount}), scope, "c");
+        p.client_key = Some(key.clone());
+        p
+    };
+    let first = {
+        let j = SqliteJournal::open_with(&path, options(&c)).unwrap();
+        recorded(block_on(j.propose(keyed(20, "s1"))).unwrap())
+    };
+    let j = SqliteJournal::open_with(&path, options(&c)).unwrap();
+    let retry = block_on(j.propose(keyed(20, "s2"))).unwrap();
+    assert_eq!(
+        (retry.kind(), retry.record().unwrap().id),
+        ("duplicate", first.id)
+    );
+    let other = block_on(j.propose(keyed(21, "s1"))).unwrap();
+    assert_eq!(
+        (other.kind(), other.record().unwrap().id),
+        ("key_conflict", first.id)
+    );
+    c.advance_ms(60_000);
+    let expired = block_on(j.propose(keyed(21, "s1"))).unwrap();
+    assert_eq!(expired.kind(), "recorded", "a forgotten key names nothing");
+}

@@ -325,6 +325,7 @@ fn ownerless_decision(d: ProposeDecision) -> ProposeDecision {
         ProposeDecision::Recorded(r) => ProposeDecision::Recorded(ownerless(r)),
         ProposeDecision::Duplicate(r) => ProposeDecision::Duplicate(ownerless(r)),
         ProposeDecision::Replay(r) => ProposeDecision::Replay(ownerless(r)),
+        ProposeDecision::KeyConflict(r) => ProposeDecision::KeyConflict(ownerless(r)),
         ProposeDecision::Conflict { reason, existing } => ProposeDecision::Conflict {
             reason,
             existing: existing.map(ownerless),

@@ -214,6 +214,7 @@ fn one_call_round(i: usize, tool: &str) -> Round {
             call_id: format!("call_{i}"),
             tool: tool.into(),
             arguments: ProposedArguments::Text(format!("{{\"x\":{i}}}")),
+            idempotency_key: None,
         }],
         text: None,
     }

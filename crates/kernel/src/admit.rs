@@ -6,7 +6,10 @@
 //! - the **round overseer**: the ordered strategy compatibility matrix over the calls accepted
 //!   before each candidate (exploration → exploitation refused, unknown runs alone);
 //! - the **exact-repeat guard**: consecutive identical calls (tool + canonical prepared
-//!   arguments) counted across the turns of a run; advisory at 3, termination at 8 by default.
+//!   arguments) counted across the turns of a run, per scope (every session of the scope
+//!   shares one guard); advisory at 3 (a notice with that call's result), termination at 8 by
+//!   default, which refuses that fingerprint (`repeat_limit`) and no other call: a different
+//!   tracked call breaks the sequence.
 
 use ring0_core::call::RejectionKind;
 use ring0_core::{Fingerprint, ProposedCall, Rejection, StrategySet};
@@ -197,6 +200,8 @@ pub fn advisory_message(tool: &str, count: u32) -> String {
 }
 
 /// What the exact-repeat guard decided about one prepared call, with its events sent.
+// Made once per call and matched at once: boxing the refusal would not pay for itself.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum RepeatDecision {
     /// The call may run; `advisory` is the policy message for the next model request, if the
     /// call reached the advisory count.
@@ -235,12 +240,12 @@ pub(crate) fn guard_repeat(
     }
     RepeatDecision::Refuse {
         rejection: Rejection::new(
-            RejectionKind::RepeatTerminated,
+            RejectionKind::RepeatLimit,
             &call.tool,
             &call.call_id,
             format!(
-                "{:?} was called {count} times in a row with identical arguments; the call was \
-                 not run and the run ends",
+                "{:?} was called {count} times in a row with identical arguments; this call was \
+                 not run, and is not run again until a different call or a new user message",
                 call.tool
             ),
         ),

@@ -422,5 +422,6 @@ fn complete(format: ProviderFormat, p: Pending) -> Assembled {
         call_id: p.call_id,
         tool: p.tool,
         arguments: ProposedArguments::Text(args),
+        idempotency_key: None,
     })
 }

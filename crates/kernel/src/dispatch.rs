@@ -9,10 +9,18 @@
 //! most [`SETTLE_REDISPATCH_MAX`] re-dispatches while the model waits.
 //!
 //! Inside an epoch, calls run as separate tasks (a panicking tool fails alone), bounded by
-//! `max_concurrent_tools`; calls with equal conflict keys run one after another in source order.
-//! A write whose outcome stays uncertain blocks later writes with its key, or every later write
-//! when it has none. After cancellation nothing new starts: running calls settle, the rest are
-//! reported cancelled.
+//! `max_concurrent_tools`; calls with equal conflict keys run one after another in source order,
+//! and, through the scope's state, one after another with the calls of every other round of the
+//! scope. A write whose outcome stays uncertain blocks later writes of the scope with its key, or
+//! every later write when it has none, until it settles (`blocked_by_unsettled`). After
+//! cancellation nothing new starts: running calls settle, the rest are reported cancelled.
+//!
+//! The order for one committed call: conflict-key turn, unsettled-write check, commit (the
+//! journal decides: run, replay, wait for the identical call in flight, or refuse), then the
+//! approval hold if the authorizer asked for one, then dispatch. So a call that will be replayed
+//! or refused is never shown to a person, and the claim made before the hold keeps an identical
+//! call from running meanwhile; a hold that ends without approval closes the claim as not
+//! executed.
 
 use crate::events::Event;
 use crate::plan::Epoch;
@@ -22,7 +30,7 @@ use ring0_core::call::RejectionKind;
 use ring0_core::receipt::{CallOutcome, Disposition, Timing};
 use ring0_core::{IntentState, Receipt, Rejection};
 use ring0_journal::{IntentRecord, Journal};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -38,6 +46,17 @@ pub const SETTLE_REDISPATCH_MAX: u32 = 1;
 pub(crate) struct DispatchEnv {
     pub journal: Arc<dyn Journal>,
     pub scope: Arc<str>,
+    /// The principal's id: part of the identity of every call.
+    pub principal: Arc<str>,
+    /// What the session shares with every other session of its principal and scope.
+    pub scope_state: Arc<crate::scope::ScopeState>,
+    /// Woken whenever a committed call settles.
+    pub settled: Arc<tokio::sync::Notify>,
+    pub key_retention_ms: u64,
+    pub in_flight_wait_ms: u64,
+    /// Who is asking, and who decides, for an approval hold right before dispatch.
+    pub session: Arc<crate::policy::SessionInfo>,
+    pub authorizer: Arc<dyn crate::policy::Authorizer>,
     pub attempt_epoch: u64,
     pub events: crate::events::EventHub,
     pub cancel: CancellationToken,
@@ -58,23 +77,19 @@ pub(crate) struct DispatchEnv {
     pub shape: crate::shape::ShapeStage,
 }
 
-/// Writes whose outcome is uncertain in this batch.
-#[derive(Default)]
-struct Uncertain {
-    keys: HashSet<String>,
-    unkeyed: bool,
+/// One call's receipt, and the intent whose result answers it (run or replayed): the host's
+/// delivery ticket is for that intent.
+#[derive(Debug, Clone)]
+pub(crate) struct Dispatched {
+    pub receipt: Receipt,
+    pub answered_by: Option<uuid::Uuid>,
 }
 
-impl Uncertain {
-    fn blocks(&self, conflict_key: Option<&str>) -> bool {
-        self.unkeyed || conflict_key.is_some_and(|k| self.keys.contains(k))
-    }
-    fn add(&mut self, conflict_key: Option<&str>) {
-        match conflict_key {
-            Some(k) => {
-                self.keys.insert(k.to_string());
-            }
-            None => self.unkeyed = true,
+impl Dispatched {
+    fn unrecorded(receipt: Receipt) -> Self {
+        Self {
+            receipt,
+            answered_by: None,
         }
     }
 }
@@ -89,15 +104,14 @@ pub(crate) async fn run_epochs(
     env: DispatchEnv,
     jobs: Vec<Prepared>,
     epochs: Vec<Epoch>,
-) -> Vec<Receipt> {
+) -> Vec<Dispatched> {
     let jobs: Vec<Arc<Prepared>> = jobs.into_iter().map(Arc::new).collect();
-    let mut receipts: Vec<Option<Receipt>> = vec![None; jobs.len()];
-    let uncertain = Arc::new(Mutex::new(Uncertain::default()));
+    let mut receipts: Vec<Option<Dispatched>> = vec![None; jobs.len()];
     let semaphore = Arc::new(Semaphore::new(env.max_concurrent_tools.max(1)));
     for (epoch_no, epoch) in epochs.iter().enumerate() {
         if env.cancel.is_cancelled() {
             for &pos in &epoch.calls {
-                receipts[pos] = Some(cancelled(&jobs[pos]));
+                receipts[pos] = Some(Dispatched::unrecorded(cancelled(&jobs[pos])));
             }
             continue;
         }
@@ -128,22 +142,21 @@ pub(crate) async fn run_epochs(
         for chain in chains {
             let env = env.clone();
             let jobs = jobs.clone();
-            let uncertain = uncertain.clone();
             let semaphore = semaphore.clone();
             set.spawn(async move {
                 let mut out = Vec::with_capacity(chain.len());
                 for pos in chain {
                     let job = jobs[pos].clone();
                     if env.cancel.is_cancelled() {
-                        out.push((pos, cancelled(&job)));
+                        out.push((pos, Dispatched::unrecorded(cancelled(&job))));
                         continue;
                     }
                     let permit = semaphore.clone().acquire_owned().await;
                     if env.cancel.is_cancelled() || permit.is_err() {
-                        out.push((pos, cancelled(&job)));
+                        out.push((pos, Dispatched::unrecorded(cancelled(&job))));
                         continue;
                     }
-                    let receipt = run_call(&env, &job, epoch_no, &uncertain).await;
+                    let receipt = run_call(&env, &job, epoch_no).await;
                     drop(permit);
                     out.push((pos, receipt));
                 }
@@ -165,7 +178,7 @@ pub(crate) async fn run_epochs(
     receipts
         .into_iter()
         .zip(&jobs)
-        .map(|(r, job)| r.unwrap_or_else(|| cancelled(job)))
+        .map(|(r, job)| r.unwrap_or_else(|| Dispatched::unrecorded(cancelled(job))))
         .collect()
 }
 
@@ -230,39 +243,134 @@ fn settled_receipt(job: &Prepared, record: &IntentRecord, timing: Timing) -> Rec
     receipt
 }
 
-async fn run_call(
+async fn run_call(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Dispatched {
+    let spec = &job.tool.spec;
+    let mutating = !spec.effect.is_read_only();
+    if !mutating && !env.journal_reads {
+        return Dispatched::unrecorded(run_read(env, job, epoch_no).await);
+    }
+    let key = job.call.conflict_key.as_deref();
+    let _turn = match (mutating, key) {
+        (true, Some(k)) => Some(env.scope_state.serialize(k).await),
+        _ => None,
+    };
+    if mutating && let Some(id) = env.scope_state.blocker(env.journal.as_ref(), key).await {
+        return Dispatched::unrecorded(blocked_by_unsettled(job, key, id));
+    }
+    let record = match crate::commit::commit(env, job, mutating).await {
+        crate::commit::Committed::Run(record) => record,
+        crate::commit::Committed::Answered { receipt, by } => {
+            return Dispatched {
+                receipt,
+                answered_by: by,
+            };
+        }
+    };
+    if let Err(receipt) = hold_for_approval(env, job, &record).await {
+        return Dispatched::unrecorded(receipt);
+    }
+    let receipt = dispatch_committed(env, job, epoch_no, &record).await;
+    let still_uncertain = receipt.state.is_some_and(IntentState::is_uncertain)
+        || matches!(
+            receipt.outcome,
+            CallOutcome::Failed {
+                uncertain: true,
+                ..
+            }
+        );
+    if mutating && still_uncertain {
+        env.scope_state.note_unsettled(key, record.id);
+    }
+    env.settled.notify_waiters();
+    announce_finish(env, &receipt);
+    let answered_by =
+        (!matches!(receipt.outcome, CallOutcome::Rejected { .. })).then_some(record.id);
+    Dispatched {
+        receipt,
+        answered_by,
+    }
+}
+
+/// Refused: an earlier write of the scope has an unknown outcome.
+fn blocked_by_unsettled(job: &Prepared, key: Option<&str>, id: uuid::Uuid) -> Receipt {
+    let message = match key {
+        Some(k) => format!(
+            "an earlier write with conflict key {k:?} (intent {id}) has an unknown outcome; \
+             nothing was run"
+        ),
+        None => format!(
+            "an earlier write of this scope (intent {id}) has an unknown outcome; nothing was run"
+        ),
+    };
+    Receipt::rejected(
+        job.call.index,
+        Rejection::new(
+            RejectionKind::BlockedByUnsettled,
+            &job.call.tool,
+            &job.call.call_id,
+            message,
+        )
+        .with_intent_id(id.to_string()),
+    )
+}
+
+/// The approval hold, last before dispatch, for a call the authorizer holds: the call is
+/// already claimed in the journal, so nothing identical runs meanwhile. A hold that ends
+/// without approval closes the claim as not executed (a later identical call may run) and is
+/// the call's receipt.
+async fn hold_for_approval(
+    env: &DispatchEnv,
+    job: &Prepared,
+    record: &IntentRecord,
+) -> Result<(), Receipt> {
+    if !job.hold {
+        return Ok(());
+    }
+    let refused = match ask_approval(env, job).await {
+        Ok(()) => return Ok(()),
+        Err(rejection) => rejection,
+    };
+    let _ = ring0_journal::cancel_before_dispatch(
+        env.journal.as_ref(),
+        record,
+        &format!("not approved: {}", refused.status.as_str()),
+    )
+    .await;
+    env.settled.notify_waiters();
+    Err(Receipt::rejected(job.call.index, refused))
+}
+
+/// Asks the authorizer to hold the call for a person: nothing for an approval, else the
+/// rejection.
+async fn ask_approval(env: &DispatchEnv, job: &Prepared) -> Result<(), Rejection> {
+    let events = crate::tool::EventSink(env.events.clone());
+    let args_hash = job.call.fingerprint.encode();
+    let request = crate::policy::AuthRequest {
+        session: &env.session,
+        spec: &job.tool.spec,
+        call_id: &job.call.call_id,
+        args: &job.call.args,
+        args_hash: &args_hash,
+        events: Some(&events),
+        extensions: &env.extensions,
+    };
+    let decision = env.authorizer.hold(&request).await;
+    crate::prepare::decision_result(decision, &job.call.tool, &job.call.call_id)
+}
+
+/// Dispatch, settle and shape one committed call: the journal's protocol with the tool lent to
+/// it, its receipt as the journal settled it.
+async fn dispatch_committed(
     env: &DispatchEnv,
     job: &Prepared,
     epoch_no: usize,
-    uncertain: &Mutex<Uncertain>,
+    record: &IntentRecord,
 ) -> Receipt {
-    let spec = &job.tool.spec;
-    let mutating = !spec.effect.is_read_only();
-    let key = job.call.conflict_key.as_deref();
-    if mutating && uncertain.lock().expect("uncertain mutex").blocks(key) {
-        return rejected(
-            job,
-            RejectionKind::BlockedByUncertainWrite,
-            match key {
-                Some(k) => {
-                    format!("an earlier write with conflict key {k:?} has an unknown outcome")
-                }
-                None => "an earlier write in this batch has an unknown outcome".into(),
-            },
-        );
-    }
-    if !mutating && !env.journal_reads {
-        return run_read(env, job, epoch_no).await;
-    }
-    let record = match crate::commit::commit(env, job, mutating).await {
-        Ok(record) => record,
-        Err(receipt) => return receipt,
-    };
     if !announce_start(env, job, epoch_no) {
         // Cancelled between commit and dispatch: nothing external was touched.
         let _ = ring0_journal::cancel_before_dispatch(
             env.journal.as_ref(),
-            &record,
+            record,
             "cancelled before dispatch",
         )
         .await;
@@ -281,7 +389,7 @@ async fn run_call(
         dispatches_max,
     ))
     .await;
-    let receipt = match settled {
+    match settled {
         Ok(done) => settled_receipt(job, &done, exec.timing()),
         Err(e) if exec.dispatches.load(Ordering::Relaxed) == 0 => rejected(
             job,
@@ -293,25 +401,12 @@ async fn run_call(
             let now = env.journal.get(record.id).await.ok().flatten();
             unsettled(
                 job,
-                now.as_ref().unwrap_or(&record),
+                now.as_ref().unwrap_or(record),
                 format!("the journal could not settle the call: {e}"),
                 exec.timing(),
             )
         }
-    };
-    let still_uncertain = receipt.state.is_some_and(IntentState::is_uncertain)
-        || matches!(
-            receipt.outcome,
-            CallOutcome::Failed {
-                uncertain: true,
-                ..
-            }
-        );
-    if mutating && still_uncertain {
-        uncertain.lock().expect("uncertain mutex").add(key);
     }
-    announce_finish(env, &receipt);
-    receipt
 }
 
 fn unsettled(job: &Prepared, record: &IntentRecord, why: String, timing: Timing) -> Receipt {
@@ -350,6 +445,11 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
                 CallOutcome::Completed { observation },
             )
         };
+    }
+    if job.hold
+        && let Err(rejection) = ask_approval(env, job).await
+    {
+        return Receipt::rejected(job.call.index, rejection);
     }
     if !announce_start(env, job, epoch_no) {
         return cancelled(job);

@@ -1,13 +1,17 @@
 //! The mediation kernel: every tool call a model proposes passes through here.
 //!
 //! ```text
-//! ingest → prepare → admit → plan → commit → dispatch → settle → shape → project
+//! ingest → prepare → admit → plan → commit → approve → dispatch → settle → shape → project
 //! ```
 //!
 //! A host builds a [`Kernel`] with its tools, opens a [`Session`] (scope, grants, execution
 //! mode, limits) and hands it each model turn in any supported provider format. It gets back
 //! the tool-result message in the same format, the canonical receipts, and events on
 //! [`Session::subscribe`].
+//!
+//! Each call answered by a journal record comes back with a [`DeliveryTicket`]
+//! ([`RoundOutcome::delivery`]): mark it once the result reached the caller, and an identical
+//! call after that runs again; until then it is answered with that result (see [`delivery`]).
 //!
 //! This crate must never let a tool run except through the pipeline: nothing is dispatched before
 //! every call of the round is prepared, nothing mutating is dispatched before it is committed to
@@ -64,6 +68,7 @@ pub mod admit;
 pub mod assemble;
 mod commit;
 pub mod compat;
+pub mod delivery;
 mod dispatch;
 pub mod events;
 pub mod plan;
@@ -73,6 +78,7 @@ pub mod project;
 mod recover;
 pub mod registry;
 mod round;
+pub mod scope;
 mod session;
 mod settle;
 mod shape;
@@ -82,16 +88,19 @@ pub mod traits;
 pub mod validate;
 
 pub use admit::{RepeatLimits, ToolChoice};
+pub use delivery::DeliveryTicket;
 pub use dispatch::SETTLE_REDISPATCH_MAX;
 pub use events::Event;
 pub use plan::SchedulingMode;
-pub use policy::{AuthDecision, AuthRequest, Authorizer, GrantTable, PolicyRewrite, SessionInfo};
+pub use policy::{
+    AuthAdmission, AuthDecision, AuthRequest, Authorizer, GrantTable, PolicyRewrite, SessionInfo,
+};
 pub use project::{ProjectionInput, Projector};
 pub use registry::{RegistrationError, Registry};
 pub use session::{
-    Kernel, KernelBuilder, MAX_CONCURRENT_TOOLS_DEFAULT, RoundOptions, RoundOutcome,
-    SECRET_VALUES_MAX, SPILL_READER_TOOL, SecretValuesError, Session, SessionConfig, Termination,
-    ToolRefused, TurnOutcome,
+    IDEMPOTENCY_KEY_RETENTION_MS_DEFAULT, IN_FLIGHT_WAIT_MS_DEFAULT, Kernel, KernelBuilder,
+    MAX_CONCURRENT_TOOLS_DEFAULT, RoundOptions, RoundOutcome, SECRET_VALUES_MAX, SPILL_READER_TOOL,
+    SecretValuesError, Session, SessionConfig, Termination, ToolRefused, TurnOutcome,
 };
 pub use streaming::{LEDGER_TURNS_MAX, RoundIdentity, StreamNotice, StreamingRound};
 pub use tool::{

@@ -68,10 +68,35 @@ pub enum AuthDecision {
     },
 }
 
+/// Authorization up to the point where a person would be asked ([`Authorizer::admit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthAdmission {
+    /// Decided without asking anybody.
+    Decided(AuthDecision),
+    /// Allowed only if a person approves it: the kernel asks [`Authorizer::hold`] as the last
+    /// step before dispatch, once the journal has decided the call will run (a call that will be
+    /// replayed or refused is never shown to a person).
+    Hold,
+}
+
 /// Decides whether a call runs. Must fail closed: an error is a denial.
 #[async_trait]
 pub trait Authorizer: Send + Sync {
     async fn authorize(&self, request: &AuthRequest<'_>) -> AuthDecision;
+
+    /// The decision during preparation, without holding the call for a person: an
+    /// implementation that would hold it answers [`AuthAdmission::Hold`], and the kernel calls
+    /// [`Authorizer::hold`] after admission and the journal's decision, right before dispatch.
+    /// The default decides everything here ([`Authorizer::authorize`]), holding included.
+    async fn admit(&self, request: &AuthRequest<'_>) -> AuthAdmission {
+        AuthAdmission::Decided(self.authorize(request).await)
+    }
+
+    /// Holds a call [`Authorizer::admit`] said needs a person, and returns the decision. The
+    /// default asks [`Authorizer::authorize`].
+    async fn hold(&self, request: &AuthRequest<'_>) -> AuthDecision {
+        self.authorize(request).await
+    }
 
     /// The same question asked again at recovery, for a call committed before a crash and never
     /// sent. Nobody is waiting for that call, so an implementation that would hold it for a

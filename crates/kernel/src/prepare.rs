@@ -12,12 +12,14 @@
 #![allow(clippy::result_large_err)]
 
 use crate::compat::{apply_defaults, decode_double_encoded, integers_as_integers};
-use crate::policy::{AuthDecision, AuthRequest, Authorizer, PolicyRewrite, SessionInfo};
+use crate::policy::{
+    AuthAdmission, AuthDecision, AuthRequest, Authorizer, PolicyRewrite, SessionInfo,
+};
 use crate::registry::{RegisteredTool, Registry};
 use crate::validate::{echo, validate};
 use ring0_core::call::RejectionKind;
 use ring0_core::canonical::{canonical_string, parse_strict};
-use ring0_core::limits::{ARGUMENT_BYTES_MAX, ARGUMENT_DEPTH_MAX};
+use ring0_core::limits::{ARGUMENT_BYTES_MAX, ARGUMENT_DEPTH_MAX, IDEMPOTENCY_KEY_BYTES_MAX};
 use ring0_core::{
     FieldError, Fingerprint, PreparedCall, ProposedArguments, ProposedCall, Rejection,
 };
@@ -29,6 +31,11 @@ use std::sync::Arc;
 pub struct Prepared {
     pub call: PreparedCall,
     pub tool: Arc<RegisteredTool>,
+    /// The caller's explicit idempotency key, checked.
+    pub idempotency_key: Option<String>,
+    /// The authorizer holds this call for a person ([`crate::AuthAdmission::Hold`]): asked
+    /// right before dispatch, once the journal decided the call runs.
+    pub hold: bool,
 }
 
 /// Everything preparation needs besides the call.
@@ -118,6 +125,7 @@ fn validation_rejection(call: &ProposedCall, errors: Vec<FieldError>, omitted: u
 
 /// Prepares one call. Never panics on input; every failure is a structured rejection.
 pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Prepared, Rejection> {
+    check_idempotency_key(call)?;
     let tool = lookup(cx, call)?;
     let spec = &tool.spec;
     let args = prepared_arguments(cx, &tool, call)?;
@@ -139,9 +147,11 @@ pub async fn prepare(cx: &PrepareContext<'_>, call: &ProposedCall) -> Result<Pre
                 e.to_string(),
             )
         })?;
-    authorize(cx, spec, call, &args, &fingerprint.encode()).await?;
+    let hold = authorize(cx, spec, call, &args, &fingerprint.encode()).await?;
     let conflict_key = conflict_key(spec, call, &args)?;
     Ok(Prepared {
+        idempotency_key: call.idempotency_key.clone(),
+        hold,
         call: PreparedCall {
             index: call.index,
             call_id: call.call_id.clone(),
@@ -209,14 +219,37 @@ fn prepared_arguments(
     Ok(args)
 }
 
-/// The authorizer's decision on the prepared arguments; anything but an allow is a rejection.
+/// A caller's idempotency key: 1 to [`IDEMPOTENCY_KEY_BYTES_MAX`] printable ASCII characters.
+fn check_idempotency_key(call: &ProposedCall) -> Result<(), Rejection> {
+    let Some(key) = &call.idempotency_key else {
+        return Ok(());
+    };
+    let printable = key.bytes().all(|b| b.is_ascii_graphic() || b == b' ');
+    if !key.is_empty() && key.len() <= IDEMPOTENCY_KEY_BYTES_MAX && printable {
+        return Ok(());
+    }
+    Err(Rejection::new(
+        RejectionKind::InvalidIdempotencyKey,
+        &call.tool,
+        &call.call_id,
+        format!(
+            "the idempotency key ({} bytes) must be 1 to {IDEMPOTENCY_KEY_BYTES_MAX} printable \
+             ASCII characters; nothing was run",
+            key.len()
+        ),
+    ))
+}
+
+/// The authorizer's decision on the prepared arguments, short of asking a person: `Ok(true)`
+/// when the call is held for one (asked right before dispatch); anything but an allow or a
+/// hold is a rejection.
 async fn authorize(
     cx: &PrepareContext<'_>,
     spec: &ring0_core::ToolSpec,
     call: &ProposedCall,
     args: &Value,
     args_hash: &str,
-) -> Result<(), Rejection> {
+) -> Result<bool, Rejection> {
     let request = AuthRequest {
         session: cx.session,
         spec,
@@ -226,8 +259,22 @@ async fn authorize(
         events: cx.events.as_ref(),
         extensions: cx.extensions,
     };
+    match cx.authorizer.admit(&request).await {
+        AuthAdmission::Hold => Ok(true),
+        AuthAdmission::Decided(decision) => {
+            decision_result(decision, &call.tool, &call.call_id).map(|()| false)
+        }
+    }
+}
+
+/// An authorization decision as the call sees it: nothing for an allow, else its rejection.
+pub(crate) fn decision_result(
+    decision: AuthDecision,
+    tool: &str,
+    call_id: &str,
+) -> Result<(), Rejection> {
     let mut retry_after_ms = None;
-    let (kind, message) = match cx.authorizer.authorize(&request).await {
+    let (kind, message) = match decision {
         AuthDecision::Allow { .. } => return Ok(()),
         AuthDecision::Deny { rule, reason } => (
             RejectionKind::PolicyDenied,
@@ -257,7 +304,7 @@ async fn authorize(
             )
         }
     };
-    let rejection = Rejection::new(kind, &call.tool, &call.call_id, message);
+    let rejection = Rejection::new(kind, tool, call_id, message);
     Err(match retry_after_ms {
         Some(ms) => rejection.with_retry_after_ms(ms),
         None => rejection,

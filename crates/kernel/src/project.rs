@@ -41,7 +41,29 @@ pub trait Projector: Send + Sync {
     fn projection_bytes_max(&self) -> usize {
         PROJECTION_BYTES_MAX
     }
+
+    /// Adds a notice for the model to a projection (the repeat guard's advisory, shown with
+    /// the result of the call that reached it). The default adds it as the object's `notice`
+    /// field; a host whose reader shows only part of the object (an MCP client shows its
+    /// `content`) puts it where the model reads it. A projection the notice would push past
+    /// the bound is returned unchanged.
+    fn with_notice(&self, projection: Value, notice: &str) -> Value {
+        with_notice_field(projection, notice)
+    }
 }
+
+/// A projection with `notice` as its `notice` field, unless that field is taken.
+pub fn with_notice_field(mut projection: Value, notice: &str) -> Value {
+    if let Some(obj) = projection.as_object_mut()
+        && !obj.contains_key(NOTICE_FIELD)
+    {
+        obj.insert(NOTICE_FIELD.into(), Value::String(notice.into()));
+    }
+    projection
+}
+
+/// The field of a projection that carries a notice for the model.
+pub const NOTICE_FIELD: &str = "notice";
 
 /// Why a projection failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -90,6 +112,29 @@ fn check_shape(value: Value, bytes_max: usize) -> Result<Value, ProjectionFailur
         )));
     }
     Ok(value)
+}
+
+/// [`project`], and `notice` shown to the model with the result when it fits.
+pub fn project_with_notice(
+    receipt: &Receipt,
+    args: Option<&Value>,
+    projector: Option<&dyn Projector>,
+    notice: Option<&str>,
+) -> Result<Value, ProjectionFailure> {
+    let projected = project(receipt, args, projector)?;
+    let Some(notice) = notice else {
+        return Ok(projected);
+    };
+    let bytes_max = projector.map_or(PROJECTION_BYTES_MAX, |p| p.projection_bytes_max());
+    let noticed = catch_unwind(AssertUnwindSafe(|| match projector {
+        Some(p) => p.with_notice(projected.clone(), notice),
+        None => with_notice_field(projected.clone(), notice),
+    }));
+    // The notice is also the round's policy message: a projection it does not fit goes without.
+    Ok(match noticed.map(|v| check_shape(v, bytes_max)) {
+        Ok(Ok(v)) => v,
+        _ => projected,
+    })
 }
 
 /// Projects one receipt. `args` are the prepared arguments when the call was prepared.

@@ -11,7 +11,7 @@ use crate::dispatch::{DispatchEnv, run_epochs};
 use crate::events::Event;
 use crate::plan::{Epoch, plan};
 use crate::prepare::{PrepareContext, Prepared, prepare};
-use crate::project::{project, projection_failed_result};
+use crate::project::{project_with_notice, projection_failed_result};
 use crate::session::{
     Pre, RoundOptions, RoundOutcome, Session, SessionState, SharedReceipt, Termination,
 };
@@ -28,8 +28,13 @@ struct RoundBook<'a> {
     session: &'a Session,
     calls: &'a [ProposedCall],
     receipts: Vec<Option<Receipt>>,
+    /// The intent whose result answers each call, by position (for its delivery ticket).
+    answered_by: Vec<Option<uuid::Uuid>>,
     /// Prepared arguments by position, for the projector.
     args: BTreeMap<usize, Value>,
+    /// The repeat guard's advisory, by the position of the call that reached it: shown to the
+    /// model with that call's result.
+    notices: BTreeMap<usize, String>,
 }
 
 impl<'a> RoundBook<'a> {
@@ -38,7 +43,9 @@ impl<'a> RoundBook<'a> {
             session,
             calls,
             receipts: vec![None; calls.len()],
+            answered_by: vec![None; calls.len()],
             args: BTreeMap::new(),
+            notices: BTreeMap::new(),
         }
     }
 
@@ -95,13 +102,21 @@ impl Session {
             .await;
         let choice = check_tool_choice(&options.tool_choice, &calls);
         let admitted = admit_round(&mut book, &mut st, prepared, &ingested.early, &choice);
+        drop(st);
         let epochs = plan_round(self, &admitted.accepted);
         let env = self.dispatch_env(round_start, cancel, options);
         dispatch_round(&mut book, admitted.accepted, epochs, ingested.early, env).await;
         let mut terminated = admitted.terminated;
+        let deliveries = book
+            .answered_by
+            .iter()
+            .map(|id| id.map(|id| crate::DeliveryTicket::new(self.kernel.journal.clone(), id)))
+            .collect();
         let (receipts, results) = project_round(book, &mut terminated);
-        if terminated.is_some() {
-            st.terminated = terminated.clone();
+        if let Some(failed @ Termination::ProjectionFailed { .. }) = &terminated {
+            // A repeat termination refuses its own fingerprint only (the scope's guard); a
+            // failed projection ends the session.
+            self.state.lock().await.terminated = Some(failed.clone());
         }
         self.emit(Event::RoundFinished {
             round: round_no,
@@ -109,6 +124,7 @@ impl Session {
         });
         RoundOutcome {
             receipts,
+            deliveries,
             results,
             terminated,
             policy_message: admitted.policy_message,
@@ -241,20 +257,19 @@ fn admit_round(
             book.args.insert(pos, p.call.args.clone());
         } else if let Some(r) = verdict {
             book.reject(pos, r);
-        } else if admitted.terminated.is_some() {
-            let r = Rejection::new(
-                RejectionKind::RepeatTerminated,
-                &p.call.tool,
-                &p.call.call_id,
-                "the run was terminated by an earlier call of this round",
-            );
-            book.reject(pos, r);
         } else {
             let tracked = p.tool.spec.track_exact_repeats;
-            match guard_repeat(&mut st.repeat, &p.call, tracked, &book.session.events) {
+            let decision = guard_repeat(
+                &mut book.session.scope.repeat(),
+                &p.call,
+                tracked,
+                &book.session.events,
+            );
+            match decision {
                 RepeatDecision::Run { advisory } => {
-                    if advisory.is_some() {
-                        admitted.policy_message = advisory;
+                    if let Some(advisory) = advisory {
+                        book.notices.insert(pos, advisory.clone());
+                        admitted.policy_message = Some(advisory);
                     }
                     admitted.accepted.push((pos, p));
                 }
@@ -300,12 +315,16 @@ async fn dispatch_round(
     }
     let dispatched = run_epochs(env, jobs, epochs).await;
     for (pos, _, receipt) in early {
-        let mut r = receipt.await;
+        let done = receipt.await;
+        let mut r = done.receipt;
         r.call_id = book.calls[pos].call_id.clone();
         r.index = book.calls[pos].index;
         book.receipts[pos] = Some(r);
+        book.answered_by[pos] = done.answered_by;
     }
-    for (pos, receipt) in positions.into_iter().zip(dispatched) {
+    for (pos, done) in positions.into_iter().zip(dispatched) {
+        book.answered_by[pos] = done.answered_by;
+        let receipt = done.receipt;
         if let CallOutcome::Rejected { rejection } = &receipt.outcome {
             book.session.emit(Event::CallRejected {
                 index: receipt.index,
@@ -336,22 +355,24 @@ fn project_round(
         if session.events.receiver_count() > 0 {
             session.emit(Event::Receipt(Box::new(receipt.clone())));
         }
-        let (content, failed) = match project(receipt, book.args.get(&pos), projector) {
-            Ok(v) => (v, false),
-            Err(failure) => {
-                session.emit(Event::ProjectionFailed {
-                    index: receipt.index,
-                    call_id: receipt.call_id.clone(),
-                    why: failure.0,
-                });
-                if terminated.is_none() {
-                    *terminated = Some(Termination::ProjectionFailed {
+        let notice = book.notices.get(&pos).map(String::as_str);
+        let (content, failed) =
+            match project_with_notice(receipt, book.args.get(&pos), projector, notice) {
+                Ok(v) => (v, false),
+                Err(failure) => {
+                    session.emit(Event::ProjectionFailed {
+                        index: receipt.index,
                         call_id: receipt.call_id.clone(),
+                        why: failure.0,
                     });
+                    if terminated.is_none() {
+                        *terminated = Some(Termination::ProjectionFailed {
+                            call_id: receipt.call_id.clone(),
+                        });
+                    }
+                    (projection_failed_result(receipt), true)
                 }
-                (projection_failed_result(receipt), true)
-            }
-        };
+            };
         results.push(ToolResult {
             call_id: receipt.call_id.clone(),
             tool: receipt.tool.clone(),

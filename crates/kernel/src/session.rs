@@ -1,7 +1,7 @@
 //! The public agent-loop API: a [`Kernel`] holds the tools, the journal and the default policy;
 //! a [`Session`] runs model turns through the whole pipeline.
 
-use crate::admit::{RepeatGuard, RepeatLimits, ToolChoice};
+use crate::admit::{RepeatLimits, ToolChoice};
 use crate::dispatch::DispatchEnv;
 use crate::events::Event;
 use crate::plan::SchedulingMode;
@@ -28,6 +28,13 @@ use tokio_util::sync::CancellationToken;
 pub const SPILL_READER_TOOL: &str = "read_spill";
 /// Default bound on calls running at once in one epoch.
 pub const MAX_CONCURRENT_TOOLS_DEFAULT: usize = 8;
+/// How long a caller's explicit idempotency key is kept by default (24 h): a retry under it
+/// within this time is answered with the recorded result.
+pub const IDEMPOTENCY_KEY_RETENTION_MS_DEFAULT: u64 =
+    ring0_journal::limits::CLIENT_KEY_RETENTION_MS_DEFAULT;
+/// How long a call waits by default (30 s) for the identical call in flight before it to settle,
+/// to answer with its result; then it is refused as `in_progress`, naming the intent.
+pub const IN_FLIGHT_WAIT_MS_DEFAULT: u64 = 30_000;
 /// Most secret values the kernel and a session may each mark: together they stay within the
 /// redactor's own bound.
 pub const SECRET_VALUES_MAX: usize = ring0_shape::redact::SECRET_VALUES_MAX / 2;
@@ -42,6 +49,13 @@ pub(crate) struct KernelInner {
     pub(crate) secret_values: Arc<[String]>,
     pub(crate) shape: ShapeStage,
     pub(crate) spill: Option<KernelSpill>,
+    /// The state every session of one (principal, scope) shares.
+    pub(crate) scopes: crate::scope::ScopeRegistry,
+    /// Woken whenever a committed call of this kernel settles: calls waiting for an identical
+    /// one in flight look again.
+    pub(crate) settled: Arc<tokio::sync::Notify>,
+    pub(crate) key_retention_ms: u64,
+    pub(crate) in_flight_wait_ms: u64,
 }
 
 /// The mediation kernel: tools, journal and default policy, shared by its sessions.
@@ -59,6 +73,8 @@ pub struct KernelBuilder {
     rewrites: Vec<Arc<dyn PolicyRewrite>>,
     secret_values: Vec<String>,
     spill: Option<Arc<SpillStore>>,
+    key_retention_ms: u64,
+    in_flight_wait_ms: u64,
 }
 
 /// A list of secret values the kernel or a session cannot redact.
@@ -201,6 +217,20 @@ impl KernelBuilder {
         self
     }
 
+    /// How long a caller's explicit idempotency key is kept
+    /// ([`IDEMPOTENCY_KEY_RETENTION_MS_DEFAULT`] by default); at least 1 ms.
+    pub fn idempotency_key_retention_ms(mut self, retention_ms: u64) -> Self {
+        self.key_retention_ms = retention_ms.max(1);
+        self
+    }
+
+    /// How long a call waits for the identical call in flight before it
+    /// ([`IN_FLIGHT_WAIT_MS_DEFAULT`] by default).
+    pub fn in_flight_wait_ms(mut self, wait_ms: u64) -> Self {
+        self.in_flight_wait_ms = wait_ms;
+        self
+    }
+
     pub fn build(mut self) -> Kernel {
         self.registry.apply_traits(&self.traits);
         let spill = self.spill.map(|store| KernelSpill {
@@ -228,6 +258,10 @@ impl KernelBuilder {
                 secret_values: self.secret_values.into(),
                 shape,
                 spill,
+                scopes: Default::default(),
+                settled: Default::default(),
+                key_retention_ms: self.key_retention_ms,
+                in_flight_wait_ms: self.in_flight_wait_ms,
             }),
         }
     }
@@ -241,7 +275,9 @@ pub struct SessionConfig {
     pub mode: SchedulingMode,
     pub max_concurrent_tools: usize,
     pub repeat: RepeatLimits,
-    /// Bumped by the host when the user genuinely asks for the same action again.
+    /// Bumped by the host to say "a new attempt" of every call, whatever was delivered. Without
+    /// it, an identical mutating call runs again once its predecessor's result was delivered
+    /// ([`crate::DeliveryTicket`]) and is answered with that result until then.
     pub attempt_epoch: u64,
     pub projector: Option<Arc<dyn Projector>>,
     /// The session's grants; the kernel's default authorizer when absent.
@@ -367,6 +403,9 @@ impl RoundOptions {
 pub struct RoundOutcome {
     /// Canonical receipts, in source order.
     pub receipts: Vec<Receipt>,
+    /// Per call, in source order: the ticket to mark once its result reached the caller, for a
+    /// call answered by a journal record (run or replayed). See [`crate::delivery`].
+    pub deliveries: Vec<Option<crate::DeliveryTicket>>,
     /// Model-visible results, in source order.
     pub results: Vec<ToolResult>,
     /// Set when the run must end.
@@ -377,6 +416,20 @@ pub struct RoundOutcome {
     pub missing_required_call: bool,
 }
 
+impl RoundOutcome {
+    /// The delivery ticket of the call at `position` (source order), if it has one.
+    pub fn delivery(&self, position: usize) -> Option<&crate::DeliveryTicket> {
+        self.deliveries.get(position).and_then(Option::as_ref)
+    }
+
+    /// Marks every call's result delivered: the whole outcome reached the caller.
+    pub fn delivered(&self) {
+        for ticket in self.deliveries.iter().flatten() {
+            ticket.delivered();
+        }
+    }
+}
+
 /// A model turn's outcome, with the results rendered in the turn's format.
 #[derive(Debug, Clone)]
 pub struct TurnOutcome {
@@ -385,7 +438,8 @@ pub struct TurnOutcome {
 }
 
 pub(crate) struct SessionState {
-    pub(crate) repeat: RepeatGuard,
+    /// Set when a host projector failed: every later call of the session is refused. (A repeat
+    /// termination refuses only its own fingerprint, in the scope's repeat guard.)
     pub(crate) terminated: Option<Termination>,
     pub(crate) rounds: u64,
     /// An advisory raised by a call started early, for the round's outcome.
@@ -394,9 +448,10 @@ pub(crate) struct SessionState {
     pub(crate) ledger: crate::streaming::Ledger,
 }
 
-/// A receipt some task will deliver, awaitable from several places.
+/// A receipt some task will deliver, with the intent that answers it, awaitable from several
+/// places.
 pub(crate) type SharedReceipt =
-    futures::future::Shared<futures::future::BoxFuture<'static, Receipt>>;
+    futures::future::Shared<futures::future::BoxFuture<'static, crate::dispatch::Dispatched>>;
 
 /// What a streaming round already decided about a call before the round's end.
 pub(crate) enum Pre {
@@ -419,6 +474,8 @@ pub struct Session {
     pub(crate) cancel: std::sync::Mutex<CancellationToken>,
     pub(crate) start_gate: Arc<std::sync::Mutex<()>>,
     pub(crate) shape: ShapeStage,
+    /// What this session shares with every other of its principal and scope.
+    pub(crate) scope: Arc<crate::scope::ScopeState>,
 }
 
 impl Kernel {
@@ -431,6 +488,8 @@ impl Kernel {
             rewrites: Vec::new(),
             secret_values: Vec::new(),
             spill: None,
+            key_retention_ms: IDEMPOTENCY_KEY_RETENTION_MS_DEFAULT,
+            in_flight_wait_ms: IN_FLIGHT_WAIT_MS_DEFAULT,
         }
     }
 
@@ -491,7 +550,12 @@ impl Kernel {
         if let Some(projector) = &config.projector {
             shape = shape.for_projection(projector.projection_bytes_max());
         }
+        let scope = self
+            .inner
+            .scopes
+            .open(&config.principal.id, &config.scope, config.repeat);
         Session {
+            scope,
             kernel: self.inner.clone(),
             info: SessionInfo {
                 scope: config.scope.clone(),
@@ -502,7 +566,6 @@ impl Kernel {
                 principal: config.principal.clone(),
             },
             state: Mutex::new(SessionState {
-                repeat: RepeatGuard::new(config.repeat),
                 terminated: None,
                 rounds: 0,
                 pending_policy_message: None,
@@ -538,14 +601,10 @@ impl Session {
             .collect()
     }
 
-    /// A genuine new user or steering message: resets the exact-repeat sequence and lifts a
-    /// repeat termination.
+    /// A genuine new user or steering message: resets the scope's exact-repeat sequence, which
+    /// lifts a repeat termination.
     pub async fn user_message(&self) {
-        let mut st = self.state.lock().await;
-        st.repeat.reset();
-        if matches!(st.terminated, Some(Termination::RepeatLimit { .. })) {
-            st.terminated = None;
-        }
+        self.scope.repeat().reset();
     }
 
     /// Cancels the round in progress: running calls settle, nothing new starts.
@@ -581,6 +640,13 @@ impl Session {
         DispatchEnv {
             journal: self.kernel.journal.clone(),
             scope: Arc::from(self.config.scope.as_str()),
+            principal: Arc::from(self.config.principal.id.as_str()),
+            scope_state: self.scope.clone(),
+            settled: self.kernel.settled.clone(),
+            key_retention_ms: self.kernel.key_retention_ms,
+            in_flight_wait_ms: self.kernel.in_flight_wait_ms,
+            session: Arc::new(self.info.clone()),
+            authorizer: self.authorizer.clone(),
             attempt_epoch: self.config.attempt_epoch,
             events: self.events.clone(),
             cancel,

@@ -235,6 +235,7 @@ impl StreamingRound<'_> {
                             call_id: call_id.clone(),
                             tool: tool.clone(),
                             arguments: ProposedArguments::Text(String::new()),
+                            idempotency_key: None,
                         },
                     );
                     self.pre.insert(index, Pre::Rejected(r));
@@ -332,22 +333,20 @@ impl StreamingRound<'_> {
             return completed;
         }
         let tracked = prepared.tool.spec.track_exact_repeats;
-        match guard_repeat(
-            &mut st.repeat,
+        let decision = guard_repeat(
+            &mut self.session.scope.repeat(),
             &prepared.call,
             tracked,
             &self.session.events,
-        ) {
+        );
+        match decision {
             RepeatDecision::Run { advisory } => {
                 if advisory.is_some() {
                     st.pending_policy_message = advisory;
                 }
             }
-            RepeatDecision::Refuse {
-                rejection,
-                termination,
-            } => {
-                st.terminated = Some(termination);
+            RepeatDecision::Refuse { rejection, .. } => {
+                // Refuses this fingerprint only; the scope's guard refuses it again next time.
                 drop(st);
                 self.pre.insert(index, Pre::Rejected(rejection));
                 return completed;
@@ -397,7 +396,10 @@ fn spawn_early(env: crate::dispatch::DispatchEnv, prepared: &Prepared) -> Shared
     async move {
         match task.await {
             Ok(mut receipts) if !receipts.is_empty() => receipts.remove(0),
-            _ => crashed(&fallback),
+            _ => crate::dispatch::Dispatched {
+                receipt: crashed(&fallback),
+                answered_by: None,
+            },
         }
     }
     .boxed()

@@ -177,7 +177,7 @@ async fn eighth_identical_call_is_not_dispatched_and_ends_the_run() {
     let eighth = ping(&session, 1).await;
     assert_eq!(
         status(&eighth.receipts[0]),
-        Some(RejectionKind::RepeatTerminated)
+        Some(RejectionKind::RepeatLimit)
     );
     assert_eq!(
         eighth.terminated,
@@ -186,13 +186,56 @@ async fn eighth_identical_call_is_not_dispatched_and_ends_the_run() {
             count: 8
         })
     );
-    // The run stays ended: a different call is refused too, until a genuine user message.
+    // That fingerprint stays refused while the sequence goes on, until a genuine user message.
     assert_eq!(
-        status(&ping(&session, 2).await.receipts[0]),
-        Some(RejectionKind::RepeatTerminated)
+        status(&ping(&session, 1).await.receipts[0]),
+        Some(RejectionKind::RepeatLimit)
     );
     session.user_message().await;
     assert_eq!(status(&ping(&session, 1).await.receipts[0]), None);
+}
+
+#[tokio::test]
+async fn repeat_termination_refuses_that_fingerprint_not_other_calls() {
+    let session = ping_kernel().open_session(SessionConfig::new("s"));
+    for _ in 0..8 {
+        ping(&session, 1).await;
+    }
+    // A different call runs, and breaks the sequence: the first call runs again too.
+    assert_eq!(status(&ping(&session, 2).await.receipts[0]), None);
+    assert_eq!(status(&ping(&session, 1).await.receipts[0]), None);
+}
+
+#[tokio::test]
+async fn sessions_of_one_scope_share_the_repeat_guard() {
+    let kernel = ping_kernel();
+    for _ in 0..7 {
+        // A fresh session per call, as a host does for overlapping calls.
+        ping(&kernel.open_session(SessionConfig::new("s")), 1).await;
+    }
+    let eighth = ping(&kernel.open_session(SessionConfig::new("s")), 1).await;
+    assert_eq!(
+        status(&eighth.receipts[0]),
+        Some(RejectionKind::RepeatLimit)
+    );
+    // Another scope counts on its own.
+    let other = ping(&kernel.open_session(SessionConfig::new("t")), 1).await;
+    assert_eq!(status(&other.receipts[0]), None);
+}
+
+#[tokio::test]
+async fn the_advisory_reaches_the_model_with_the_result_of_the_third_call() {
+    let session = ping_kernel().open_session(SessionConfig::new("s"));
+    for n in 1..=3 {
+        let out = ping(&session, 1).await;
+        let notice = out.results[0].content.get("notice");
+        if n < 3 {
+            assert!(notice.is_none());
+        } else {
+            let text = notice.and_then(|v| v.as_str()).unwrap();
+            assert!(text.contains("3 times in a row"), "{text}");
+        }
+    }
 }
 
 #[tokio::test]
@@ -215,10 +258,7 @@ async fn repeats_count_within_one_round_too() {
         .run_round(round(calls), &RoundOptions::default())
         .await;
     assert!(out.policy_message.is_some());
-    assert_eq!(
-        status(&out.receipts[7]),
-        Some(RejectionKind::RepeatTerminated)
-    );
+    assert_eq!(status(&out.receipts[7]), Some(RejectionKind::RepeatLimit));
     assert!(out.receipts[..7].iter().all(|r| status(r).is_none()));
 }
 

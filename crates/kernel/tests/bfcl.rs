@@ -382,6 +382,7 @@ async fn run(kernel: &Kernel, calls: &[(String, Map<String, Value>)]) -> Vec<Opt
                 call_id: format!("call_{index}"),
                 tool: tool.clone(),
                 arguments: ProposedArguments::Value(Value::Object(args.clone())),
+                idempotency_key: None,
             })
             .collect(),
         text: None,
@@ -661,6 +662,7 @@ async fn run_one(kernel: &Kernel, tool: &str, args: Value) -> Result<Value, Reje
             call_id: "c0".into(),
             tool: tool.into(),
             arguments: ProposedArguments::Value(Value::Object(args)),
+            idempotency_key: None,
         }],
         text: None,
     };

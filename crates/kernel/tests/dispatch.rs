@@ -129,7 +129,7 @@ async fn safe_parallel_runs_writes_as_barriers() {
     // The first write's outcome is unknown (it timed out), so the second is blocked, not run.
     assert_eq!(
         status(&out.receipts[1]),
-        Some(RejectionKind::BlockedByUncertainWrite)
+        Some(RejectionKind::BlockedByUnsettled)
     );
 }
 
@@ -225,7 +225,7 @@ async fn uncertain_keyed_write_blocks_later_writes_with_that_key_only() {
     assert_eq!(out.receipts[1].state, Some(IntentState::Acked));
     assert_eq!(
         status(&out.receipts[2]),
-        Some(RejectionKind::BlockedByUncertainWrite)
+        Some(RejectionKind::BlockedByUnsettled)
     );
     assert_eq!(
         out.receipts[3].state,
@@ -251,11 +251,11 @@ async fn uncertain_unkeyed_write_blocks_every_later_write() {
         .await;
     assert_eq!(
         status(&out.receipts[1]),
-        Some(RejectionKind::BlockedByUncertainWrite)
+        Some(RejectionKind::BlockedByUnsettled)
     );
     assert_eq!(
         status(&out.receipts[2]),
-        Some(RejectionKind::BlockedByUncertainWrite)
+        Some(RejectionKind::BlockedByUnsettled)
     );
     assert_eq!(out.receipts[3].state, Some(IntentState::Acked));
     assert_eq!(rec.calls(), 2);
@@ -435,7 +435,7 @@ async fn reads_run_every_time_they_are_asked() {
 }
 
 #[tokio::test]
-async fn a_write_already_in_flight_is_rejected_as_a_duplicate() {
+async fn a_write_already_in_flight_is_waited_for_and_answers_the_identical_call() {
     let rec = Recorder::new();
     let kernel = recorder_kernel(&rec).build();
     let a = kernel.open_session(SessionConfig::new("u"));
@@ -459,14 +459,12 @@ async fn a_write_already_in_flight_is_rejected_as_a_duplicate() {
             &RoundOptions::default(),
         )
         .await;
-    assert_eq!(
-        status(&second.receipts[0]),
-        Some(RejectionKind::DuplicateInFlight)
-    );
-    assert_eq!(
-        first.await.unwrap().receipts[0].state,
-        Some(IntentState::Acked)
-    );
+    // The identical call waited for the one in flight and got its result: one effect.
+    assert_eq!(second.receipts[0].disposition, Disposition::Replayed);
+    assert_eq!(second.receipts[0].state, Some(IntentState::Acked));
+    let first = first.await.unwrap();
+    assert_eq!(first.receipts[0].state, Some(IntentState::Acked));
+    assert_eq!(first.receipts[0].intent_id, second.receipts[0].intent_id);
     assert_eq!(rec.calls(), 1);
 }
 
@@ -667,7 +665,8 @@ async fn a_dead_lettered_intent_is_not_run_again_by_a_retry() {
     let kernel = flaky_kernel(&f, Settlement::None);
     assert_eq!(pay(&kernel).await.state, Some(IntentState::DeadLetter));
     let again = pay(&kernel).await;
-    assert_eq!(status(&again), Some(RejectionKind::IntentConflict));
+    // The dead-lettered write blocks every later write of its scope until a person settles it.
+    assert_eq!(status(&again), Some(RejectionKind::BlockedByUnsettled));
     assert_eq!(f.attempts.load(Ordering::SeqCst), 1);
 }
 

@@ -27,6 +27,7 @@ fn one_call(tool: &str, args: Value) -> Round {
             call_id: "c0".into(),
             tool: tool.into(),
             arguments: ProposedArguments::Value(args),
+            idempotency_key: None,
         }],
         text: None,
     }

@@ -152,6 +152,7 @@ async fn double_encoded_arguments_are_decoded_once() {
         tool: "book_flight".into(),
         // The provider's arguments string itself holds a JSON string of the object.
         arguments: ProposedArguments::Text(serde_json::to_string(&encoded).unwrap()),
+        idempotency_key: None,
     };
     let receipt = run_one(&kernel, c).await;
     assert!(!receipt.is_error(), "{receipt:?}");
@@ -183,6 +184,7 @@ async fn malformed_json_arguments_are_a_structured_rejection() {
         call_id: "c".into(),
         tool: "book_flight".into(),
         arguments: ProposedArguments::Text("{\"from\": \"A\", ".into()),
+        idempotency_key: None,
     };
     assert_eq!(
         rejection(&run_one(&kernel, c).await.outcome).status,
@@ -202,6 +204,7 @@ async fn duplicate_keys_and_unsafe_integers_are_refused_not_guessed() {
             call_id: "c".into(),
             tool: "book_flight".into(),
             arguments: ProposedArguments::Text(text.into()),
+            idempotency_key: None,
         };
         let r = run_one(&kernel, c).await;
         assert_eq!(

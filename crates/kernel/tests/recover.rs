@@ -91,6 +91,7 @@ async fn leftover(
             canonical_args: canonical,
             call_id: "call_before_crash".into(),
             mutating: true,
+            client_key: None,
         })
         .await
         .unwrap()

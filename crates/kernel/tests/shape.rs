@@ -30,6 +30,7 @@ async fn run_once(kernel: &Kernel, config: SessionConfig) -> RoundOutcome {
             call_id: "c0".into(),
             tool: "fetch".into(),
             arguments: ProposedArguments::Value(json!({})),
+            idempotency_key: None,
         }],
         text: None,
     };

@@ -23,8 +23,8 @@ use ring0_core::observation::Provenance;
 use ring0_core::{Authority, Effect, Observation, Strategy, StrategySet, ToolSpec};
 use ring0_journal::Journal;
 use ring0_kernel::{
-    AuthDecision, AuthRequest, Authorizer, CallContext, Kernel, ProbeFinding, SessionInfo, Tool,
-    ToolError,
+    AuthAdmission, AuthDecision, AuthRequest, Authorizer, CallContext, Kernel, ProbeFinding,
+    SessionInfo, Tool, ToolError,
 };
 use ring0_shape::SpillStore;
 use serde_json::{Map, Value, json};
@@ -142,6 +142,22 @@ impl Authorizer for QuarantineGate {
         match self.refusal(request) {
             Some(refused) => refused,
             None => self.inner.authorize(request).await,
+        }
+    }
+
+    // Admission and the approval hold go to the grants' own, so that a person is asked only
+    // after the journal decided the call will run.
+    async fn admit(&self, request: &AuthRequest<'_>) -> AuthAdmission {
+        match self.refusal(request) {
+            Some(refused) => AuthAdmission::Decided(refused),
+            None => self.inner.admit(request).await,
+        }
+    }
+
+    async fn hold(&self, request: &AuthRequest<'_>) -> AuthDecision {
+        match self.refusal(request) {
+            Some(refused) => refused,
+            None => self.inner.hold(request).await,
         }
     }
 

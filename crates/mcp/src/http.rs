@@ -13,11 +13,15 @@
 //! 2026-07-28 requests each act for their own credential's principal. Without credentials,
 //! only loopback addresses are served and every client is `local`.
 //! Tool listings and results leave as the raw JSON ring0 built: a response layer replaces the
-//! typed stand-ins rmcp serializes (see [`crate::lossless`]).
+//! typed stand-ins rmcp serializes (see [`crate::lossless`]) and reports each result delivered
+//! once its body or event has been sent (see [`crate::delivery`]). On the way in, a request
+//! layer lifts `params.idempotencyKey`, which rmcp's model drops, into the request's `_meta`
+//! (see [`crate::retry`]).
 
 use crate::approval::Approvals;
 use crate::auth::{AuthConfig, Authenticator, METADATA_PATH, Unauthenticated};
 use crate::gateway::Gateway;
+use crate::limits::REQUEST_BODY_BYTES_MAX;
 use crate::log::Log;
 use crate::lossless::RawStash;
 use crate::server::GatewayServer;
@@ -207,6 +211,38 @@ async fn gate(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
     response
 }
 
+/// Lifts `params.idempotencyKey` of a POSTed `tools/call` into its `_meta` before rmcp decodes
+/// it (see [`crate::retry::lift_wire_fields`]). The body is read up to
+/// [`REQUEST_BODY_BYTES_MAX`], the bound rmcp is given as well.
+async fn lift_request(request: Request, next: Next) -> Response {
+    if request.method() != Method::POST {
+        return next.run(request).await;
+    }
+    let (mut parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, REQUEST_BODY_BYTES_MAX).await {
+        Ok(b) => b,
+        Err(_) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Body::from(format!(
+                    "ring0: the request body is larger than {REQUEST_BODY_BYTES_MAX} bytes or                      could not be read\n"
+                )),
+            )
+                .into_response();
+        }
+    };
+    let body = match crate::retry::lift_wire_bytes(&bytes) {
+        Some(lifted) => {
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, lifted.len().into());
+            Body::from(lifted)
+        }
+        None => Body::from(bytes),
+    };
+    next.run(Request::from_parts(parts, body)).await
+}
+
 /// The axum router serving `/mcp` (and, with credentials, the protected-resource metadata).
 /// `auth`: the credentials every request must carry; `None` serves everyone as `local`.
 pub fn router(
@@ -229,6 +265,7 @@ pub fn router(
         .with_allowed_hosts(hosts)
         .with_allowed_origins(origins)
         .enforce_origin_validation()
+        .with_max_request_body_bytes(REQUEST_BODY_BYTES_MAX)
         .with_cancellation_token(shutdown.clone());
     // One stash for every session: the response layer replaces the typed stand-ins the
     // sessions return by the raw results they stashed.
@@ -263,6 +300,7 @@ pub fn router(
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             crate::stream_cut::layer(cuts.clone(), resume_log.clone(), req, next)
         }))
+        .layer(middleware::from_fn(lift_request))
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             crate::lossless::rewrite_response(stash.clone(), req, next)
         }))

@@ -17,6 +17,7 @@
 //! server, or the approval gate) turns into its own outcome. At most [`PARKED_CALLS_MAX`] calls
 //! wait at once.
 
+use crate::delivery::Answer;
 use crate::limits::{INPUT_BATCH_GRACE, INPUT_WAIT, PARKED_CALLS_MAX, QUESTIONS_PER_CALL_MAX};
 use crate::rpc::{code, error_object};
 use rmcp::model::ErrorData;
@@ -82,7 +83,7 @@ pub trait Retarget: Send + Sync {
 pub struct Pending {
     relay: Arc<dyn Retarget>,
     binding: String,
-    done: JoinHandle<Result<Value, ErrorData>>,
+    done: JoinHandle<Result<Answer, ErrorData>>,
     questions: mpsc::Receiver<Question>,
     /// Cancels the round (the client abandoned the call).
     cancel: CancellationToken,
@@ -95,16 +96,16 @@ pub struct Pending {
 /// What one step of a pending call produced.
 pub enum Step {
     /// The call finished: its result (or protocol error).
-    Done(Result<Value, ErrorData>),
+    Done(Result<Answer, ErrorData>),
     /// The call asks the client: an `input_required` result.
     Asked(Value),
 }
 
 impl Step {
-    pub fn into_result(self) -> Result<Value, ErrorData> {
+    pub fn into_result(self) -> Result<Answer, ErrorData> {
         match self {
             Step::Done(r) => r,
-            Step::Asked(v) => Ok(v),
+            Step::Asked(v) => Ok(Answer::from(v)),
         }
     }
 }
@@ -135,7 +136,7 @@ impl Pending {
     /// A call whose round is `done`, asking through `questions`.
     pub fn start(
         binding: String,
-        done: JoinHandle<Result<Value, ErrorData>>,
+        done: JoinHandle<Result<Answer, ErrorData>>,
         questions: mpsc::Receiver<Question>,
         cancel: CancellationToken,
         relay: Arc<dyn Retarget>,
@@ -164,7 +165,7 @@ impl Pending {
         let mut questions_open = true;
         loop {
             enum Event {
-                Done(Result<Value, ErrorData>),
+                Done(Result<Answer, ErrorData>),
                 Question(Option<Question>),
                 Gone,
             }
@@ -337,10 +338,10 @@ mod tests {
         Arc::new(NoRelay)
     }
 
-    fn finished(v: Value) -> JoinHandle<Result<Value, ErrorData>> {
+    fn finished(v: Value) -> JoinHandle<Result<Answer, ErrorData>> {
         tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-            Ok(v)
+            Ok(Answer::from(v))
         })
     }
 
@@ -352,7 +353,7 @@ mod tests {
             let answer = asker
                 .ask("elicitation/create", Some(json!({"message": "ok?"})))
                 .await;
-            Ok(json!({"answer": answer.unwrap()}))
+            Ok(Answer::from(json!({"answer": answer.unwrap()})))
         });
         let gone = CancellationToken::new();
         let pending = Pending::start("b".into(), round, rx, CancellationToken::new(), no_relay());
@@ -368,7 +369,7 @@ mod tests {
         let Step::Done(Ok(result)) = pending.step(&parked, &gone).await else {
             panic!("expected the result")
         };
-        assert_eq!(result["answer"]["action"], "accept");
+        assert_eq!(result.value["answer"]["action"], "accept");
         assert!(
             parked.resume(&state, "b", &answers).is_err(),
             "a state is used once"
@@ -381,7 +382,7 @@ mod tests {
         let (asker, rx) = channel();
         let round = tokio::spawn(async move {
             let _ = asker.ask("roots/list", None).await;
-            Ok(json!({}))
+            Ok(Answer::from(json!({})))
         });
         let pending = Pending::start(
             "mine".into(),
@@ -420,7 +421,7 @@ mod tests {
         let step = pending
             .step(&Parked::default(), &CancellationToken::new())
             .await;
-        assert_eq!(step.into_result().unwrap()["ok"], true);
+        assert_eq!(step.into_result().unwrap().value["ok"], true);
     }
 
     #[tokio::test]
@@ -431,7 +432,7 @@ mod tests {
         let round = tokio::spawn(async move {
             let reply = asker.ask("elicitation/create", None).await;
             let _ = seen_tx.send(reply);
-            Ok(json!({}))
+            Ok(Answer::from(json!({})))
         });
         let pending = Pending::start("b".into(), round, rx, CancellationToken::new(), no_relay());
         let Step::Asked(first) = pending.step(&parked, &CancellationToken::new()).await else {
@@ -460,14 +461,14 @@ mod tests {
         let round_cancel = cancel.clone();
         let round = tokio::spawn(async move {
             round_cancel.cancelled().await;
-            Ok(json!({"cancelled": true}))
+            Ok(Answer::from(json!({"cancelled": true})))
         });
         let gone = CancellationToken::new();
         gone.cancel();
         let step = Pending::start("b".into(), round, rx, cancel, no_relay())
             .step(&Parked::default(), &gone)
             .await;
-        assert_eq!(step.into_result().unwrap()["cancelled"], true);
+        assert_eq!(step.into_result().unwrap().value["cancelled"], true);
     }
 
     #[test]

@@ -24,6 +24,10 @@
 //!   from the call's receipt;
 //! - [`route`]: per-call context (the client's relay, confirmation code, era) that travels with
 //!   the call through the kernel;
+//! - [`retry`]: what a client says about a call's identity across retries (idempotency key,
+//!   scope);
+//! - [`delivery`]: whether a call's result has left ring0 (stdio line flushed, HTTP body or SSE
+//!   event sent), which decides whether an identical call is a retry or a repeat;
 //! - [`tasks`]: background shell jobs and long upstream calls as MCP tasks;
 //! - [`auth`]: who is calling over HTTP (static tokens, JWTs, protected-resource metadata);
 //! - [`door`]: limits at the door: every client message checked before it is believed, the
@@ -32,6 +36,7 @@
 pub mod approval;
 pub mod auth;
 pub mod config;
+pub mod delivery;
 pub mod door;
 pub mod forward;
 pub mod gateway;
@@ -46,6 +51,7 @@ pub mod passthrough;
 pub mod pin;
 pub mod pin_review;
 pub mod project;
+pub mod retry;
 pub mod route;
 pub mod rpc;
 pub mod server;

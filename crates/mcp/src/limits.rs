@@ -166,3 +166,11 @@ pub const SESSION_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 pub const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
 /// How long connections are given to finish at shutdown before they are dropped.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// Longest scope a client may name in `_meta["io.ring0/scope"]`; a longer one is refused.
+pub const SCOPE_BYTES_MAX: usize = 256;
+/// Longest idempotency key a client may send (`params.idempotencyKey` or
+/// `_meta["io.ring0/idempotency-key"]`): the kernel's bound; a longer one is refused.
+pub use ring0_core::limits::IDEMPOTENCY_KEY_BYTES_MAX;
+/// Largest HTTP request body to `/mcp`, read by ring0 (for fields rmcp's model drops) and by
+/// rmcp, which is given the same bound explicitly.
+pub const REQUEST_BODY_BYTES_MAX: usize = CLIENT_MESSAGE_BYTES_MAX;

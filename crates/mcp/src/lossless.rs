@@ -9,8 +9,8 @@
 //! 1. the handler builds the raw result, adapts it to the request's protocol era
 //!    ([`adapt_to_era`]), puts it in the [`RawStash`] and returns rmcp a typed stand-in whose
 //!    `_meta` names the stash entry ([`RAW_META_KEY`]);
-//! 2. on the way out, the stand-in is replaced by the stashed JSON: over stdio in
-//!    [`Lossless`]; over HTTP in [`rewrite_response`], for `application/json` bodies and, event
+//! 2. on the way out, the stand-in is replaced by the stashed JSON: over stdio in the transport
+//!    ([`crate::door::stdio::DoorStdio`]); over HTTP in [`rewrite_response`], for `application/json` bodies and, event
 //!    by event as they stream, for SSE `data:` events (events without the marker pass through
 //!    untouched).
 //!
@@ -28,10 +28,10 @@
 //! through rmcp's serializer twice, and would leave a client whose event is past the HTTP
 //! layer's bound with the wrapper rather than a valid typed result.
 
+use crate::delivery::{DeliveringBody, Delivery};
 use crate::limits::{
     CATALOG_TTL_MS, RAW_STASH_BYTES_MAX, RAW_STASH_ENTRIES_MAX, RAW_STASH_TTL, SSE_EVENT_BYTES_MAX,
 };
-use crate::server::GatewayServer;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::header;
@@ -39,9 +39,6 @@ use axum::middleware::Next;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use futures::Stream;
-use rmcp::model::{ErrorData, ServerResult};
-use rmcp::service::{NotificationContext, RequestContext};
-use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
@@ -119,9 +116,13 @@ pub fn adapt_to_era(mut raw: Value, kind: RawKind, modern: bool) -> Value {
 }
 
 struct Entry {
-    value: Arc<Value>,
+    /// `None` for a result larger than the whole budget: its stand-in is answered, and the entry
+    /// only carries the result's delivery.
+    value: Option<Arc<Value>>,
     bytes: usize,
     at: Instant,
+    /// Reported when the response carrying the result has left ring0 (see [`crate::delivery`]).
+    delivery: Mutex<Option<Delivery>>,
 }
 
 #[derive(Default)]
@@ -180,10 +181,20 @@ impl RawStash {
     /// Keeps `raw` and returns its id. Older entries make room; one larger than the whole
     /// budget is not kept (its stand-in is answered).
     pub fn put(&self, raw: Value) -> Option<String> {
-        let bytes = serde_json::to_vec(&raw).map(|v| v.len()).unwrap_or(0);
-        if bytes > self.bytes_max {
-            return None;
-        }
+        self.put_delivering(raw, None)
+    }
+
+    /// [`RawStash::put`] with the result's delivery, reported by the response that carries it
+    /// out. A result larger than the budget keeps only its delivery (its stand-in is answered).
+    fn put_delivering(&self, raw: Value, delivery: Option<Delivery>) -> Option<String> {
+        let mut bytes = serde_json::to_vec(&raw).map(|v| v.len()).unwrap_or(0);
+        let value = if bytes > self.bytes_max {
+            delivery.as_ref()?;
+            bytes = 0;
+            None
+        } else {
+            Some(Arc::new(raw))
+        };
         let id = uuid::Uuid::new_v4().simple().to_string();
         let now = Instant::now();
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -202,25 +213,37 @@ impl RawStash {
         inner.entries.insert(
             id.clone(),
             Entry {
-                value: Arc::new(raw),
+                value,
                 bytes,
                 at: now,
+                delivery: Mutex::new(delivery),
             },
         );
         Some(id)
     }
 
-    fn get(&self, id: &str) -> Option<Arc<Value>> {
+    /// The entry's raw JSON (`None` inside when only its delivery is kept) and its delivery,
+    /// which only the first response to carry the entry takes.
+    #[allow(clippy::type_complexity)]
+    fn get(&self, id: &str) -> Option<(Option<Arc<Value>>, Option<Delivery>)> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.expire(Instant::now());
-        inner.entries.get(id).map(|e| e.value.clone())
+        inner.entries.get(id).map(|e| {
+            let delivery = e.delivery.lock().unwrap_or_else(|p| p.into_inner()).take();
+            (e.value.clone(), delivery)
+        })
     }
 
-    fn take(&self, id: &str) -> Option<Arc<Value>> {
+    #[allow(clippy::type_complexity)]
+    fn take(&self, id: &str) -> Option<(Option<Arc<Value>>, Option<Delivery>)> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let entry = inner.entries.remove(id)?;
         inner.bytes -= entry.bytes;
-        Some(entry.value)
+        let delivery = entry
+            .delivery
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner());
+        Some((entry.value, delivery))
     }
 
     /// Number of entries kept (for tests of the bounds).
@@ -235,8 +258,19 @@ impl RawStash {
 
     /// Stashes `raw` (already adapted to the era) and returns the typed stand-in: `fallback`
     /// (the best typed rendering) with the marker in its `_meta`.
-    pub fn stand_in(&self, raw: Value, mut fallback: Value) -> Value {
-        if let Some(id) = self.put(raw)
+    pub fn stand_in(&self, raw: Value, fallback: Value) -> Value {
+        self.stand_in_delivering(raw, fallback, None)
+    }
+
+    /// [`RawStash::stand_in`] for a call's result, whose `delivery` the response that carries
+    /// it out reports.
+    pub fn stand_in_delivering(
+        &self,
+        raw: Value,
+        mut fallback: Value,
+        delivery: Option<Delivery>,
+    ) -> Value {
+        if let Some(id) = self.put_delivering(raw, delivery)
             && let Some(obj) = fallback.as_object_mut()
         {
             let meta = obj
@@ -253,26 +287,39 @@ impl RawStash {
     /// the era (cache hints of 2026-07-28 listings) are kept where the raw result has none.
     /// Returns whether `result` changed.
     pub fn substitute(&self, result: &mut Value) -> bool {
-        self.substitute_with(result, false)
+        self.substitute_with(result, false).0
     }
 
     /// [`RawStash::substitute`], forgetting the entry: for a transport that never sends a
     /// response twice (stdio).
     pub fn substitute_once(&self, result: &mut Value) -> bool {
+        self.substitute_with(result, true).0
+    }
+
+    /// [`RawStash::substitute_once`], handing over the result's delivery for the transport to
+    /// report once the response is out.
+    pub fn substitute_once_delivering(&self, result: &mut Value) -> (bool, Option<Delivery>) {
         self.substitute_with(result, true)
     }
 
-    fn substitute_with(&self, result: &mut Value, forget: bool) -> bool {
+    fn substitute_with(&self, result: &mut Value, forget: bool) -> (bool, Option<Delivery>) {
         let Some(id) = result
             .get("_meta")
             .and_then(|m| m.get(RAW_META_KEY))
             .and_then(Value::as_str)
         else {
-            return false;
+            return (false, None);
         };
-        let raw = if forget { self.take(id) } else { self.get(id) };
+        let entry = if forget { self.take(id) } else { self.get(id) };
+        let Some((raw, delivery)) = entry else {
+            return (false, None);
+        };
         let Some(raw) = raw else {
-            return false;
+            // Only the delivery was kept: the stand-in goes out, without the marker.
+            if let Some(meta) = result.get_mut("_meta").and_then(Value::as_object_mut) {
+                meta.remove(RAW_META_KEY);
+            }
+            return (true, delivery);
         };
         let mut out = (*raw).clone();
         if let (Some(out), Some(typed)) = (out.as_object_mut(), result.as_object()) {
@@ -283,23 +330,25 @@ impl RawStash {
             }
         }
         *result = out;
-        true
+        (true, delivery)
     }
 
     /// Substitutes in one serialized JSON-RPC message; `None` when it has nothing to replace.
-    fn rewrite_message(&self, text: &[u8]) -> Option<Vec<u8>> {
+    /// The result's delivery comes with the new bytes, for the body to report once sent.
+    fn rewrite_message(&self, text: &[u8]) -> Option<(Vec<u8>, Option<Delivery>)> {
         memchr::memmem::find(text, RAW_META_KEY.as_bytes())?;
         let mut message: Value = serde_json::from_slice(text).ok()?;
         message.get("id")?;
         let result = message.get_mut("result")?;
-        if !self.substitute(result) {
+        let (changed, delivery) = self.substitute_with(result, false);
+        if !changed {
             return None;
         }
-        serde_json::to_vec(&message).ok()
+        Some((serde_json::to_vec(&message).ok()?, delivery))
     }
 
     /// Substitutes in one SSE event (its lines, without the blank line that ends it).
-    fn rewrite_event(&self, event: &[u8]) -> Option<Vec<u8>> {
+    fn rewrite_event(&self, event: &[u8]) -> Option<(Vec<u8>, Option<Delivery>)> {
         memchr::memmem::find(event, RAW_META_KEY.as_bytes())?;
         let text = std::str::from_utf8(event).ok()?;
         let mut data = String::new();
@@ -317,7 +366,7 @@ impl RawStash {
                 others.push(line);
             }
         }
-        let rewritten = self.rewrite_message(data.as_bytes())?;
+        let (rewritten, delivery) = self.rewrite_message(data.as_bytes())?;
         let mut out = Vec::with_capacity(rewritten.len() + 64);
         for line in others {
             out.extend_from_slice(line.as_bytes());
@@ -326,7 +375,7 @@ impl RawStash {
         out.extend_from_slice(b"data: ");
         out.extend_from_slice(&rewritten);
         out.push(b'\n');
-        Some(out)
+        Some((out, delivery))
     }
 }
 
@@ -340,6 +389,9 @@ struct SseRewrite<S> {
     /// The current event outgrew the buffer: pass bytes through until it ends.
     passthrough: bool,
     done: bool,
+    /// Deliveries of results in the chunk last handed to the connection: reported when it asks
+    /// for more, which it does once it has taken that chunk.
+    sent: Vec<Delivery>,
 }
 
 /// Offset just past the first event end (a blank line) at or after `from`, and its length.
@@ -364,7 +416,8 @@ impl<S> SseRewrite<S> {
                 continue;
             }
             match self.stash.rewrite_event(&event[..at]) {
-                Some(new) => {
+                Some((new, delivery)) => {
+                    self.sent.extend(delivery);
                     out.extend_from_slice(&new);
                     out.extend_from_slice(b"\n");
                 }
@@ -389,6 +442,9 @@ where
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
+        for delivery in this.sent.drain(..) {
+            delivery.delivered();
+        }
         loop {
             if this.done {
                 return Poll::Ready(None);
@@ -439,6 +495,7 @@ pub async fn rewrite_response(stash: Arc<RawStash>, request: Request, next: Next
             pending: BytesMut::new(),
             passthrough: false,
             done: false,
+            sent: Vec::new(),
         };
         return Response::from_parts(parts, Body::from_stream(stream));
     }
@@ -455,69 +512,18 @@ pub async fn rewrite_response(stash: Arc<RawStash>, request: Request, next: Next
             }
         };
         return match stash.rewrite_message(&bytes) {
-            Some(new) => {
+            Some((new, delivery)) => {
                 parts.headers.remove(header::CONTENT_LENGTH);
-                Response::from_parts(parts, Body::from(new))
+                let body = match delivery {
+                    Some(d) => Body::new(DeliveringBody::new(Bytes::from(new), d)),
+                    None => Body::from(new),
+                };
+                Response::from_parts(parts, body)
             }
             None => Response::from_parts(parts, Body::from(bytes)),
         };
     }
     response
-}
-
-/// A stdio session whose `tools/list` and `tools/call` answers carry the raw JSON.
-///
-/// Every request goes through the typed handler (which applies the era's rules); a stand-in in
-/// its answer is then replaced here, before rmcp writes it out.
-pub struct Lossless(pub GatewayServer);
-
-impl rmcp::Service<RoleServer> for Lossless {
-    async fn handle_request(
-        &self,
-        request: rmcp::model::ClientRequest,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ServerResult, ErrorData> {
-        let result =
-            <GatewayServer as rmcp::Service<RoleServer>>::handle_request(&self.0, request, context)
-                .await?;
-        if !matches!(
-            result,
-            ServerResult::CallToolResult(_) | ServerResult::ListToolsResult(_)
-        ) {
-            return Ok(result);
-        }
-        let Ok(mut value) = serde_json::to_value(&result) else {
-            return Ok(result);
-        };
-        if self.0.raw_stash().substitute_once(&mut value) {
-            Ok(ServerResult::CustomResult(rmcp::model::CustomResult(value)))
-        } else {
-            Ok(result)
-        }
-    }
-
-    async fn handle_notification(
-        &self,
-        notification: rmcp::model::ClientNotification,
-        context: NotificationContext<RoleServer>,
-    ) -> Result<(), ErrorData> {
-        <GatewayServer as rmcp::Service<RoleServer>>::handle_notification(
-            &self.0,
-            notification,
-            context,
-        )
-        .await
-    }
-
-    fn get_info(&self) -> rmcp::model::ServerConfig {
-        ServerHandler::get_info(&self.0)
-    }
-
-    fn supported_protocol_versions(
-        &self,
-    ) -> std::borrow::Cow<'static, [rmcp::model::ProtocolVersion]> {
-        ServerHandler::supported_protocol_versions(&self.0)
-    }
 }
 
 #[cfg(test)]
@@ -625,6 +631,7 @@ mod tests {
             pending: BytesMut::new(),
             passthrough: false,
             done: false,
+            sent: Vec::new(),
         };
         let out: Vec<Result<Bytes, _>> = futures::StreamExt::collect::<Vec<_>>(rewrite).await;
         out.into_iter().flat_map(|c| c.unwrap().to_vec()).collect()
@@ -651,5 +658,79 @@ mod tests {
         let message: Value = serde_json::from_str(data).unwrap();
         assert_eq!(message["result"]["content"][0]["type"], "widget");
         assert_eq!(message["id"], 3);
+    }
+
+    fn counted() -> (Delivery, Arc<std::sync::atomic::AtomicUsize>) {
+        let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let m = n.clone();
+        let d = Delivery::new(move || {
+            m.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        (d, n)
+    }
+
+    fn result_event(stash: &RawStash, delivery: Delivery) -> Bytes {
+        let marked = stash.stand_in_delivering(
+            json!({"content": []}),
+            json!({"content": []}),
+            Some(delivery),
+        );
+        let id = marked["_meta"][RAW_META_KEY].as_str().unwrap().to_string();
+        Bytes::from(format!(
+            "data: {{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{{\"content\":[],\"_meta\":{{\"{RAW_META_KEY}\":\"{id}\"}}}}}}\n\n"
+        ))
+    }
+
+    fn rewrite(
+        stash: &Arc<RawStash>,
+        chunk: Bytes,
+    ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> + Unpin {
+        SseRewrite {
+            inner: futures::stream::iter(vec![Ok(chunk)]),
+            stash: stash.clone(),
+            pending: BytesMut::new(),
+            passthrough: false,
+            done: false,
+            sent: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_sse_result_is_delivered_once_the_connection_asks_for_more_after_its_event() {
+        use futures::StreamExt;
+        let stash = RawStash::new();
+        let (delivery, fired) = counted();
+        let mut events = rewrite(&stash, result_event(&stash, delivery));
+        assert!(events.next().await.is_some());
+        assert_eq!(fired.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert!(events.next().await.is_none());
+        assert_eq!(fired.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_sse_stream_dropped_before_its_result_event_was_taken_delivers_nothing() {
+        use futures::StreamExt;
+        let stash = RawStash::new();
+        let (delivery, fired) = counted();
+        let mut events = rewrite(&stash, result_event(&stash, delivery));
+        let _event = events.next().await;
+        drop(events);
+        assert_eq!(fired.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_result_too_large_to_keep_still_carries_its_delivery() {
+        let stash = RawStash::with_limits(100, 16);
+        let (delivery, fired) = counted();
+        let mut out = stash.stand_in_delivering(
+            Value::String("x".repeat(64)),
+            json!({"content": []}),
+            Some(delivery),
+        );
+        let (changed, delivery) = stash.substitute_once_delivering(&mut out);
+        assert!(changed);
+        assert!(out["_meta"].get(RAW_META_KEY).is_none(), "{out}");
+        delivery.unwrap().delivered();
+        assert_eq!(fired.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }

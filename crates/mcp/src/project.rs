@@ -82,6 +82,16 @@ impl Projector for McpProjector {
     fn projection_bytes_max(&self) -> usize {
         RESULT_BYTES_MAX
     }
+
+    /// A notice for the model (the repeat guard's advisory) goes where an MCP client shows the
+    /// model a result: a text item after the result's content.
+    fn with_notice(&self, mut projection: Value, notice: &str) -> Value {
+        if let Some(items) = projection.get_mut("content").and_then(Value::as_array_mut) {
+            items.push(json!({"type": "text", "text": notice}));
+            return projection;
+        }
+        ring0_kernel::project::with_notice_field(projection, notice)
+    }
 }
 
 #[cfg(test)]

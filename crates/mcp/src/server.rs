@@ -19,10 +19,10 @@
 //! `isError: true`; a refusal's rejection envelope as text with `isError: true`. Every result
 //! carries `_meta["io.ring0/receipt"]` with the intent id, journal state and disposition.
 
-use crate::approval::{Answer, Approvals, CONFIRM_ARGUMENT, CONFIRM_META_KEY};
+use crate::approval::{Approvals, CONFIRM_ARGUMENT, CONFIRM_META_KEY};
+use crate::delivery::{Answer, Delivery};
 use crate::gateway::{Gateway, Generation};
 use crate::limits::{APPROVAL_WAIT_DEFAULT, CATALOG_TTL_MS, TOOLS_PAGE_SIZE};
-pub use crate::lossless::Lossless;
 use crate::lossless::{RawKind, RawStash, adapt_to_era};
 use crate::route::{CallRoute, Downstream};
 use crate::rpc::{code, error_object};
@@ -32,8 +32,8 @@ use ring0_core::limits::CALL_ID_BYTES_MAX;
 use ring0_core::receipt::CallOutcome;
 use ring0_core::{Authority, ProposedArguments, ProposedCall, Round, ToolSpec};
 use ring0_kernel::{
-    AuthDecision, AuthRequest, Authorizer, CallExtensions, RoundOptions, Session, SessionConfig,
-    SessionInfo,
+    AuthAdmission, AuthDecision, AuthRequest, Authorizer, CallExtensions, RoundOptions, Session,
+    SessionConfig, SessionInfo,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
@@ -85,17 +85,18 @@ impl Authorizer for SessionGate {
         };
         let route = CallRoute::of(request.extensions);
         match self.approvals.ask(route.as_deref(), &question).await {
-            Answer::Approved(how) | Answer::ApprovedForSession(how) => AuthDecision::Allow {
+            crate::approval::Answer::Approved(how)
+            | crate::approval::Answer::ApprovedForSession(how) => AuthDecision::Allow {
                 rule: format!("{rule}+approval:{how}"),
             },
-            Answer::Declined(reason) => AuthDecision::ApprovalDenied {
+            crate::approval::Answer::Declined(reason) => AuthDecision::ApprovalDenied {
                 rule: "approval:elicitation".into(),
                 reason,
             },
-            Answer::TimedOut => AuthDecision::ApprovalTimeout {
+            crate::approval::Answer::TimedOut => AuthDecision::ApprovalTimeout {
                 rule: "approval:elicitation".into(),
             },
-            Answer::NeedsCode(next) => AuthDecision::ApprovalRequired {
+            crate::approval::Answer::NeedsCode(next) => AuthDecision::ApprovalRequired {
                 rule: "approval:required".into(),
                 reason: format!(
                     "tool {:?} is A3: a person must approve it",
@@ -103,11 +104,28 @@ impl Authorizer for SessionGate {
                 ),
                 next,
             },
-            Answer::Failed(reason) => AuthDecision::Deny {
+            crate::approval::Answer::Failed(reason) => AuthDecision::Deny {
                 rule: "approval:required".into(),
                 reason,
             },
         }
+    }
+
+    /// An A3 call the grants allow is held: the person is asked in [`Authorizer::hold`], after
+    /// the journal decided the call will run.
+    async fn admit(&self, request: &AuthRequest<'_>) -> AuthAdmission {
+        match self.inner.admit(request).await {
+            AuthAdmission::Decided(AuthDecision::Allow { .. })
+                if request.spec.authority >= Authority::A3 =>
+            {
+                AuthAdmission::Hold
+            }
+            other => other,
+        }
+    }
+
+    async fn hold(&self, request: &AuthRequest<'_>) -> AuthDecision {
+        self.authorize(request).await
     }
 
     fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool {
@@ -224,19 +242,12 @@ impl Downstream for Relay {
     }
 }
 
-struct SessionSlot {
-    generation: u64,
-    session: Arc<Session>,
-}
-
 /// One downstream MCP session over the gateway.
 #[derive(Clone)]
 pub struct GatewayServer {
     gw: Gateway,
     scope: String,
     approvals: Arc<Approvals>,
-    primary: Arc<Mutex<Option<SessionSlot>>>,
-    primary_busy: Arc<AtomicBool>,
     listening: Arc<AtomicBool>,
     instructions: Option<String>,
     raw: Arc<RawStash>,
@@ -281,8 +292,6 @@ impl GatewayServer {
             gw,
             scope,
             approvals,
-            primary: Arc::new(Mutex::new(None)),
-            primary_busy: Arc::new(AtomicBool::new(false)),
             listening: Arc::new(AtomicBool::new(false)),
             raw: RawStash::new(),
             tasks: TaskTable::new(),
@@ -347,7 +356,10 @@ impl GatewayServer {
         &self.gw
     }
 
-    fn open(&self, generation: &Generation) -> Arc<Session> {
+    /// A kernel session on `generation` for calls of `scope`. Every kernel session of one
+    /// principal and scope shares the kernel's state of that scope (exact-repeat counts, rounds
+    /// of conflicting and unsettled calls), so each call opens its own.
+    fn open(&self, generation: &Generation, scope: &str) -> Arc<Session> {
         let authorizer: Arc<dyn Authorizer> = if self.approvals.gates_a3() {
             Arc::new(SessionGate {
                 inner: generation.gate.clone(),
@@ -358,7 +370,7 @@ impl GatewayServer {
         };
         Arc::new(
             generation.kernel.open_session(
-                SessionConfig::new(self.scope.clone())
+                SessionConfig::new(scope.to_string())
                     .principal(self.principal.clone())
                     // One id for every kernel session of this MCP session (overlapping calls,
                     // catalog generations): approvals and session limits are bound to it.
@@ -370,38 +382,12 @@ impl GatewayServer {
         )
     }
 
-    /// The session's kernel session on the current generation: the primary one when free
-    /// (exact-repeat counts accumulate there), a fresh one for a call that overlaps another.
-    fn session(&self, generation: &Generation) -> (Arc<Session>, bool) {
-        if self
-            .primary_busy
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            let mut slot = self.primary.lock().expect("primary");
-            let fresh = match slot.as_ref() {
-                Some(s) if s.generation == generation.number => s.session.clone(),
-                _ => {
-                    let s = self.open(generation);
-                    *slot = Some(SessionSlot {
-                        generation: generation.number,
-                        session: s.clone(),
-                    });
-                    s
-                }
-            };
-            (fresh, true)
-        } else {
-            (self.open(generation), false)
-        }
-    }
-
     /// The upstreams this session's grants open: those with a tool in its catalog that is not
     /// quarantined. Only these are asked for prompts, resources, completions and log levels on
     /// its behalf.
     fn reachable(&self) -> Vec<Arc<crate::upstream::Upstream>> {
         let generation = self.gw.generation();
-        let session = self.open(&generation);
+        let session = self.open(&generation, &self.scope);
         let aliases: std::collections::BTreeSet<&str> = session
             .catalog()
             .iter()
@@ -417,7 +403,7 @@ impl GatewayServer {
 
     fn list(&self, cursor: Option<&str>) -> Result<Value, ErrorData> {
         let generation = self.gw.generation();
-        let session = self.open(&generation);
+        let session = self.open(&generation, &self.scope);
         let names: Vec<String> = session
             .catalog()
             .iter()
@@ -462,17 +448,18 @@ impl GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let modern = is_modern(&context);
-        let value = self.call(request, context).await?;
-        self.respond(value, modern)
+        let answer = self.call(request, context).await?;
+        self.respond(answer, modern)
     }
 
     /// The response that carries a call's result (or its question) to a client of the era
     /// `modern` says.
     pub(crate) fn respond(
         &self,
-        value: Value,
+        answer: Answer,
         modern: bool,
     ) -> Result<CallToolResponse, ErrorData> {
+        let Answer { value, delivery } = answer;
         if value.get("resultType").and_then(Value::as_str) == Some("input_required") {
             let input: rmcp::model::InputRequiredResult = serde_json::from_value(value)
                 .map_err(|e| ErrorData::internal_error(format!("input required: {e}"), None))?;
@@ -488,7 +475,7 @@ impl GatewayServer {
                 json!({"content": [{"type": "text", "text": text}], "isError": true})
             }
         };
-        let result: CallToolResult = typed(self.raw.stand_in(raw, fallback))?;
+        let result: CallToolResult = typed(self.raw.stand_in_delivering(raw, fallback, delivery))?;
         Ok(CallToolResponse::Complete(result))
     }
 
@@ -497,7 +484,7 @@ impl GatewayServer {
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> Result<Value, ErrorData> {
+    ) -> Result<Answer, ErrorData> {
         let modern = context
             .protocol_version()
             .is_some_and(|v| v.as_str() >= "2026-07-28");
@@ -552,7 +539,7 @@ impl GatewayServer {
         context: RequestContext<RoleServer>,
         relay: Option<Arc<Relay>>,
         cancel: tokio_util::sync::CancellationToken,
-    ) -> Result<Value, ErrorData> {
+    ) -> Result<Answer, ErrorData> {
         let generation = self.gw.generation();
         let call_id = call_id_of(&context.id);
         let token = context
@@ -569,22 +556,15 @@ impl GatewayServer {
                 Value::String(s) => s,
                 other => other.to_string(),
             });
-        // rmcp moves a request's `_meta` into the context; read both places.
-        let meta_code = [
-            serde_json::to_value(&context.meta).ok(),
-            request
-                .meta
-                .as_ref()
-                .and_then(|m| serde_json::to_value(m).ok()),
-        ]
-        .into_iter()
-        .flatten()
-        .find_map(|m| {
+        let metas = request_metas(&request, &context);
+        let meta_code = metas.iter().find_map(|m| {
             m.get(CONFIRM_META_KEY)
                 .and_then(Value::as_str)
                 .map(str::to_string)
         });
         let confirm = spoken.or(meta_code);
+        let identity = read_identity(&metas)?;
+        let scope = self.scope_of(&identity, &context);
         let elicitation = declares_elicitation(&context);
         let modern = relay.is_some();
         let cut = context
@@ -600,7 +580,7 @@ impl GatewayServer {
         } else {
             CallRoute::sessionful(Some(relay), confirm, elicitation)
         };
-        let (session, primary) = self.session(&generation);
+        let session = self.open(&generation, &scope);
         let round = Round {
             calls: vec![ProposedCall {
                 index: 0,
@@ -612,6 +592,7 @@ impl GatewayServer {
                         .map(Value::Object)
                         .unwrap_or_else(|| Value::Object(Map::new())),
                 ),
+                idempotency_key: identity.idempotency_key.clone(),
             }],
             text: None,
         };
@@ -634,9 +615,6 @@ impl GatewayServer {
                 run.await
             }
         };
-        if primary {
-            self.primary_busy.store(false, Ordering::Release);
-        }
         // A stream that was let close mid-call gets the response once its client resumed it.
         if let Some(cut) = &cut {
             cut.wait_for_resume().await;
@@ -652,8 +630,81 @@ impl GatewayServer {
                 Some(rejection.to_json()),
             ));
         }
-        Ok(render(&outcome))
+        Ok(Answer {
+            value: render(&outcome),
+            delivery: delivery_of(&outcome),
+        })
     }
+
+    /// The kernel scope a `tools/call` runs in (see [`GatewayServer::scope_of`]).
+    pub(crate) fn call_scope(
+        &self,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<String, ErrorData> {
+        let identity = read_identity(&request_metas(request, context))?;
+        Ok(self.scope_of(&identity, context))
+    }
+
+    /// The kernel scope of a call: the scope the client named, bound to its principal; else the
+    /// principal's for a stateless 2026-07-28 request over HTTP (which has no session); else
+    /// this session's (the MCP session, or stdio's `--scope`).
+    fn scope_of(
+        &self,
+        identity: &crate::retry::CallIdentity,
+        context: &RequestContext<RoleServer>,
+    ) -> String {
+        if let Some(named) = &identity.scope {
+            return crate::retry::client_scope(&self.principal, named);
+        }
+        if is_stateless_http(context) {
+            return crate::retry::principal_scope(&self.principal);
+        }
+        self.scope.clone()
+    }
+}
+
+/// A request's `_meta` objects: rmcp moves a request's `_meta` into the context, so both places
+/// are read.
+fn request_metas(
+    request: &CallToolRequestParams,
+    context: &RequestContext<RoleServer>,
+) -> Vec<Map<String, Value>> {
+    [
+        serde_json::to_value(&context.meta).ok(),
+        request
+            .meta
+            .as_ref()
+            .and_then(|m| serde_json::to_value(m).ok()),
+    ]
+    .into_iter()
+    .flatten()
+    .filter_map(|m| match m {
+        Value::Object(m) => Some(m),
+        _ => None,
+    })
+    .collect()
+}
+
+/// The identity fields of a call, or the invalid-params error that names the bad one.
+fn read_identity(metas: &[Map<String, Value>]) -> Result<crate::retry::CallIdentity, ErrorData> {
+    crate::retry::read(&metas.iter().collect::<Vec<_>>())
+        .map_err(|e| ErrorData::invalid_params(e.message, Some(e.data)))
+}
+
+/// Whether a request came over HTTP without a session (the stateless 2026-07-28 era).
+pub(crate) fn is_stateless_http(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .is_some_and(|parts| !parts.headers.contains_key("mcp-session-id"))
+}
+
+/// The delivery of a one-call round's result: reported once the response carrying it has left
+/// ring0, so that an identical call after it runs again instead of being answered with it.
+fn delivery_of(outcome: &ring0_kernel::RoundOutcome) -> Option<Delivery> {
+    let ticket = outcome.delivery(0)?.clone();
+    Some(Delivery::new(move || ticket.delivered()))
 }
 
 /// The call id of a `tools/call`: the client's request id (evidence that links the journal's
@@ -817,18 +868,20 @@ impl ServerHandler for GatewayServer {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        // The scope this client's next `tools/call` (a `read_spill`) runs in owns the spill.
+        let owner = self.scope_of(&crate::retry::CallIdentity::default(), &context);
         let can_page = {
             let generation = self.gw.generation();
-            let session = self.open(&generation);
+            let session = self.open(&generation, &owner);
             session
                 .catalog()
                 .iter()
                 .any(|spec| spec.name == ring0_kernel::SPILL_READER_TOOL)
         };
         let reader = crate::passthrough::SpillReader {
-            owner: self.scope(),
+            owner: &owner,
             can_page,
         };
         let v = crate::passthrough::resource_request(
@@ -1016,10 +1069,12 @@ pub async fn serve_stdio(server: GatewayServer) -> Result<(), String> {
     // Non-blocking pipes on the IO reactor when the client launched ring0 with pipes (as MCP
     // clients do): tokio's own stdin/stdout hand every read and write to the blocking pool, a
     // thread hop per message each way.
-    // Every line passes the door first: a line rmcp's codec would skip is answered.
+    // Every line passes the door first: a line rmcp's codec would skip is answered; each
+    // result's delivery is reported once its line is written and flushed.
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
-    let running = Lossless(server)
-        .serve(crate::door::stdio::DoorStdio::new(stdin, stdout))
+    let stash = server.raw_stash().clone();
+    let running = server
+        .serve(crate::door::stdio::DoorStdio::new(stdin, stdout, stash))
         .await
         .map_err(|e| format!("MCP session over stdio: {e}"))?;
     running
@@ -1049,6 +1104,7 @@ mod tests {
                 Disposition::Dispatched,
                 CallOutcome::Completed { observation },
             )],
+            deliveries: vec![None],
             results: vec![ToolResult {
                 call_id: "mcp-1".into(),
                 tool: "up__tool".into(),

@@ -77,6 +77,8 @@ struct State {
     /// When `job_inspect` last refreshed the status message (each one is a journaled round).
     inspected: Option<Instant>,
     work: Work,
+    /// The delivery of the call's result, reported when the result is handed to the client.
+    delivery: Option<crate::delivery::Delivery>,
 }
 
 /// One task.
@@ -210,6 +212,7 @@ impl TaskTable {
                 cancel_requested: false,
                 inspected: None,
                 work: Work::Pending,
+                delivery: None,
             }),
         });
         tasks.insert(record.id.clone(), record.clone());
@@ -297,6 +300,7 @@ async fn mediated(
             ),
             tool: tool.into(),
             arguments: ProposedArguments::Value(args),
+            idempotency_key: None,
         }],
         text: None,
     };
@@ -449,7 +453,7 @@ pub(crate) async fn offer(
         // A job task is followed and cancelled with the job tools: where the grants do not
         // allow them, the job handle is answered the ordinary way.
         let session = generation.kernel.open_session(
-            SessionConfig::new(server.scope().to_string())
+            SessionConfig::new(server.call_scope(request, context)?)
                 .principal(server.principal().clone())
                 .authorizer(generation.gate.clone()),
         );
@@ -467,14 +471,16 @@ pub(crate) async fn offer(
     let mut ctx = context.clone();
 
     if background_shell {
-        let result = match server.call(request.clone(), ctx).await {
+        // The job lives in the scope its call ran in: its operations run there too.
+        let scope = server.call_scope(request, context)?;
+        let answer = match server.call(request.clone(), ctx).await {
             Ok(r) => r,
             Err(e) => {
                 table.remove(&task.id);
                 return Err(e);
             }
         };
-        let job = Some(&result)
+        let job = Some(&answer.value)
             .filter(|v| v.get("isError").and_then(Value::as_bool) != Some(true))
             .and_then(|v| {
                 v.pointer("/structuredContent/job")
@@ -484,22 +490,21 @@ pub(crate) async fn offer(
         let Some(job) = job else {
             // Refused, failed, not started, or waiting for an answer: the ordinary answer.
             table.remove(&task.id);
-            return server.respond(result, modern).map(Some);
+            return server.respond(answer, modern).map(Some);
         };
         {
             let mut s = task.lock();
             s.message = Some(format!("job {job} started"));
             s.work = Work::Job {
                 job: job.clone(),
-                scope: server.scope().to_string(),
+                scope: scope.clone(),
             };
         }
-        watch_job(
-            server.clone(),
-            task.clone(),
-            job.clone(),
-            server.scope().to_string(),
-        );
+        // The job handle reaches the client in the task it is answered with.
+        if let Some(d) = answer.delivery {
+            d.delivered();
+        }
+        watch_job(server.clone(), task.clone(), job.clone(), scope);
         return Ok(Some(create_result(&task, Some(&job))));
     }
 
@@ -542,8 +547,9 @@ pub(crate) async fn offer(
             return;
         }
         match done {
-            Ok(Ok(result))
-                if result.get("resultType").and_then(Value::as_str) == Some("input_required") =>
+            Ok(Ok(answer))
+                if answer.value.get("resultType").and_then(Value::as_str)
+                    == Some("input_required") =>
             {
                 record.finish(
                     TaskStatus::Failed,
@@ -551,15 +557,18 @@ pub(crate) async fn offer(
                     Some(internal("the call asked for input a task cannot carry")),
                 )
             }
-            Ok(Ok(result)) => record.finish(
-                TaskStatus::Completed,
-                Some(object(adapt_to_era(
-                    result,
-                    RawKind::CallTool,
-                    record.modern,
-                ))),
-                None,
-            ),
+            Ok(Ok(answer)) => {
+                record.lock().delivery = answer.delivery;
+                record.finish(
+                    TaskStatus::Completed,
+                    Some(object(adapt_to_era(
+                        answer.value,
+                        RawKind::CallTool,
+                        record.modern,
+                    ))),
+                    None,
+                )
+            }
             Ok(Err(e)) => record.finish(
                 TaskStatus::Failed,
                 None,
@@ -633,7 +642,14 @@ pub(crate) async fn get(
             }
         }
     }
-    Ok(GetTaskResult::new(task.detailed()))
+    let detailed = task.detailed();
+    if matches!(detailed.payload, TaskPayload::Completed { .. })
+        && let Some(d) = task.lock().delivery.take()
+    {
+        // The result is handed to the client in this answer.
+        d.delivered();
+    }
+    Ok(GetTaskResult::new(detailed))
 }
 
 /// `tasks/cancel`: stops the job or the call; the task reports `cancelled`.

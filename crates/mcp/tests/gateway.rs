@@ -57,6 +57,7 @@ async fn call(gw: &Gateway, tool: &str, args: Value) -> ring0_core::Receipt {
             call_id: format!("c-{}", uuid::Uuid::new_v4()),
             tool: tool.into(),
             arguments: ProposedArguments::Value(args),
+            idempotency_key: None,
         }],
         text: None,
     };

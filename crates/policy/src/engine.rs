@@ -12,7 +12,7 @@ use crate::show::shown_args;
 use async_trait::async_trait;
 use ring0_core::{Authority, Principal, Settlement, ToolSpec};
 use ring0_kernel::policy::ToolPattern;
-use ring0_kernel::{AuthDecision, AuthRequest, Authorizer, SessionInfo};
+use ring0_kernel::{AuthAdmission, AuthDecision, AuthRequest, Authorizer, SessionInfo};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -998,6 +998,40 @@ impl Authorizer for Policy {
                 rule: format!("grant:{}", grant.name),
             },
         )
+    }
+
+    /// Everything but the hold: a call that would be held for a person (and holds no remembered
+    /// approval) is left to [`Authorizer::hold`], which the kernel asks right before dispatch.
+    async fn admit(&self, request: &AuthRequest<'_>) -> AuthAdmission {
+        let (grant, held) = match self.precheck(request) {
+            Ok((grant, _, held)) => (grant, held),
+            Err(refusal) => return AuthAdmission::Decided(self.deny(request, refusal)),
+        };
+        if held && self.remembered(request).is_none() {
+            return AuthAdmission::Hold;
+        }
+        if held {
+            return AuthAdmission::Decided(self.authorize(request).await);
+        }
+        AuthAdmission::Decided(self.finish(
+            request,
+            AuditDecision::Allowed,
+            None,
+            AuthDecision::Allow {
+                rule: format!("grant:{}", grant.name),
+            },
+        ))
+    }
+
+    /// Steps 1–5 passed in [`Authorizer::admit`] (their rate token spent there): only the
+    /// grant is looked up again, then the person is asked.
+    async fn hold(&self, request: &AuthRequest<'_>) -> AuthDecision {
+        let grant = match self.static_check(request.spec, &request.session.principal) {
+            Ok((_, grant)) => grant,
+            Err(refusal) => return self.deny(request, refusal),
+        };
+        let authority = self.effective_authority(request.spec);
+        Policy::hold(self, request, grant, authority).await
     }
 
     /// At recovery nobody waits for the call: one that would be held for a person is refused

@@ -101,6 +101,8 @@ async fn call(session: &Session, tool: &str, input: Value) -> Value {
         .handle_turn(ProviderFormat::Anthropic, &turn, &RoundOptions::default())
         .await
         .unwrap();
+    // The result reached the model: the same call asked again is a genuine repeat.
+    out.round.delivered();
     let content = &out.message["content"][0]["content"];
     let text = content
         .as_str()

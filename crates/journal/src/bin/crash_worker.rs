@@ -203,6 +203,7 @@ fn proposal(scope: &str, order: u64) -> Proposal {
         canonical_args: canonical::canonical_string(&args).expect("canonical"),
         call_id: format!("call_{}", uuid::Uuid::new_v4().simple()),
         mutating: true,
+        client_key: None,
     }
 }
 

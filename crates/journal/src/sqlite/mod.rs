@@ -287,6 +287,14 @@ impl Journal for SqliteJournal {
         record
     }
 
+    fn mark_delivered(&self, id: IntentId) {
+        // Never waits: not for the writer's answer, and not for room in its queue (a delivery
+        // dropped there only makes the next identical call a replay).
+        if let Some(sender) = &self.writer_tx {
+            let _ = sender.try_send(WriteJob::MarkDelivered(id));
+        }
+    }
+
     async fn get(&self, id: IntentId) -> Result<Option<IntentRecord>, JournalError> {
         self.read(move |conn, files| reads::load_by_id(conn, files, &id))
             .await

@@ -11,13 +11,16 @@
 use super::files::Files;
 use super::key_index::{ContentDigest, IndexEntry, KeyIndex, Staged};
 use super::reads::{load_by_id, load_indexed};
-use super::rows::{insert_fresh, json, to_i64, update};
+use super::rows::{
+    bind_client_key, by_client_key, insert_attempt, insert_fresh, json, mark_delivered, to_i64,
+    update,
+};
 use crate::JournalError;
 use crate::clock::Clock;
-use crate::decide::{self, Found, Write};
+use crate::decide::{self, Found, Planned, Write};
 use crate::limits::MEMO_ENTRIES_MAX;
 use crate::memo::MemoEntry;
-use crate::record::{IntentRecord, Proposal, ProposeDecision, Transition};
+use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 use futures::channel::oneshot;
 use ring0_core::Fingerprint;
 use rusqlite::{Connection, params};
@@ -97,6 +100,8 @@ pub(crate) enum WriteJob {
     Propose(Arc<PreparedProposal>, Reply<Proposed>),
     Transition(Arc<Transition>, Reply<IntentRecord>),
     MemoPut(Fingerprint, MemoEntry, Reply<bool>),
+    /// A delivery record: nobody waits for its answer.
+    MarkDelivered(IntentId),
 }
 
 /// What a request did, before the writer hands it to the caller as its typed answer.
@@ -137,6 +142,10 @@ pub(crate) fn apply(
             store_memo(conn, files, fp, entry)?;
             Ok((Done::Stored(true), None))
         }
+        WriteJob::MarkDelivered(id) => {
+            mark_delivered(conn, files, id, now)?;
+            Ok((Done::Stored(true), None))
+        }
     }
 }
 
@@ -161,27 +170,45 @@ fn propose(
     } else {
         (None, None)
     };
-    let expected_fence = by_key.as_ref().map(|r| r.fence);
+    let by_client_key = match (&p.client_key, p.mutating) {
+        (Some(key), true) => by_client_key(conn, files, key)?,
+        _ => None,
+    };
     let found = Found {
+        by_client_key: by_client_key.as_ref(),
         by_id: by_id.as_ref(),
         by_key: by_key.as_ref(),
         by_content: by_content.as_ref(),
     };
-    let Some(plan) = decide::plan_existing(p, found, now, incarnation)? else {
-        let seq = insert_fresh(conn, files, prepared)?;
-        let entry = p.mutating.then_some(IndexEntry {
-            seq,
-            key: p.semantic_key,
-            content: prepared.content,
-        });
-        return Ok((
-            Done::Decision(Proposed::Fresh),
-            Some(Inserted { seq, entry }),
-        ));
+    let plan = match decide::plan_existing(p, found, now, incarnation)? {
+        Planned::Decided(plan) => plan,
+        Planned::Fresh { attempt } => {
+            let (seq, proposed) = if attempt == 0 {
+                (insert_fresh(conn, files, prepared)?, Proposed::Fresh)
+            } else {
+                let record = decide::with_attempt(prepared.fresh.clone(), attempt, now);
+                let seq = insert_attempt(conn, files, prepared, &record)?;
+                (seq, Proposed::Decided(ProposeDecision::Recorded(record)))
+            };
+            if let (Some(key), true) = (&p.client_key, p.mutating) {
+                bind_client_key(conn, files, key, seq, now)?;
+            }
+            let entry = p.mutating.then_some(IndexEntry {
+                seq,
+                key: p.semantic_key,
+                content: prepared.content,
+            });
+            return Ok((Done::Decision(proposed), Some(Inserted { seq, entry })));
+        }
     };
-    // A plan from the records found answers, or updates the record found by key.
+    // A plan from the records found answers, or updates the record found.
     if let Some(Write::Update(record)) = plan.write {
-        let fence = expected_fence.expect("an update follows a found record");
+        let fence = [&by_client_key, &by_key]
+            .into_iter()
+            .flatten()
+            .find(|r| r.id == record.id)
+            .map(|r| r.fence)
+            .expect("an update follows a found record");
         update(conn, files, &record, fence, now)?;
     }
     Ok((Done::Decision(Proposed::Decided(plan.decision)), None))

@@ -10,7 +10,7 @@
 use super::files::{Files, read_spill, spill};
 use super::requests::PreparedProposal;
 use crate::JournalError;
-use crate::limits::ARGS_INLINE_BYTES_MAX;
+use crate::limits::{ARGS_INLINE_BYTES_MAX, CLIENT_KEYS_PER_PRINCIPAL_MAX};
 use crate::record::{IntentId, IntentRecord};
 use ring0_core::{IntentState, SemanticKey};
 use rusqlite::{Connection, Row, params};
@@ -21,7 +21,7 @@ macro_rules! cols {
     () => {
         "id, semantic_key, scope, attempt_epoch, tool, args_sha256, args_bytes, args_inline, \
          call_ids, idempotency_key, mutating, fence, attempts, state, timeline, receipt, \
-         snapshot, owner"
+         snapshot, owner, attempt, delivered_ms, client_principal, client_key"
     };
 }
 
@@ -31,7 +31,7 @@ const INSERT_INTENT: &str = concat!(
     "INSERT INTO intents (",
     cols!(),
     ", content_digest, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
-     ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?20)"
+     ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, NULL, ?20, ?21, ?22, ?23, ?23)"
 );
 
 pub(crate) fn to_i64(v: u64) -> i64 {
@@ -50,7 +50,35 @@ pub(crate) fn insert_fresh(
     files: &Files,
     prepared: &PreparedProposal,
 ) -> Result<i64, JournalError> {
-    let r = &prepared.fresh;
+    let stored = (
+        prepared.fresh_id.as_str(),
+        prepared.fresh_call_ids.as_str(),
+        prepared.fresh_timeline.as_str(),
+    );
+    insert_row(conn, files, prepared, &prepared.fresh, stored)
+}
+
+/// Inserts `r`, the next attempt of `prepared`'s logical call, and returns its `seq`.
+pub(crate) fn insert_attempt(
+    conn: &Connection,
+    files: &Files,
+    prepared: &PreparedProposal,
+    r: &IntentRecord,
+) -> Result<i64, JournalError> {
+    let (id, call_ids, timeline) = (r.id.to_string(), json(&r.call_ids), json(&r.timeline));
+    insert_row(conn, files, prepared, r, (&id, &call_ids, &timeline))
+}
+
+/// Inserts a new record of `prepared`'s proposal; `stored` is its id, call ids and timeline
+/// in their stored form.
+fn insert_row(
+    conn: &Connection,
+    files: &Files,
+    prepared: &PreparedProposal,
+    r: &IntentRecord,
+    stored: (&str, &str, &str),
+) -> Result<i64, JournalError> {
+    let (id_text, call_ids_text, timeline_text) = stored;
     let sha = &prepared.args_sha256;
     let inline = if r.canonical_args.len() > ARGS_INLINE_BYTES_MAX {
         spill(files, sha, r.canonical_args.as_bytes())?;
@@ -61,7 +89,7 @@ pub(crate) fn insert_fresh(
     conn.prepare_cached(INSERT_INTENT)
         .and_then(|mut stmt| {
             stmt.execute(params![
-                prepared.fresh_id,
+                id_text,
                 prepared.key_text,
                 r.scope,
                 to_i64(r.attempt_epoch),
@@ -69,16 +97,19 @@ pub(crate) fn insert_fresh(
                 sha,
                 r.canonical_args.len() as i64,
                 inline,
-                prepared.fresh_call_ids,
+                call_ids_text,
                 r.idempotency_key,
                 r.mutating,
                 to_i64(r.fence),
                 r.attempts,
                 r.state.as_str(),
-                prepared.fresh_timeline,
+                timeline_text,
                 None::<&str>,
                 None::<&str>,
                 to_i64(r.owner),
+                r.attempt,
+                r.client_key.as_ref().map(|k| k.principal.as_str()),
+                r.client_key.as_ref().map(|k| k.key.as_str()),
                 prepared.content_hex,
                 to_i64(prepared.fresh_ms),
             ])
@@ -176,5 +207,85 @@ pub(crate) fn from_row(row: &Row<'_>, files: &Files) -> Result<IntentRecord, Jou
             .map_err(|_| bad("receipt"))?,
         snapshot: parse_json(16, "snapshot")?,
         owner: u64::try_from(int(17, "owner")?).map_err(|_| bad("owner"))?,
+        attempt: u32::try_from(int(18, "attempt")?).map_err(|_| bad("attempt"))?,
+        delivered: row
+            .get::<_, Option<i64>>(19)
+            .map_err(|_| bad("delivery"))?
+            .is_some(),
+        client_key: match (
+            opt_text(20, "client principal")?,
+            opt_text(21, "client key")?,
+        ) {
+            (Some(principal), Some(key)) => Some(crate::record::ClientKey {
+                principal,
+                key,
+                retention_ms: 0,
+            }),
+            (None, None) => None,
+            _ => return Err(bad("client key")),
+        },
     })
+}
+
+/// Marks a record delivered (no fence change: delivery is not a state of the record). A record
+/// that is gone is no error: the delivery of nothing needs no record.
+pub(crate) fn mark_delivered(
+    conn: &Connection,
+    files: &Files,
+    id: &IntentId,
+    now: u64,
+) -> Result<(), JournalError> {
+    conn.prepare_cached(
+        "UPDATE intents SET delivered_ms = ?1 WHERE id = ?2 AND delivered_ms IS NULL",
+    )
+    .and_then(|mut stmt| stmt.execute(params![to_i64(now), id.to_string()]))
+    .map_err(|e| files.sql(e))?;
+    Ok(())
+}
+
+/// Binds a caller's key to the record at `seq`, and forgets the principal's oldest keys beyond
+/// [`CLIENT_KEYS_PER_PRINCIPAL_MAX`]: two statements, run in the job's savepoint.
+pub(crate) fn bind_client_key(
+    conn: &Connection,
+    files: &Files,
+    key: &crate::record::ClientKey,
+    seq: i64,
+    now: u64,
+) -> Result<(), JournalError> {
+    conn.prepare_cached(
+        "INSERT INTO client_keys (principal, client_key, intent_seq, bound_ms)
+         VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT(principal, client_key) DO UPDATE SET
+           intent_seq = excluded.intent_seq, bound_ms = excluded.bound_ms",
+    )
+    .and_then(|mut stmt| stmt.execute(params![key.principal, key.key, seq, to_i64(now)]))
+    .map_err(|e| files.sql(e))?;
+    conn.prepare_cached(
+        "DELETE FROM client_keys WHERE principal = ?1 AND client_key IN (
+           SELECT client_key FROM client_keys WHERE principal = ?1
+           ORDER BY bound_ms, client_key
+           LIMIT max(0, (SELECT count(*) FROM client_keys WHERE principal = ?1) - ?2))",
+    )
+    .and_then(|mut stmt| stmt.execute(params![key.principal, CLIENT_KEYS_PER_PRINCIPAL_MAX as i64]))
+    .map_err(|e| files.sql(e))?;
+    Ok(())
+}
+
+/// The record a caller's key names, if the key is bound.
+pub(crate) fn by_client_key(
+    conn: &Connection,
+    files: &Files,
+    key: &crate::record::ClientKey,
+) -> Result<Option<IntentRecord>, JournalError> {
+    super::reads::load_one(
+        conn,
+        files,
+        concat!(
+            "SELECT ",
+            cols!(),
+            " FROM intents WHERE seq = (SELECT intent_seq FROM client_keys
+               WHERE principal = ?1 AND client_key = ?2)"
+        ),
+        params![key.principal, key.key],
+    )
 }

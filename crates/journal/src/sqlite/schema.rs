@@ -88,6 +88,22 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     );
     INSERT INTO key_index_watermark (only_row, indexed_through)
         SELECT 1, coalesce(max(seq), 0) FROM intents;",
+    // 3: logical calls. `attempt` numbers the attempts of one call under one semantic key;
+    // `delivered_ms` says when its result reached the caller (written without waiting for the
+    // disk); `client_principal`/`client_key` are the caller's explicit idempotency key, found
+    // through `client_keys` (one row per principal and key, the oldest forgotten first).
+    "ALTER TABLE intents ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE intents ADD COLUMN delivered_ms INTEGER;
+    ALTER TABLE intents ADD COLUMN client_principal TEXT;
+    ALTER TABLE intents ADD COLUMN client_key TEXT;
+    CREATE TABLE client_keys (
+        principal  TEXT    NOT NULL,
+        client_key TEXT    NOT NULL,
+        intent_seq INTEGER NOT NULL REFERENCES intents(seq),
+        bound_ms   INTEGER NOT NULL,
+        PRIMARY KEY (principal, client_key)
+    ) WITHOUT ROWID;
+    CREATE INDEX client_keys_by_age ON client_keys(principal, bound_ms, client_key);",
 ];
 
 /// Opens the database file read-write (creating it only with `create`); no other thread uses

@@ -44,6 +44,7 @@ pub(crate) fn refund(n: u64, call_id: &str) -> Proposal {
         canonical_args: canonical_string(&args).unwrap(),
         call_id: call_id.into(),
         mutating: true,
+        client_key: None,
     }
 }
 

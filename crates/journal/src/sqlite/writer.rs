@@ -254,6 +254,7 @@ fn answer(batch: Vec<WriteJob>, results: Vec<Result<Done, JournalError>>) {
                     _ => unreachable!("a memo write returns whether it stored"),
                 }));
             }
+            WriteJob::MarkDelivered(_) => {}
         }
     }
 }
@@ -403,9 +404,14 @@ fn decide_job(
 ) -> Result<Result<(Done, Option<Inserted>), JournalError>, JournalError> {
     // A proposal or a transition writes with one statement at most, which SQLite makes atomic
     // by itself: a statement that fails undoes its own changes and leaves the transaction open
-    // (and one that takes the transaction down is caught below). Only a memo write, two
-    // statements, needs a savepoint of its own.
-    let savepoint = matches!(job, WriteJob::MemoPut(..));
+    // (and one that takes the transaction down is caught below). Only a memo write and a keyed
+    // proposal (its record, then its key's binding and the bound's eviction), several
+    // statements, need a savepoint of their own.
+    let savepoint = match job {
+        WriteJob::MemoPut(..) => true,
+        WriteJob::Propose(p, _) => p.proposal.client_key.is_some(),
+        _ => false,
+    };
     if savepoint && let Err(e) = exec_cached(conn, "SAVEPOINT job") {
         return Ok(Err(files.sql(e)));
     }

@@ -19,6 +19,7 @@ pub fn proposal(tool: &str, args: Value, scope: &str, call_id: &str) -> Proposal
         canonical_args: canonical_string(&args).unwrap(),
         call_id: call_id.into(),
         mutating: true,
+        client_key: None,
     }
 }
 

@@ -158,6 +158,7 @@ pub fn call(index: usize, tool: &str, args: Value) -> ProposedCall {
         call_id: format!("call_{index}"),
         tool: tool.into(),
         arguments: ProposedArguments::Value(args),
+        idempotency_key: None,
     }
 }
 

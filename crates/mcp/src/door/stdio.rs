@@ -3,7 +3,11 @@
 //! rmcp's own line codec skips a line it cannot parse without a word, so a client that sent
 //! one waits forever for its answer; here every such line is answered (`-32700`, `-32600`,
 //! `-32602`), and a line longer than [`CLIENT_MESSAGE_BYTES_MAX`] is discarded as it arrives,
-//! never held, then answered the same way.
+//! never held, then answered the same way. A `tools/call`'s `params.idempotencyKey`, which
+//! rmcp's model drops, is lifted into `_meta` first (see [`crate::retry`]). On the way out, the
+//! typed stand-ins of results are replaced by their raw JSON (see [`crate::lossless`]) and each
+//! result's delivery is reported once its line was written and flushed (see
+//! [`crate::delivery`]).
 
 use super::{Admission, admit, oversized};
 use crate::limits::CLIENT_MESSAGE_BYTES_MAX;
@@ -74,12 +78,14 @@ async fn write_line(writer: &Writer, mut bytes: Vec<u8>) -> io::Result<()> {
 pub struct DoorStdio {
     incoming: mpsc::Receiver<RxJsonRpcMessage<RoleServer>>,
     writer: Writer,
+    stash: Arc<crate::lossless::RawStash>,
 }
 
 impl DoorStdio {
     pub fn new(
         reader: impl AsyncRead + Send + Unpin + 'static,
         writer: impl AsyncWrite + Send + Unpin + 'static,
+        stash: Arc<crate::lossless::RawStash>,
     ) -> Self {
         let writer: Writer = Arc::new(Mutex::new(Box::new(writer)));
         let (tx, incoming) = mpsc::channel(READ_AHEAD_MESSAGES_MAX);
@@ -91,7 +97,10 @@ impl DoorStdio {
                 let admission = match read_line(&mut reader, &mut line).await {
                     Ok(Line::End) | Err(_) => return,
                     Ok(Line::TooLong) => Admission::Answer(oversized()),
-                    Ok(Line::Whole) => admit(&line),
+                    Ok(Line::Whole) => match crate::retry::lift_wire_bytes(&line) {
+                        Some(lifted) => admit(&lifted),
+                        None => admit(&line),
+                    },
                 };
                 match admission {
                     Admission::Message(message) => {
@@ -109,7 +118,11 @@ impl DoorStdio {
                 }
             }
         });
-        Self { incoming, writer }
+        Self {
+            incoming,
+            writer,
+            stash,
+        }
     }
 }
 
@@ -121,9 +134,14 @@ impl Transport<RoleServer> for DoorStdio {
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), io::Error>> + Send + 'static {
         let writer = self.writer.clone();
+        let (item, delivery) = crate::delivery::substitute(&self.stash, item);
         async move {
             let bytes = serde_json::to_vec(&item).map_err(io::Error::other)?;
-            write_line(&writer, bytes).await
+            write_line(&writer, bytes).await?;
+            if let Some(d) = delivery {
+                d.delivered();
+            }
+            Ok(())
         }
     }
 
@@ -168,7 +186,8 @@ mod tests {
     async fn a_bad_line_is_answered_on_the_writer() {
         let (client, server) = tokio::io::duplex(1 << 16);
         let (server_read, server_write) = tokio::io::split(server);
-        let _transport = DoorStdio::new(server_read, server_write);
+        let _transport =
+            DoorStdio::new(server_read, server_write, crate::lossless::RawStash::new());
         let (mut client_read, mut client_write) = tokio::io::split(client);
         client_write
             .write_all(b"{\"id\":3,\"jsonrpc\n")

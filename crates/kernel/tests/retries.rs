@@ -1,0 +1,450 @@
+//! Retries versus repeats: one effect per logical call, and genuine repeats that run.
+//!
+//! The identity of a logical call is (principal, scope, tool, prepared arguments, attempt); an
+//! explicit idempotency key replaces the scope. Effects are counted with the recorder tool.
+
+mod common;
+use async_trait::async_trait;
+use common::*;
+use ring0_core::call::RejectionKind;
+use ring0_core::receipt::{CallOutcome, Disposition};
+use ring0_core::{IntentState, Principal, ProposedCall, Receipt};
+use ring0_journal::{Journal, ManualClock, MemoryJournal, SqliteJournal};
+use ring0_kernel::{
+    AuthAdmission, AuthDecision, AuthRequest, Authorizer, Kernel, RoundOptions, RoundOutcome,
+    SessionConfig, SessionInfo,
+};
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn status(r: &Receipt) -> Option<RejectionKind> {
+    match &r.outcome {
+        CallOutcome::Rejected { rejection } => Some(rejection.status),
+        _ => None,
+    }
+}
+
+fn rejection_intent(r: &Receipt) -> Option<String> {
+    match &r.outcome {
+        CallOutcome::Rejected { rejection } => rejection.intent_id.clone(),
+        _ => None,
+    }
+}
+
+fn write(tag: &str) -> ProposedCall {
+    call(0, "write", json!({"tag": tag}))
+}
+
+fn keyed(tag: &str, key: &str) -> ProposedCall {
+    ProposedCall {
+        idempotency_key: Some(key.into()),
+        ..write(tag)
+    }
+}
+
+async fn once(kernel: &Kernel, config: SessionConfig, c: ProposedCall) -> RoundOutcome {
+    kernel
+        .open_session(config)
+        .run_round(round(vec![c]), &RoundOptions::default())
+        .await
+}
+
+fn as_principal(scope: &str, id: &str) -> SessionConfig {
+    SessionConfig::new(scope).principal(Principal::new(id))
+}
+
+#[tokio::test]
+async fn an_identical_write_whose_result_was_delivered_runs_again() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    let first = once(&kernel, SessionConfig::new("s"), write("a")).await;
+    first.delivered();
+    let second = once(&kernel, SessionConfig::new("s"), write("a")).await;
+    assert_eq!(second.receipts[0].disposition, Disposition::Dispatched);
+    assert_eq!(rec.calls(), 2, "a genuine repeat is a second effect");
+    // A new attempt: its own intent and provider idempotency key.
+    assert_ne!(first.receipts[0].intent_id, second.receipts[0].intent_id);
+    assert_ne!(
+        first.receipts[0].idempotency_key,
+        second.receipts[0].idempotency_key
+    );
+}
+
+#[tokio::test]
+async fn an_identical_write_whose_result_was_never_delivered_is_answered_with_it() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    let first = once(&kernel, SessionConfig::new("s"), write("a")).await;
+    // The response was dropped: nobody marked the ticket.
+    assert!(first.delivery(0).is_some());
+    let retry = once(&kernel, SessionConfig::new("s"), write("a")).await;
+    assert_eq!(retry.receipts[0].disposition, Disposition::Replayed);
+    assert_eq!(retry.receipts[0].intent_id, first.receipts[0].intent_id);
+    assert_eq!(rec.calls(), 1);
+    // The replay delivered is the delivery of that result: the next identical call runs.
+    retry.delivered();
+    once(&kernel, SessionConfig::new("s"), write("a")).await;
+    assert_eq!(rec.calls(), 2);
+}
+
+#[tokio::test]
+async fn reads_always_run() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    for _ in 0..2 {
+        let out = once(
+            &kernel,
+            SessionConfig::new("s"),
+            call(0, "read", json!({"tag": "r"})),
+        )
+        .await;
+        assert_eq!(out.receipts[0].disposition, Disposition::Dispatched);
+        assert!(
+            out.delivery(0).is_none(),
+            "a read has no result to deduplicate"
+        );
+    }
+    assert_eq!(rec.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_keyed_retry_is_answered_with_the_recorded_result_even_after_delivery() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    let first = once(&kernel, SessionConfig::new("s"), keyed("a", "k-1")).await;
+    first.delivered();
+    let retry = once(&kernel, SessionConfig::new("s"), keyed("a", "k-1")).await;
+    assert_eq!(retry.receipts[0].disposition, Disposition::Replayed);
+    assert_eq!(rec.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_key_reused_with_other_arguments_is_an_idempotency_conflict() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    let first = once(&kernel, SessionConfig::new("s"), keyed("a", "k-1")).await;
+    let other = once(&kernel, SessionConfig::new("s"), keyed("b", "k-1")).await;
+    assert_eq!(
+        status(&other.receipts[0]),
+        Some(RejectionKind::IdempotencyConflict)
+    );
+    assert_eq!(
+        rejection_intent(&other.receipts[0]),
+        first.receipts[0].intent_id
+    );
+    assert_eq!(rec.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_key_finds_its_call_from_another_scope_of_the_same_principal_only() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    once(&kernel, as_principal("conn-1", "alice"), keyed("a", "k-1")).await;
+    // A reconnect with a new scope and the same key: the same call.
+    let again = once(&kernel, as_principal("conn-2", "alice"), keyed("a", "k-1")).await;
+    assert_eq!(again.receipts[0].disposition, Disposition::Replayed);
+    assert_eq!(rec.calls(), 1);
+    // Another principal's key of the same name is its own: never answered with alice's result.
+    let bob = once(&kernel, as_principal("conn-1", "bob"), keyed("a", "k-1")).await;
+    assert_eq!(bob.receipts[0].disposition, Disposition::Dispatched);
+    assert_eq!(rec.calls(), 2);
+}
+
+#[tokio::test]
+async fn principals_never_share_an_intent_even_in_a_scope_of_the_same_name() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    once(&kernel, as_principal("s", "alice"), write("a")).await;
+    let bob = once(&kernel, as_principal("s", "bob"), write("a")).await;
+    assert_eq!(bob.receipts[0].disposition, Disposition::Dispatched);
+    assert_eq!(rec.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_key_is_forgotten_after_its_retention() {
+    let rec = Recorder::new();
+    let clock = Arc::new(ManualClock::new(1_000));
+    let kernel = recorder_kernel(&rec)
+        .journal(Arc::new(MemoryJournal::with_clock(clock.clone())))
+        .idempotency_key_retention_ms(60_000)
+        .build();
+    once(&kernel, SessionConfig::new("s"), keyed("a", "k-1")).await;
+    clock.advance_ms(59_999);
+    let within = once(&kernel, SessionConfig::new("s"), keyed("b", "k-1")).await;
+    assert_eq!(
+        status(&within.receipts[0]),
+        Some(RejectionKind::IdempotencyConflict)
+    );
+    clock.advance_ms(1);
+    let after = once(&kernel, SessionConfig::new("s"), keyed("b", "k-1")).await;
+    assert_eq!(after.receipts[0].disposition, Disposition::Dispatched);
+    assert_eq!(rec.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_malformed_key_is_refused_before_anything_runs() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    for bad in [String::new(), "k\n1".into(), "é".into(), "k".repeat(257)] {
+        let out = once(&kernel, SessionConfig::new("s"), keyed("a", &bad)).await;
+        assert_eq!(
+            status(&out.receipts[0]),
+            Some(RejectionKind::InvalidIdempotencyKey)
+        );
+    }
+    assert_eq!(rec.calls(), 0);
+}
+
+#[tokio::test]
+async fn the_sqlite_journal_keeps_keys_and_deliveries_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal.db");
+    let rec = Recorder::new();
+    let open = || -> Arc<dyn Journal> { Arc::new(SqliteJournal::open(&path).unwrap()) };
+    {
+        let kernel = recorder_kernel(&rec).journal(open()).build();
+        once(&kernel, SessionConfig::new("s"), keyed("a", "k-1")).await;
+        once(&kernel, SessionConfig::new("s"), write("delivered"))
+            .await
+            .delivered();
+        once(&kernel, SessionConfig::new("s"), write("dropped")).await;
+    }
+    let kernel = recorder_kernel(&rec).journal(open()).build();
+    kernel.recover().await.unwrap();
+    assert_eq!(rec.calls(), 3);
+    let keyed_retry = once(&kernel, SessionConfig::new("other"), keyed("a", "k-1")).await;
+    assert_eq!(keyed_retry.receipts[0].disposition, Disposition::Replayed);
+    let dropped = once(&kernel, SessionConfig::new("s"), write("dropped")).await;
+    assert_eq!(dropped.receipts[0].disposition, Disposition::Replayed);
+    let delivered = once(&kernel, SessionConfig::new("s"), write("delivered")).await;
+    assert_eq!(delivered.receipts[0].disposition, Disposition::Dispatched);
+    assert_eq!(rec.calls(), 4);
+}
+
+#[tokio::test]
+async fn an_identical_call_in_flight_past_the_wait_is_in_progress() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).in_flight_wait_ms(0).build();
+    let a = kernel.open_session(SessionConfig::new("s"));
+    let mut events = a.subscribe();
+    let slow = call(0, "write", json!({"tag": "w", "delay_ms": 400}));
+    let first = tokio::spawn({
+        let slow = slow.clone();
+        async move {
+            a.run_round(round(vec![slow]), &RoundOptions::default())
+                .await
+        }
+    });
+    while !matches!(
+        events.recv().await.unwrap(),
+        ring0_kernel::Event::CallStarted { .. }
+    ) {}
+    let second = once(&kernel, SessionConfig::new("s"), slow).await;
+    assert_eq!(status(&second.receipts[0]), Some(RejectionKind::InProgress));
+    let first = first.await.unwrap();
+    assert_eq!(
+        rejection_intent(&second.receipts[0]),
+        first.receipts[0].intent_id
+    );
+    assert_eq!(rec.calls(), 1);
+}
+
+#[tokio::test]
+async fn equal_conflict_keys_of_two_concurrent_sessions_of_one_scope_run_one_after_another() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    let mut tasks = Vec::new();
+    for n in 0..4 {
+        let session = kernel.open_session(SessionConfig::new("s"));
+        tasks.push(tokio::spawn(async move {
+            let c = call(
+                0,
+                "keyed_write",
+                json!({"tag": format!("t{n}"), "key": "A", "delay_ms": 30}),
+            );
+            session
+                .run_round(round(vec![c]), &RoundOptions::default())
+                .await
+        }));
+    }
+    for t in tasks {
+        assert!(!t.await.unwrap().receipts[0].is_error());
+    }
+    assert_eq!(rec.calls(), 4);
+    assert_eq!(
+        rec.key_overlap.load(Ordering::SeqCst),
+        0,
+        "never two at once"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_write_blocks_later_writes_of_the_scope_from_any_session() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    let unknown = once(
+        &kernel,
+        SessionConfig::new("s"),
+        call(0, "write", json!({"tag": "x", "fail": "unknown"})),
+    )
+    .await;
+    assert_eq!(unknown.receipts[0].state, Some(IntentState::DeadLetter));
+    let later = once(
+        &kernel,
+        SessionConfig::new("s"),
+        call(0, "keyed_write", json!({"tag": "y", "key": "B"})),
+    )
+    .await;
+    assert_eq!(
+        status(&later.receipts[0]),
+        Some(RejectionKind::BlockedByUnsettled)
+    );
+    assert_eq!(
+        rejection_intent(&later.receipts[0]),
+        unknown.receipts[0].intent_id
+    );
+    // Another scope is not blocked.
+    let elsewhere = once(&kernel, SessionConfig::new("t"), write("z")).await;
+    assert!(!elsewhere.receipts[0].is_error());
+}
+
+#[tokio::test]
+async fn a_settled_unknown_write_no_longer_blocks() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    let unknown = once(
+        &kernel,
+        SessionConfig::new("s"),
+        call(
+            0,
+            "keyed_write",
+            json!({"tag": "x", "key": "A", "fail": "unknown"}),
+        ),
+    )
+    .await;
+    let id: uuid::Uuid = unknown.receipts[0]
+        .intent_id
+        .as_ref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let record = kernel.journal().get(id).await.unwrap().unwrap();
+    // A person settles it.
+    kernel
+        .journal()
+        .transition(ring0_journal::Transition::to(&record, IntentState::Failed))
+        .await
+        .unwrap();
+    let later = once(
+        &kernel,
+        SessionConfig::new("s"),
+        call(0, "keyed_write", json!({"tag": "y", "key": "A"})),
+    )
+    .await;
+    assert!(!later.receipts[0].is_error());
+}
+
+/// Holds every call for a person and counts how often one was asked.
+struct CountingApprover {
+    holds: AtomicUsize,
+    approve: bool,
+}
+
+#[async_trait]
+impl Authorizer for CountingApprover {
+    async fn authorize(&self, _r: &AuthRequest<'_>) -> AuthDecision {
+        unreachable!("the kernel asks admit, then hold")
+    }
+    async fn admit(&self, _r: &AuthRequest<'_>) -> AuthAdmission {
+        AuthAdmission::Hold
+    }
+    async fn hold(&self, _r: &AuthRequest<'_>) -> AuthDecision {
+        self.holds.fetch_add(1, Ordering::SeqCst);
+        if self.approve {
+            AuthDecision::Allow {
+                rule: "person".into(),
+            }
+        } else {
+            AuthDecision::ApprovalDenied {
+                rule: "person".into(),
+                reason: "no".into(),
+            }
+        }
+    }
+    fn visible(&self, _s: &SessionInfo, _spec: &ring0_core::ToolSpec) -> bool {
+        true
+    }
+}
+
+fn held_kernel(rec: &Arc<Recorder>, approve: bool) -> (Kernel, Arc<CountingApprover>) {
+    let approver = Arc::new(CountingApprover {
+        holds: AtomicUsize::new(0),
+        approve,
+    });
+    (
+        recorder_kernel(rec).authorizer(approver.clone()).build(),
+        approver,
+    )
+}
+
+#[tokio::test]
+async fn a_replayed_call_is_never_shown_to_a_person() {
+    let rec = Recorder::new();
+    let (kernel, approver) = held_kernel(&rec, true);
+    let first = once(&kernel, SessionConfig::new("s"), write("a")).await;
+    assert_eq!(first.receipts[0].disposition, Disposition::Dispatched);
+    let replay = once(&kernel, SessionConfig::new("s"), write("a")).await;
+    assert_eq!(replay.receipts[0].disposition, Disposition::Replayed);
+    assert_eq!(approver.holds.load(Ordering::SeqCst), 1);
+    assert_eq!(rec.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_refused_call_is_never_shown_to_a_person() {
+    let rec = Recorder::new();
+    let (kernel, approver) = held_kernel(&rec, true);
+    once(&kernel, SessionConfig::new("s"), keyed("a", "k-1")).await;
+    let conflict = once(&kernel, SessionConfig::new("s"), keyed("b", "k-1")).await;
+    assert_eq!(
+        status(&conflict.receipts[0]),
+        Some(RejectionKind::IdempotencyConflict)
+    );
+    let blocked_first = once(
+        &kernel,
+        SessionConfig::new("t"),
+        call(0, "write", json!({"tag": "x", "fail": "unknown"})),
+    )
+    .await;
+    assert_eq!(
+        blocked_first.receipts[0].state,
+        Some(IntentState::DeadLetter)
+    );
+    let blocked = once(&kernel, SessionConfig::new("t"), write("y")).await;
+    assert_eq!(
+        status(&blocked.receipts[0]),
+        Some(RejectionKind::BlockedByUnsettled)
+    );
+    // Asked for the first keyed call and the unknown write only.
+    assert_eq!(approver.holds.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_denied_approval_closes_the_claim_so_a_later_identical_call_can_run() {
+    let rec = Recorder::new();
+    let (kernel, approver) = held_kernel(&rec, false);
+    let denied = once(&kernel, SessionConfig::new("s"), write("a")).await;
+    assert_eq!(
+        status(&denied.receipts[0]),
+        Some(RejectionKind::ApprovalDenied)
+    );
+    assert!(denied.delivery(0).is_none());
+    let again = once(&kernel, SessionConfig::new("s"), write("a")).await;
+    assert_eq!(
+        status(&again.receipts[0]),
+        Some(RejectionKind::ApprovalDenied)
+    );
+    // Asked again: the denied claim did not stand in the way, and nothing ran.
+    assert_eq!(approver.holds.load(Ordering::SeqCst), 2);
+    assert_eq!(rec.calls(), 0);
+}
