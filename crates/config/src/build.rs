@@ -115,6 +115,14 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
     if let Some(env) = &config.shell.env_allow {
         tools_config.shell.env_allow = env.clone();
     }
+    tools_config.shell.sandbox = config
+        .sandbox
+        .for_tool("shell", &loaded.config_dir)
+        .map_err(|(key, why)| err(&key, why))?;
+    crate::sandbox::announce(config);
+    let shell_sandbox = tools_config.shell.bind_sandbox(&loaded.workspace, Vec::new());
+    // Fail closed at start: a kernel that cannot confine refuses here, naming the feature.
+    shell_sandbox.check().map_err(|e| err("sandbox", e.to_string()))?;
     let tools =
         ring0_tools::builtin_tools(&tools_config).map_err(|e| err("paths", e.to_string()))?;
     crate::state::create_journal_files(&journal_path)
@@ -135,7 +143,12 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         .approval_timeout(Duration::from_secs(config.approval.timeout_secs))
         .audit(Arc::new(audit))
         .audit_args(config.audit.include_args)
-        .sandboxed_tools(ring0_tools::SANDBOXED_TOOLS.iter().copied())
+        .sandboxed_tools(
+            ring0_tools::SANDBOXED_TOOLS
+                .iter()
+                .copied()
+                .chain(shell_sandbox.is_on().then_some("shell")),
+        )
         .shell_arg(
             ring0_tools::SHELL_STRING_ARG.0,
             ring0_tools::SHELL_STRING_ARG.1,

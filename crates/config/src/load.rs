@@ -122,6 +122,7 @@ impl Config {
             let (key, why) = why.split_once(": ").unwrap_or(("auth", why.as_str()));
             err(key.to_string(), why.to_string())
         })?;
+        self.sandbox.check().map_err(|(key, why)| err(key, why))?;
         if self.paths.read.is_empty() && self.paths.write.is_empty() {
             return Err(err("paths".into(), "grants no root at all".into()));
         }

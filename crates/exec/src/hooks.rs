@@ -85,9 +85,28 @@ pub(crate) type Confinement = Option<Arc<Plan>>;
 fn run(setup: &ChildSetup, confinement: &Confinement) -> io::Result<()> {
     setup.apply()?;
     match confinement {
-        Some(plan) => plan.enter(),
+        Some(plan) => {
+            // The keeper leads the session and group that teardown signals; the program it
+            // forks inherits them (a later setsid or setpgid hook moves only the program, and
+            // the program dies with the keeper either way).
+            let _ = process::setsid();
+            plan.enter()
+        }
         None => Ok(()),
     }
+}
+
+/// Registers a sandbox (and the parent-death signal, with no resource limits but a zero core
+/// size) on a command another crate spawns: ring0's stdio upstreams.
+pub(crate) fn install_confinement(command: &mut tokio::process::Command, plan: Arc<Plan>) {
+    let setup = ChildSetup::new(&ResourceLimits {
+        cpu_seconds: None,
+        open_files: None,
+        processes: None,
+        address_space_bytes: None,
+        core_file_bytes: Some(0),
+    });
+    install(command, setup, Some(plan));
 }
 
 /// Registers the setup on a tokio command (the pipe path, spawned through process-wrap).

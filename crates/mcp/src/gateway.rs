@@ -64,6 +64,9 @@ pub struct GatewayOptions {
     /// ring0's own files (the config, the lock file, the state directory): no upstream's `roots`
     /// may contain one or lie inside one.
     pub protected_paths: Vec<PathBuf>,
+    /// The OS sandbox of each stdio upstream, by alias. An alias not named runs in the default
+    /// profile over `workspace`, with `protected_paths` masked.
+    pub upstream_sandboxes: BTreeMap<String, ring0_exec::Sandbox>,
 }
 
 /// A tool as the downstream catalog shows it.
@@ -451,6 +454,17 @@ impl Gateway {
                 }
             });
             let alias = config.alias.clone();
+            let sandbox = options
+                .upstream_sandboxes
+                .get(&alias)
+                .cloned()
+                .unwrap_or_else(|| {
+                    ring0_exec::Sandbox::new(
+                        ring0_exec::SandboxProfile::workspace(),
+                        &options.workspace,
+                        options.protected_paths.clone(),
+                    )
+                });
             let roots = crate::upstream::roots::resolve(
                 &config.roots,
                 &options.workspace,
@@ -473,6 +487,7 @@ impl Gateway {
                     roots,
                     workspace: options.workspace.clone(),
                     spill: inner.spill.clone(),
+                    sandbox,
                 },
             ));
         }

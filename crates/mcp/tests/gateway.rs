@@ -43,6 +43,7 @@ fn start(workspace: &Path, up: UpstreamConfig) -> Gateway {
         max_concurrent_tools: 8,
         granted_roots: vec![".".into()],
         protected_paths: vec![workspace.join("ring0.lock"), workspace.join(".ring0")],
+        upstream_sandboxes: Default::default(),
     })
     .expect("gateway")
 }

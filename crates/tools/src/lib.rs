@@ -131,6 +131,8 @@ impl ToolsConfig {
                     .map(|s| s.to_string())
                     .collect(),
                 jobs_dir: state_dir.join("jobs"),
+                sandbox: Some(ring0_exec::SandboxProfile::workspace()),
+                egress_proxy: None,
             },
         }
     }
@@ -181,6 +183,10 @@ pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<ToolEntry>, ToolsError>
         .allow_shell(config.shell.allow_command_string)
         .observation_budget_bytes(shell::SHELL_OBSERVATION_BYTES);
     policy.env_allow = config.shell.env_allow.clone();
+    let protected = config.protected.files.iter().chain(&config.protected.dirs);
+    policy.sandbox = config
+        .shell
+        .bind_sandbox(ws.sandbox.workspace(), protected.cloned().collect());
     let spill = match &config.spill_dir {
         Some(dir) => Some(Arc::new(ring0_shape::SpillStore::open(dir)?)),
         None => None,
@@ -209,7 +215,7 @@ pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<ToolEntry>, ToolsError>
     let shell = Shell {
         ws: ws.clone(),
         policy,
-        authority: config.shell.authority,
+        authority: config.shell.shell_authority(),
         jobs: jobs.clone(),
     };
     out.push((shell.spec(), Arc::new(shell)));

@@ -9,9 +9,10 @@
 use crate::{Workspace, args_of};
 use async_trait::async_trait;
 use ring0_core::{Authority, Effect, Observation, Settlement, Strategy, ToolSpec};
+use ring0_exec::sandbox::EgressProxy;
 use ring0_exec::{
-    CommandSpec, ExecPolicy, JobError, JobEvent, JobManager, JobsConfig, SessionId, StdinMode,
-    run_command,
+    CommandSpec, ExecError, ExecPolicy, JobError, JobEvent, JobManager, JobsConfig, Sandbox,
+    SandboxProfile, SessionId, StdinMode, run_command,
 };
 use ring0_kernel::{CallContext, EventSink, ProbeFinding, Tool, ToolError};
 use serde::Deserialize;
@@ -43,6 +44,70 @@ pub struct ShellConfig {
     pub env_allow: Vec<String>,
     /// Where job records and logs live.
     pub jobs_dir: PathBuf,
+    /// The OS sandbox profile commands and jobs run in; `None` runs them unconfined (then
+    /// `shell` declares `authority`, otherwise it is a sandboxed A1 tool). Default: the
+    /// `workspace` profile.
+    pub sandbox: Option<SandboxProfile>,
+    /// The egress proxy for profiles that allow network access through it.
+    pub egress_proxy: Option<Arc<dyn EgressProxy>>,
+}
+
+impl ShellConfig {
+    /// The authority `shell` declares: A1 inside the sandbox, the configured one outside.
+    pub fn shell_authority(&self) -> Authority {
+        if self.sandbox.is_some() {
+            Authority::A1
+        } else {
+            self.authority
+        }
+    }
+
+    /// The sandbox over `workspace` with ring0's `protected` paths masked.
+    pub fn bind_sandbox(&self, workspace: &std::path::Path, protected: Vec<PathBuf>) -> Sandbox {
+        let Some(profile) = &self.sandbox else {
+            return Sandbox::off();
+        };
+        let sandbox = Sandbox::new(profile.clone(), workspace, protected);
+        match &self.egress_proxy {
+            Some(proxy) => sandbox.egress_proxy(proxy.clone()),
+            None => sandbox,
+        }
+    }
+}
+
+/// Most lines of a command's output quoted as evidence in a `sandbox_denied` failure.
+pub const SANDBOX_DENIED_LINES_MAX: usize = 4;
+/// Most bytes of each quoted line.
+pub const SANDBOX_DENIED_LINE_BYTES_MAX: usize = 200;
+
+/// What the sandbox blocks, by the error text programs print for it.
+const DENIAL_MARKS: &[(&str, &str)] = &[
+    ("Permission denied", "filesystem access outside what the sandbox profile allows"),
+    ("Read-only file system", "a write to a protected or read-only path"),
+    ("Operation not permitted", "a system call the sandbox forbids"),
+    ("Network is unreachable", "network access (the sandbox has no network)"),
+    ("Temporary failure in name resolution", "name resolution (the sandbox has no network)"),
+    ("Could not resolve host", "name resolution (the sandbox has no network)"),
+];
+
+/// A failed confined command whose output shows the sandbox refusing it: what was blocked,
+/// with the lines that show it.
+fn sandbox_denial(text: &str) -> Option<(Vec<&'static str>, Vec<String>)> {
+    let mut blocked: Vec<&'static str> = Vec::new();
+    let mut evidence = Vec::new();
+    for line in text.lines() {
+        let Some((_, what)) = DENIAL_MARKS.iter().find(|(mark, _)| line.contains(mark)) else {
+            continue;
+        };
+        if !blocked.contains(what) {
+            blocked.push(what);
+        }
+        if evidence.len() < SANDBOX_DENIED_LINES_MAX {
+            let cut = ring0_core::text::truncate_utf8(line.trim(), SANDBOX_DENIED_LINE_BYTES_MAX);
+            evidence.push(cut.to_owned());
+        }
+    }
+    (!blocked.is_empty()).then_some((blocked, evidence))
 }
 
 /// The job table, opened on first use (opening locks its state directory).
@@ -291,10 +356,32 @@ impl Tool for Shell {
         let report = run_command(&self.policy, &spec, async move { cancel.cancelled().await })
             .await
             // `run_command` errs only when nothing ran.
-            .map_err(|e| ToolError::not_applied(e.to_string()))?;
+            .map_err(|e| match e {
+                ExecError::Sandbox(e) => ToolError::not_applied(format!("sandbox_unavailable: {e}")),
+                other => ToolError::not_applied(other.to_string()),
+            })?;
+        let failed = report.summary.exit.as_ref().is_some_and(|x| x.code != Some(0));
         let mut obs = report.observation;
         if obs.structured.is_none() {
             obs.structured = serde_json::to_value(&report.summary).ok();
+        }
+        if let Some(profile) = self.policy.sandbox.profile_name().filter(|_| failed)
+            && let Some((blocked, evidence)) = sandbox_denial(&obs.text)
+        {
+            let message = format!(
+                "sandbox_denied: the command was stopped by sandbox profile {profile:?}, which blocked {}. \
+                 It may have changed files inside the workspace before that. A grant with a wider \
+                 profile (held for approval) can run it.",
+                blocked.join("; ")
+            );
+            obs.structured = Some(json!({
+                "error": "sandbox_denied",
+                "profile": profile,
+                "blocked": blocked,
+                "evidence": evidence,
+                "run": obs.structured.take(),
+            }));
+            return Err(ToolError::not_applied(message).with_observation(obs));
         }
         Ok(obs)
     }

@@ -4,11 +4,14 @@
 //! prepared by the parent: no allocation, no locks. The forked process (the *keeper*) enters new
 //! user, mount, network, IPC, UTS and PID namespaces, maps its own ids, covers the masks, brings
 //! the loopback up, opens the egress listener if asked, and forks the *program* process, which
-//! becomes the PID namespace's init. The keeper closes every descriptor, waits for the program
-//! and exits with its status; the program drops every capability, restricts itself with Landlock
-//! and seccomp and returns to `execve`. When the program ends, the kernel kills whatever is left
-//! in its PID namespace; when the keeper is killed (a teardown, ring0's death through the
-//! parent-death signal), the program gets SIGKILL through its own parent-death signal.
+//! *init* of the new PID namespace, which forks the *program* process. The keeper and the init
+//! close every descriptor and wait; the program drops every capability, restricts itself with
+//! Landlock and seccomp and returns to `execve`. When the program ends, the init reports its
+//! status to the keeper (which exits the same way) and exits, so the kernel kills whatever is
+//! left in the PID namespace; when the keeper is killed (a teardown's SIGKILL, ring0's death
+//! through the parent-death signal) the init gets SIGKILL through its own parent-death signal,
+//! and the namespace goes with it. SIGTERM, SIGINT, SIGHUP and SIGQUIT are passed down to the
+//! program.
 //!
 //! A failing step reports `step << 16 | errno` as the spawn error, decoded by [`step_failure`].
 
@@ -20,6 +23,7 @@ use seccompiler::BpfProgram;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 const NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
@@ -223,40 +227,30 @@ impl Plan {
                 send_listener(theirs.as_raw_fd()).map_err(|()| Step::Egress.error())?;
             }
             let mut lifeline = [0 as RawFd; 2];
-            if libc::pipe2(lifeline.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-                return Err(Step::Fork.error());
-            }
-            let [read_end, write_end] = lifeline;
-            // Raw clone: no atfork handlers, which could wait on locks held by parent threads.
-            let pid = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0, 0, 0, 0);
-            if pid < 0 {
-                return Err(Step::Fork.error());
-            }
-            if pid > 0 {
-                keep(pid as libc::pid_t, write_end);
-            }
-            libc::close(write_end);
-            self.confine_program(read_end)
-        }
-    }
-
-    /// The program process: dies with the keeper, then drops privileges and restricts itself.
-    unsafe fn confine_program(&self, lifeline: RawFd) -> io::Result<()> {
-        // SAFETY: raw system calls on stack data and on `self`'s prepared fields.
-        unsafe {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
+            let mut status = [0 as RawFd; 2];
+            if libc::pipe2(lifeline.as_mut_ptr(), libc::O_CLOEXEC) != 0
+                || libc::pipe2(status.as_mut_ptr(), libc::O_CLOEXEC) != 0
             {
+                return Err(Step::Fork.error());
+            }
+            let ([lifeline_read, lifeline_write], [status_read, status_write]) = (lifeline, status);
+            forward_signals();
+            let init = raw_fork();
+            if init < 0 {
+                return Err(Step::Fork.error());
+            }
+            if init > 0 {
+                keep(init, lifeline_write, status_read);
+            }
+            // The namespace's init: dies with the keeper, starts the program, reaps, reports.
+            libc::close(lifeline_write);
+            libc::close(status_read);
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
                 return Err(Step::ParentGone.error());
             }
             // The keeper holds the write end: a hang-up means it died before the line above.
             let mut poll = libc::pollfd {
-                fd: lifeline,
+                fd: lifeline_read,
                 events: libc::POLLIN,
                 revents: 0,
             };
@@ -265,7 +259,24 @@ impl Plan {
                     ((Step::ParentGone as i32) << STEP_SHIFT) | libc::ESRCH,
                 ));
             }
-            libc::close(lifeline);
+            libc::close(lifeline_read);
+            let program = raw_fork();
+            if program < 0 {
+                return Err(Step::Fork.error());
+            }
+            if program > 0 {
+                init_loop(program, status_write);
+            }
+            FORWARD_TO.store(0, Ordering::Relaxed);
+            libc::close(status_write);
+            self.confine_program()
+        }
+    }
+
+    /// The program process: drops privileges and restricts itself.
+    unsafe fn confine_program(&self) -> io::Result<()> {
+        // SAFETY: raw system calls on stack data and on `self`'s prepared fields.
+        unsafe {
             drop_capabilities().map_err(|()| Step::Capabilities.error())?;
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) != 0 {
                 return Err(Step::Landlock.error());
@@ -290,31 +301,114 @@ impl Plan {
     }
 }
 
-/// The keeper: closes everything but the lifeline, waits for the program and exits as it did.
-unsafe fn keep(program: libc::pid_t, lifeline: RawFd) -> ! {
+/// Signals passed on down the chain keeper → init → program, so a teardown's SIGTERM reaches
+/// the program (an init ignores signals it has no handler for) and its grace period means
+/// something.
+const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+
+/// The process the forwarding handler signals (per process: each fork has its own copy).
+static FORWARD_TO: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(signal: libc::c_int) {
+    let target = FORWARD_TO.load(Ordering::Relaxed);
+    if target > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe {
+            libc::kill(target, signal);
+        }
+    }
+}
+
+unsafe fn forward_signals() {
+    // SAFETY: sigaction with a handler that only calls kill; execve resets it in the program.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = forward as *const () as libc::sighandler_t;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        for signal in FORWARDED {
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// A fork without the C library's atfork handlers, which could wait on locks that threads of
+/// the parent held when it forked.
+unsafe fn raw_fork() -> libc::pid_t {
+    // SAFETY: clone with SIGCHLD only is fork.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0, 0, 0, 0) };
+    if pid > 0 {
+        FORWARD_TO.store(pid as libc::pid_t, Ordering::Relaxed);
+    }
+    pid as libc::pid_t
+}
+
+/// Closes every descriptor but `keep` (sorted, at most two).
+unsafe fn close_all_except(keep: [RawFd; 2]) {
+    let (a, b) = if keep[0] <= keep[1] { (keep[0], keep[1]) } else { (keep[1], keep[0]) };
+    let close = |from: RawFd, to: libc::c_uint| {
+        if from >= 0 && (from as libc::c_uint) <= to {
+            // SAFETY: close_range on this process's own table.
+            unsafe { libc::syscall(libc::SYS_close_range, from as libc::c_uint, to, 0) };
+        }
+    };
+    if a > 0 {
+        close(0, a as libc::c_uint - 1);
+    }
+    if b > a + 1 {
+        close(a + 1, b as libc::c_uint - 1);
+    }
+    close(b + 1, libc::c_uint::MAX);
+}
+
+unsafe fn wait_for(pid: libc::pid_t, any: bool) -> Option<libc::c_int> {
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid on a child of this process.
+        let r = unsafe { libc::waitpid(if any { -1 } else { pid }, &mut status, 0) };
+        if r == pid {
+            return Some(status);
+        }
+        // SAFETY: reading errno.
+        if r < 0 && unsafe { *libc::__errno_location() } != libc::EINTR {
+            return None;
+        }
+    }
+}
+
+/// The namespace's init: reaps everything, and when the program ends reports its status to the
+/// keeper and exits, which makes the kernel kill whatever the program left behind.
+unsafe fn init_loop(program: libc::pid_t, status_write: RawFd) -> ! {
+    // SAFETY: raw system calls only; the process ends here.
+    unsafe {
+        close_all_except([status_write, status_write]);
+        let Some(status) = wait_for(program, true) else {
+            libc::_exit(127);
+        };
+        let bytes = status.to_ne_bytes();
+        libc::write(status_write, bytes.as_ptr().cast(), bytes.len());
+        libc::_exit(0);
+    }
+}
+
+/// The keeper: closes everything but its two pipes, waits for the init and exits as the program
+/// did (by the same signal, if a signal ended it).
+unsafe fn keep(init: libc::pid_t, lifeline: RawFd, status_read: RawFd) -> ! {
     // SAFETY: raw system calls only; the process ends here.
     unsafe {
         // Every inherited descriptor, the exec-status pipe of the spawner included (so the
         // spawn returns as soon as the program has called execve).
-        if lifeline > 0 {
-            libc::syscall(libc::SYS_close_range, 0, lifeline as libc::c_uint - 1, 0);
-        }
-        libc::syscall(
-            libc::SYS_close_range,
-            lifeline as libc::c_uint + 1,
-            libc::c_uint::MAX,
-            0,
-        );
-        let mut status = 0;
-        loop {
-            let r = libc::waitpid(program, &mut status, 0);
-            if r == program {
-                break;
-            }
-            if r < 0 && *libc::__errno_location() != libc::EINTR {
-                libc::_exit(127);
-            }
-        }
+        close_all_except([lifeline, status_read]);
+        let Some(init_status) = wait_for(init, false) else {
+            libc::_exit(127);
+        };
+        let mut bytes = [0u8; 4];
+        let got = libc::read(status_read, bytes.as_mut_ptr().cast(), bytes.len());
+        let status = if got == bytes.len() as isize {
+            libc::c_int::from_ne_bytes(bytes)
+        } else {
+            init_status
+        };
         if libc::WIFSIGNALED(status) {
             let signal = libc::WTERMSIG(status);
             libc::signal(signal, libc::SIG_DFL);

@@ -104,7 +104,7 @@ impl SandboxProfile {
 ///
 /// ring0's egress proxy implements this: it accepts connections on the listener (which lives in
 /// the child's network namespace; accepting from outside it works) and forwards the allowed ones.
-pub trait EgressProxy: Send + Sync {
+pub trait EgressProxy: Send + Sync + std::fmt::Debug {
     /// Serves `listener` for the process that `profile` confines, until the listener is dropped.
     fn serve(&self, listener: EgressListener, profile: &SandboxProfile);
 }
@@ -204,6 +204,57 @@ impl Sandbox {
         }
     }
 
+    /// The same sandbox, with the *homes* of a program and of the files its arguments name added
+    /// to what may be read and executed: the operator who configured a server named them. A home
+    /// is the directory holding the topmost `node_modules` the path is in, else the parent of a
+    /// `bin` directory the path is in, else the path's own directory; `/` and the system
+    /// directories (readable anyway) are never added. `cwd`, when given, is added as it is.
+    pub fn with_program_homes<'a>(
+        &self,
+        program: &Path,
+        args: impl IntoIterator<Item = &'a str>,
+        cwd: Option<&Path>,
+    ) -> Self {
+        let Some(bound) = &self.inner else {
+            return self.clone();
+        };
+        let mut extra: Vec<PathBuf> = Vec::new();
+        let resolved = if program.components().count() > 1 {
+            Some(program.to_owned())
+        } else {
+            search_path(program)
+        };
+        let base = cwd.map(Path::to_owned).unwrap_or_default();
+        let candidates = resolved.into_iter().chain(
+            args.into_iter()
+                .map(|a| base.join(a))
+                .filter(|p| p.is_absolute() && p.exists()),
+        );
+        for path in candidates {
+            let canonical = std::fs::canonicalize(&path).ok();
+            for p in std::iter::once(path).chain(canonical) {
+                if let Some(home) = program_home(&p) {
+                    if !extra.contains(&home) {
+                        extra.push(home);
+                    }
+                }
+            }
+        }
+        if let Some(cwd) = cwd.filter(|c| c.is_dir()) {
+            extra.push(cwd.to_owned());
+        }
+        let mut profile = bound.profile.clone();
+        profile.read.extend(extra);
+        Self {
+            inner: Some(Arc::new(Bound {
+                profile,
+                workspace: bound.workspace.clone(),
+                protected: bound.protected.clone(),
+                egress: bound.egress.clone(),
+            })),
+        }
+    }
+
     /// Whether processes are confined.
     pub fn is_on(&self) -> bool {
         self.inner.is_some()
@@ -249,6 +300,40 @@ impl Sandbox {
             bound: bound.clone(),
         }))
     }
+}
+
+impl Sandbox {
+    /// Confines a command spawned outside this crate (a stdio upstream server): registers the
+    /// sandbox on `command` and sets its variables. Spawn it, then call
+    /// [`PendingConfinement::started`] and keep the guard while it runs. A spawn error is
+    /// explained by [`explain_spawn_error`]. `None` when the sandbox is off.
+    pub fn confine_command(
+        &self,
+        command: &mut tokio::process::Command,
+    ) -> Result<Option<PendingConfinement>, SandboxError> {
+        let Some(prepared) = self.prepare()? else {
+            return Ok(None);
+        };
+        command.envs(prepared.env());
+        crate::hooks::install_confinement(command, prepared.plan.clone());
+        Ok(Some(PendingConfinement(prepared)))
+    }
+}
+
+/// A confinement registered on a command that has not been spawned yet.
+pub struct PendingConfinement(Prepared);
+
+impl PendingConfinement {
+    /// After a successful spawn: hands over the egress listener, returns what must live as
+    /// long as the process.
+    pub fn started(self) -> Result<Guard, SandboxError> {
+        self.0.started()
+    }
+}
+
+/// The sandbox step that made a spawn fail, if one did.
+pub fn explain_spawn_error(error: &std::io::Error) -> Option<SandboxError> {
+    step_failure(error)
 }
 
 /// One process's confinement, between preparation and spawn.
@@ -318,6 +403,36 @@ fn kernel_support() -> Result<(), SandboxError> {
         })
         .clone()
         .map_err(|(feature, detail)| SandboxError::Unavailable { feature, detail })
+}
+
+/// The directory a program or script is installed in (see [`Sandbox::with_program_homes`]).
+fn program_home(path: &Path) -> Option<PathBuf> {
+    use std::ffi::OsStr;
+    let ancestors: Vec<&Path> = path.ancestors().skip(1).collect();
+    let home = ancestors
+        .iter()
+        .rev()
+        .find(|a| a.file_name() == Some(OsStr::new("node_modules")))
+        .and_then(|m| m.parent())
+        .or_else(|| {
+            ancestors
+                .iter()
+                .find(|a| a.file_name() == Some(OsStr::new("bin")))
+                .and_then(|b| b.parent())
+        })
+        .or_else(|| path.parent())?;
+    let system = SYSTEM_READ_DIRS
+        .iter()
+        .any(|d| home == Path::new(d) || home.starts_with(d));
+    (home != Path::new("/") && !system && home.is_dir()).then(|| home.to_owned())
+}
+
+/// `program` looked up in ring0's `PATH`, as `execvp` would.
+fn search_path(program: &Path) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
 }
 
 fn cstring(path: &Path) -> Result<CString, SandboxError> {
