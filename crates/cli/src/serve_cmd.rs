@@ -202,7 +202,8 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>) -> Result<String, String> 
             max_concurrent_tools: built.max_concurrent_tools,
             granted_roots: granted_roots(&loaded),
             protected_paths: protected_paths(&loaded),
-            upstream_sandboxes: ring0_config::sandbox::upstream_sandboxes(&loaded)?,
+            upstream_sandboxes: ring0_config::sandbox::upstream_sandboxes(&loaded)
+                .map_err(|e| e.to_string())?,
         })?;
         let down = gw.wait_for_upstreams(UPSTREAM_START_WAIT).await;
         for alias in &down {

@@ -21,4 +21,16 @@ async fn smoke() {
     let ws = Workspace::new();
     let (code, text) = sh(&ws, "echo hi > a.txt; cat a.txt; id; echo $$; cat /etc/shadow; ls ~; ip addr 2>&1 | head; cat /etc/hostname; ls /root").await;
     println!("{code:?}\n{text}");
+    let policy = ws.policy().allow_shell(true);
+    let t = std::time::Instant::now();
+    let report = run_command(&policy, &CommandSpec::shell("true"), never()).await.unwrap();
+    println!("{:?} {:?}", t.elapsed(), report.summary);
+}
+
+#[test]
+fn probe_time() {
+    let ws = Workspace::new();
+    let t = std::time::Instant::now();
+    ws.policy().sandbox.check().unwrap();
+    println!("check {:?}", t.elapsed());
 }
