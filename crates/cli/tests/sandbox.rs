@@ -295,7 +295,7 @@ fn writing_outside_through_a_hard_link_is_denied() {
     assert_write_blocked(
         &s,
         &format!(
-            "ln {}/secret.txt hard; echo x >> hard",
+            "ln {}/secret.txt hard && echo x >> hard",
             s.sibling.display()
         ),
     );
@@ -427,8 +427,14 @@ fn a_fork_bomb_is_bounded_and_reaped() {
 #[test]
 fn git_status_and_commit_work_in_the_workspace() {
     let s = Scene::new();
+    let init = Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(&s.ws)
+        .status()
+        .unwrap();
+    assert!(init.success());
     let r = s.shell(
-        "git init -q . 2>&1; echo hi > a.txt && git add a.txt && \
+        "echo hi > a.txt && git add a.txt && \
          git -c user.name=t -c user.email=t@example.com commit -qm first && git status --short && git log --oneline | wc -l",
     );
     assert_eq!(r["outcome"]["kind"], "completed", "{r:#}");
@@ -444,24 +450,49 @@ fn python_runs_inside() {
 }
 
 #[test]
-fn npm_runs_inside_with_its_install_named_by_a_profile() {
-    let Some(peers) = common::peers() else { return };
-    let node_bin = peers.join("node/node_modules/node/bin");
-    let npm = peers.join("node/node_modules/.bin/npm");
-    if !npm.exists() {
-        common::skip_or_fail::<()>("npm is not installed in the peers directory");
-        return;
-    }
-    let s = Scene::with_config(&format!(
-        "[sandbox]\ndefault = \"node\"\n[sandbox.profiles.node]\nread = [{:?}]\n",
-        peers.join("node").display().to_string()
-    ));
-    let r = s.shell(&format!(
-        "PATH={}:$PATH {} --version",
-        node_bin.display(),
-        npm.display()
-    ));
+fn npm_runs_inside() {
+    let s = Scene::new();
+    let r = s.shell("npm --version");
     assert_eq!(r["outcome"]["kind"], "completed", "{r:#}");
+}
+
+#[test]
+fn a_test_runner_runs_inside() {
+    let s = Scene::new();
+    std::fs::write(
+        s.ws.join("test_math.py"),
+        "import unittest\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(1 + 1, 2)\n",
+    )
+    .unwrap();
+    let r = s.shell("python3 -m unittest -v test_math 2>&1");
+    assert_eq!(r["outcome"]["kind"], "completed", "{r:#}");
+    assert!(text(&r).contains("OK"), "{r:#}");
+}
+
+#[test]
+fn cargo_builds_offline_with_its_toolchain_named_by_a_profile() {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let cargo_home = std::env::var("CARGO_HOME").unwrap_or(format!("{home}/.cargo"));
+    let rustup_home = std::env::var("RUSTUP_HOME").unwrap_or(format!("{home}/.rustup"));
+    let s = Scene::with_config(&format!(
+        "[sandbox]\ndefault = \"rust\"\n[sandbox.profiles.rust]\nread = [{cargo_home:?}, {rustup_home:?}]\n"
+    ));
+    std::fs::create_dir_all(s.ws.join("hello/src")).unwrap();
+    std::fs::write(
+        s.ws.join("hello/Cargo.toml"),
+        "[package]\nname = \"hello\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    )
+    .unwrap();
+    std::fs::write(s.ws.join("hello/src/main.rs"), "fn main() { println!(\"built\"); }\n").unwrap();
+    let r = s.shell_with(json!({
+        "command": format!(
+            "cd hello && RUSTUP_HOME={rustup_home} CARGO_HOME={cargo_home} PATH={cargo_home}/bin:$PATH \
+             CARGO_TARGET_DIR=$TMPDIR/target cargo run --offline -q 2>&1"
+        ),
+        "timeout_ms": 300_000,
+    }));
+    assert_eq!(r["outcome"]["kind"], "completed", "{r:#}");
+    assert!(text(&r).contains("built"), "{r:#}");
 }
 
 #[test]
@@ -503,8 +534,8 @@ fn sandbox_off_is_printed_and_keeps_shell_held() {
 
 const ESCAPE_SERVER: &str = r#"
 import subprocess
-from mcp.server.fastmcp import FastMCP
-app = FastMCP("escape")
+from mcp.server.mcpserver import MCPServer
+app = MCPServer("escape")
 @app.tool()
 def run(script: str) -> str:
     p = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=60)
@@ -600,7 +631,7 @@ fn an_upstream_server_cannot_read_or_write_outside_or_reach_the_network() {
         write.as_str(),
         connect.as_str(),
         "unshare -r true",
-        "(setsid sh -c 'sleep 1000 &' &); echo daemon",
+        "(setsid sh -c 'sleep 1000 >/dev/null 2>&1 &' &); echo daemon",
     ];
     let Some(results) = through_upstream(&s, &scripts) else {
         return;

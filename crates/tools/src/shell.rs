@@ -85,6 +85,7 @@ const DENIAL_MARKS: &[(&str, &str)] = &[
     ("Permission denied", "filesystem access outside what the sandbox profile allows"),
     ("Read-only file system", "a write to a protected or read-only path"),
     ("Operation not permitted", "a system call the sandbox forbids"),
+    ("Invalid cross-device link", "a link or rename across the sandbox's boundary"),
     ("Network is unreachable", "network access (the sandbox has no network)"),
     ("Temporary failure in name resolution", "name resolution (the sandbox has no network)"),
     ("Could not resolve host", "name resolution (the sandbox has no network)"),
