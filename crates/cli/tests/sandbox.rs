@@ -116,7 +116,11 @@ impl Scene {
     fn contained(&self, script: &str) -> Value {
         let before = self.outside();
         let receipt = self.shell(script);
-        assert_eq!(before, self.outside(), "something outside the workspace changed");
+        assert_eq!(
+            before,
+            self.outside(),
+            "something outside the workspace changed"
+        );
         assert_no_survivors(&self.mark);
         receipt
     }
@@ -176,20 +180,26 @@ fn marked(mark: &str) -> Vec<i32> {
     let needle = format!("{MARK_ENV}={mark}");
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
             continue;
         };
         let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
             continue;
         };
         let zombie = std::fs::read_to_string(entry.path().join("stat"))
-            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
             .unwrap_or(true);
-        if !zombie
-            && environ
-                .split(|b| *b == 0)
-                .any(|kv| kv == needle.as_bytes())
-        {
+        if !zombie && environ.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
             pids.push(pid);
         }
     }
@@ -380,7 +390,10 @@ fn ptrace_of_a_sibling_process_is_denied() {
         "sleep 30 & python3 -c \"import ctypes,os,sys; l=ctypes.CDLL(None, use_errno=True); \
          r=l.ptrace(16, $!, 0, 0); print('ptrace', r, os.strerror(ctypes.get_errno())); sys.exit(r != 0)\"",
     );
-    assert!(text(&r).contains("ptrace -1 Operation not permitted"), "{r:#}");
+    assert!(
+        text(&r).contains("ptrace -1 Operation not permitted"),
+        "{r:#}"
+    );
     assert_sandbox_denied(&r);
 }
 
@@ -483,7 +496,11 @@ fn cargo_builds_offline_with_its_toolchain_named_by_a_profile() {
         "[package]\nname = \"hello\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
     )
     .unwrap();
-    std::fs::write(s.ws.join("hello/src/main.rs"), "fn main() { println!(\"built\"); }\n").unwrap();
+    std::fs::write(
+        s.ws.join("hello/src/main.rs"),
+        "fn main() { println!(\"built\"); }\n",
+    )
+    .unwrap();
     let r = s.shell_with(json!({
         "command": format!(
             "cd hello && RUSTUP_HOME={rustup_home} CARGO_HOME={cargo_home} PATH={cargo_home}/bin:$PATH \
@@ -526,7 +543,10 @@ fn sandbox_off_is_printed_and_keeps_shell_held() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("sandbox = \"off\""), "{stderr}");
-    assert!(!dir.path().join("made").exists(), "shell ran unconfined without approval");
+    assert!(
+        !dir.path().join("made").exists(),
+        "shell ran unconfined without approval"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -582,8 +602,10 @@ fn through_upstream(s: &Scene, scripts: &[&str]) -> Option<Vec<String>> {
             }
         }
     };
-    send(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-        "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}));
+    send(
+        json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}),
+    );
     wait(0);
     send(json!({"jsonrpc":"2.0","method":"notifications/initialized"}));
     // The upstream's tools appear once it is up.
@@ -600,8 +622,10 @@ fn through_upstream(s: &Scene, scripts: &[&str]) -> Option<Vec<String>> {
     let mut out = Vec::new();
     for (i, script) in scripts.iter().enumerate() {
         let id = 10 + i as i64;
-        send(json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
-            "name":"esc__run","arguments":{"script":script}}}));
+        send(
+            json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+            "name":"esc__run","arguments":{"script":script}}}),
+        );
         out.push(wait(id).to_string());
     }
     drop(stdin);
@@ -620,9 +644,8 @@ fn an_upstream_server_cannot_read_or_write_outside_or_reach_the_network() {
     let ssh = format!("cat {}/.ssh/id_ed25519", s.home.display());
     let sibling = format!("cat {}/secret.txt", s.sibling.display());
     let write = format!("echo x > {}/new", s.sibling.display());
-    let connect = format!(
-        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 5)\""
-    );
+    let connect =
+        format!("python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 5)\"");
     let scripts = [
         ssh.as_str(),
         "cat /etc/shadow",
@@ -646,7 +669,10 @@ fn an_upstream_server_cannot_read_or_write_outside_or_reach_the_network() {
     assert!(results[4].contains("Permission denied"), "{}", results[4]);
     assert!(results[5].contains("ConnectionRefused"), "{}", results[5]);
     assert!(results[6].contains("not permitted"), "{}", results[6]);
-    assert!(listener.accept().is_err(), "the listener outside was reached");
+    assert!(
+        listener.accept().is_err(),
+        "the listener outside was reached"
+    );
     // ring0's config was rewritten for the upstream; compare the rest.
     let after = s.outside();
     let strip = |v: Vec<(PathBuf, Vec<u8>)>| -> Vec<(PathBuf, Vec<u8>)> {

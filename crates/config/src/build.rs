@@ -120,9 +120,13 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         .for_tool("shell", &loaded.config_dir)
         .map_err(|(key, why)| err(&key, why))?;
     crate::sandbox::announce(config);
-    let shell_sandbox = tools_config.shell.bind_sandbox(&loaded.workspace, Vec::new());
+    let shell_sandbox = tools_config
+        .shell
+        .bind_sandbox(&loaded.workspace, Vec::new());
     // Fail closed at start: a kernel that cannot confine refuses here, naming the feature.
-    shell_sandbox.check().map_err(|e| err("sandbox", e.to_string()))?;
+    shell_sandbox
+        .check()
+        .map_err(|e| err("sandbox", e.to_string()))?;
     let tools =
         ring0_tools::builtin_tools(&tools_config).map_err(|e| err("paths", e.to_string()))?;
     crate::state::create_journal_files(&journal_path)

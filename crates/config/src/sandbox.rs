@@ -129,10 +129,7 @@ impl SandboxSection {
                 }
             }
             if p.network == NetworkSection::None && !p.allow.is_empty() {
-                return Err((
-                    format!("{key}.allow"),
-                    "needs network = \"proxy\"".into(),
-                ));
+                return Err((format!("{key}.allow"), "needs network = \"proxy\"".into()));
             }
         }
         self.known("sandbox.default".into(), &self.default)?;
@@ -241,7 +238,12 @@ pub fn upstream_sandboxes(
     let protected = loaded.protected();
     let protected: Vec<PathBuf> = protected.files.into_iter().chain(protected.dirs).collect();
     let mut out = BTreeMap::new();
-    for upstream in loaded.config.upstreams.iter().filter(|u| u.command.is_some()) {
+    for upstream in loaded
+        .config
+        .upstreams
+        .iter()
+        .filter(|u| u.command.is_some())
+    {
         let selection = loaded
             .config
             .sandbox
@@ -252,7 +254,9 @@ pub fn upstream_sandboxes(
                 why,
             })?;
         let sandbox = match selection {
-            Some(profile) => ring0_exec::Sandbox::new(profile, &loaded.workspace, protected.clone()),
+            Some(profile) => {
+                ring0_exec::Sandbox::new(profile, &loaded.workspace, protected.clone())
+            }
             None => ring0_exec::Sandbox::off(),
         };
         sandbox.check().map_err(|e| crate::ConfigError {

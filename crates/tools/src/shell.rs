@@ -82,13 +82,34 @@ pub const SANDBOX_DENIED_LINE_BYTES_MAX: usize = 200;
 
 /// What the sandbox blocks, by the error text programs print for it.
 const DENIAL_MARKS: &[(&str, &str)] = &[
-    ("Permission denied", "filesystem access outside what the sandbox profile allows"),
-    ("Read-only file system", "a write to a protected or read-only path"),
-    ("Operation not permitted", "a system call the sandbox forbids"),
-    ("Invalid cross-device link", "a link or rename across the sandbox's boundary"),
-    ("Network is unreachable", "network access (the sandbox has no network)"),
-    ("Temporary failure in name resolution", "name resolution (the sandbox has no network)"),
-    ("Could not resolve host", "name resolution (the sandbox has no network)"),
+    (
+        "Permission denied",
+        "filesystem access outside what the sandbox profile allows",
+    ),
+    (
+        "Read-only file system",
+        "a write to a protected or read-only path",
+    ),
+    (
+        "Operation not permitted",
+        "a system call the sandbox forbids",
+    ),
+    (
+        "Invalid cross-device link",
+        "a link or rename across the sandbox's boundary",
+    ),
+    (
+        "Network is unreachable",
+        "network access (the sandbox has no network)",
+    ),
+    (
+        "Temporary failure in name resolution",
+        "name resolution (the sandbox has no network)",
+    ),
+    (
+        "Could not resolve host",
+        "name resolution (the sandbox has no network)",
+    ),
 ];
 
 /// A failed confined command whose output shows the sandbox refusing it: what was blocked,
@@ -358,10 +379,16 @@ impl Tool for Shell {
             .await
             // `run_command` errs only when nothing ran.
             .map_err(|e| match e {
-                ExecError::Sandbox(e) => ToolError::not_applied(format!("sandbox_unavailable: {e}")),
+                ExecError::Sandbox(e) => {
+                    ToolError::not_applied(format!("sandbox_unavailable: {e}"))
+                }
                 other => ToolError::not_applied(other.to_string()),
             })?;
-        let failed = report.summary.exit.as_ref().is_some_and(|x| x.code != Some(0));
+        let failed = report
+            .summary
+            .exit
+            .as_ref()
+            .is_some_and(|x| x.code != Some(0));
         let mut obs = report.observation;
         if obs.structured.is_none() {
             obs.structured = serde_json::to_value(&report.summary).ok();

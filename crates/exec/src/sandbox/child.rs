@@ -245,7 +245,14 @@ impl Plan {
             // The namespace's init: dies with the keeper, starts the program, reaps, reports.
             libc::close(lifeline_write);
             libc::close(status_read);
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
                 return Err(Step::ParentGone.error());
             }
             // The keeper holds the write end: a hang-up means it died before the line above.
@@ -345,7 +352,11 @@ unsafe fn raw_fork() -> libc::pid_t {
 
 /// Closes every descriptor but `keep` (sorted, at most two).
 unsafe fn close_all_except(keep: [RawFd; 2]) {
-    let (a, b) = if keep[0] <= keep[1] { (keep[0], keep[1]) } else { (keep[1], keep[0]) };
+    let (a, b) = if keep[0] <= keep[1] {
+        (keep[0], keep[1])
+    } else {
+        (keep[1], keep[0])
+    };
     let close = |from: RawFd, to: libc::c_uint| {
         if from >= 0 && (from as libc::c_uint) <= to {
             // SAFETY: close_range on this process's own table.

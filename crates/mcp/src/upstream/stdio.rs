@@ -108,12 +108,12 @@ pub fn spawn(
         .map_err(sandbox_error)?;
     let mut wrap = CommandWrap::from(command);
     wrap.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
-    let mut child = wrap.spawn().map_err(|e| {
-        match ring0_exec::sandbox::explain_spawn_error(&e) {
-            Some(why) => sandbox_error(why),
-            None => e,
-        }
-    })?;
+    let mut child =
+        wrap.spawn()
+            .map_err(|e| match ring0_exec::sandbox::explain_spawn_error(&e) {
+                Some(why) => sandbox_error(why),
+                None => e,
+            })?;
     let guard = pending
         .map(|p| p.started())
         .transpose()
