@@ -684,3 +684,118 @@ fn an_upstream_server_cannot_read_or_write_outside_or_reach_the_network() {
     // The server, its shells and the daemon die with ring0.
     assert_no_survivors(&s.mark);
 }
+
+// ---------------------------------------------------------------------------------------------
+// No survivors when ring0 itself ends
+
+/// The five kinds of hidden process (plain child, setsid, double fork + setsid, the same with an
+/// empty environment, double fork + setpgid), each ignoring SIGTERM and SIGHUP, marked by a
+/// unique `sleep` duration; then the run's own shell waits.
+fn hiding_tree(mark: &str) -> String {
+    let ignore = "trap '' TERM HUP";
+    format!(
+        "sh -c \"{ignore}; sleep {mark}\" & \
+         setsid sh -c \"{ignore}; sleep {mark}\" & \
+         sh -c \"(setsid sh -c \\\"{ignore}; sleep {mark}\\\" &)\" & \
+         sh -c \"(setsid env -i /bin/sh -c \\\"{ignore}; sleep {mark}\\\" &)\" & \
+         sh -c \"(python3 -c 'import os,signal; os.setpgid(0,0); signal.signal(signal.SIGTERM, signal.SIG_IGN); os.execvp(\\\"sleep\\\", [\\\"sleep\\\", \\\"{mark}\\\"])' &)\" & \
+         {ignore}; sleep {mark}"
+    )
+}
+
+/// Live processes whose command line has `mark` as an argument.
+fn marked_by_argument(mark: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|s| s.parse::<u32>().is_ok())
+        })
+        .filter(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let live = !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z');
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            live && cmdline.split(|b| *b == 0).any(|arg| arg == mark.as_bytes())
+        })
+        .count()
+}
+
+fn wait_for_argument_count(mark: &str, want: impl Fn(usize) -> bool, what: &str) {
+    let deadline = Instant::now() + SURVIVOR_WAIT;
+    loop {
+        let n = marked_by_argument(mark);
+        if want(n) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {n} processes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `ring0 serve` running the hiding tree through `shell` (in the foreground or as a job),
+/// ended by `end` once the whole tree is up.
+fn serve_tree_then(
+    background: bool,
+    end: impl FnOnce(&mut std::process::Child, std::process::ChildStdin),
+) {
+    let s = Scene::new();
+    let mark = format!("{}", 8_000_000 + rand_u128() % 1_000_000);
+    let mut cmd = s.ring0();
+    cmd.arg("serve");
+    let (mut child, mut stdin, rx) = common::spawn_stdio_json(cmd);
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+            "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}})
+    )
+    .unwrap();
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("initialized");
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"})
+    )
+    .unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"shell",
+            "arguments":{"command": hiding_tree(&mark), "background": background}}})
+    )
+    .unwrap();
+    wait_for_argument_count(&mark, |n| n > 5, "the tree never appeared");
+    end(&mut child, stdin);
+    let _ = child.wait();
+    wait_for_argument_count(&mark, |n| n == 0, "processes survive ring0");
+}
+
+#[test]
+fn serve_killed_during_a_foreground_call_leaves_no_survivors() {
+    serve_tree_then(false, |child, _stdin| {
+        child.kill().unwrap();
+    });
+}
+
+#[test]
+fn serve_exiting_cleanly_with_a_running_job_leaves_no_survivors() {
+    serve_tree_then(true, |_child, stdin| {
+        // End of input: ring0 serve exits cleanly.
+        drop(stdin);
+    });
+}
+
+#[test]
+fn serve_killed_with_a_running_job_leaves_no_survivors() {
+    serve_tree_then(true, |child, _stdin| {
+        child.kill().unwrap();
+    });
+}
