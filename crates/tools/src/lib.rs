@@ -5,7 +5,7 @@
 //! | `read_file`, `list_dir`, `glob`, `search` | nullipotent | A0 | — |
 //! | `write_file` | idempotent, conflict key `file:{path}` | A1 | probe (content hash) |
 //! | `apply_patch` | non-idempotent | A1 | probe (every touched file's hash) |
-//! | `shell` | non-idempotent, strategy unknown (runs alone) | A2 (configurable) | none |
+//! | `shell` | non-idempotent, strategy unknown (runs alone) | A1 in the OS sandbox, else A2 (configurable) | none |
 //! | `job_inspect`, `job_wait` | nullipotent | A0 | — |
 //! | `job_send_input` | non-idempotent | as `shell` | none |
 //! | `job_cancel` | idempotent | A1 | probe (job finished) |
