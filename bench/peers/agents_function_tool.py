@@ -32,6 +32,42 @@ async def noop(x: int) -> dict:
     return {"x": x}
 
 
+@function_tool
+async def find_restaurants(
+    location: str, food_type: str, number: int, dietary_requirements: list[str] | None = None
+) -> dict:
+    """Locate nearby restaurants based on location and food preferences.
+
+    Args:
+        location: The specific location or area.
+        food_type: The type of food preferred.
+        number: Number of results to return.
+        dietary_requirements: Special dietary requirements, e.g. vegan, gluten-free.
+    """
+    return {
+        "location": location,
+        "food_type": food_type,
+        "number": number,
+        "dietary_requirements": dietary_requirements,
+    }
+
+
+def catalog_invocation(i: int) -> tuple[ToolContext, str]:
+    """The BFCL case `multiple_115`'s ground-truth call, as ring0's bench sends it."""
+    args = json.dumps(
+        {
+            "location": "Manhattan",
+            "food_type": "Thai",
+            "number": i % 50 + 1,
+            "dietary_requirements": ["vegan", f"v{i}"],
+        }
+    )
+    ctx = ToolContext(
+        context=None, tool_name="find_restaurants", tool_call_id=f"call_{i}", tool_arguments=args
+    )
+    return ctx, args
+
+
 def invocation(i: int) -> tuple[ToolContext, str]:
     args = json.dumps({"x": i})
     ctx = ToolContext(context=None, tool_name="noop", tool_call_id=f"call_{i}", tool_arguments=args)
@@ -80,7 +116,25 @@ def main() -> None:
             gathered,
         )
     ]
+    def catalog_inputs(b: int) -> list[tuple[int, ToolContext, str]]:
+        base = b * CALLS_PER_BATCH
+        return [(i, *catalog_invocation(i)) for i in range(base, base + CALLS_PER_BATCH)]
+
+    async def catalog_one_by_one(batch: list[tuple[int, ToolContext, str]]) -> int:
+        for i, ctx, args in batch:
+            out = await find_restaurants.on_invoke_tool(ctx, args)
+            if "Manhattan" not in str(out):
+                raise SystemExit(f"find_restaurants returned {out!r} for call {i}")
+        return len(batch)
+
+    catalog = measure_async(
+        "find_restaurants (BFCL multiple_115), one call at a time",
+        catalog_inputs,
+        catalog_one_by_one,
+    )
     report("openai_agents", direct, single, rounds)
+    print(catalog.line())
+    print(f"openai_agents_us_per_call_catalog={catalog.median_us:.3f}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 mod approve_cmd;
 mod audit_cmd;
 mod call_cmd;
+mod checkpoint_cmd;
 mod journal_cmd;
 mod run_cmd;
 mod serve_cmd;
@@ -62,6 +63,11 @@ enum Command {
         #[command(subcommand)]
         command: audit_cmd::AuditCommand,
     },
+    /// List workspace checkpoints, or put the workspace back as it was before one (`ring0 checkpoint restore cp-000001`).
+    Checkpoint {
+        #[command(subcommand)]
+        command: checkpoint_cmd::CheckpointCommand,
+    },
 }
 
 #[derive(Args)]
@@ -88,6 +94,7 @@ fn main() -> ExitCode {
         Command::Deny(args) => approve_cmd::run(args, false, state),
         Command::Token(args) => token_cmd::run(args),
         Command::Audit { command } => audit_cmd::run(command, state),
+        Command::Checkpoint { command } => checkpoint_cmd::run(command, state),
     };
     match result {
         Ok(output) => {

@@ -21,11 +21,16 @@ fn fixture() -> PathBuf {
 
 /// `ring0.toml` with the fixture as upstream `fx` (every tool a read) plus `extra` keys.
 fn write_config(dir: &Path, extra: &str) {
+    write_config_granting(dir, r#"["fx__*"]"#, extra);
+}
+
+/// The fixture upstream with a grant of `tools` (a TOML array).
+fn write_config_granting(dir: &Path, tools: &str, extra: &str) {
     let transport = format!(
         "command = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\", \"FIXTURE_STAGE\"]\n{extra}",
         fixture().display().to_string()
     );
-    let text = one_upstream_config("fixture", r#"["fx__*"]"#, "A3", "fx", &transport, "");
+    let text = one_upstream_config("fixture", tools, "A3", "fx", &transport, "");
     std::fs::write(dir.join("ring0.toml"), text).unwrap();
 }
 
@@ -254,7 +259,7 @@ fn a_changed_prompt_is_quarantined_until_approved() {
 #[test]
 fn prompts_resources_and_completions_are_cleaned_and_bounded() {
     let dir = tempfile::tempdir().unwrap();
-    write_config(dir.path(), "");
+    write_config_granting(dir.path(), r#"["fx__*", "read_spill"]"#, "");
     let mut c = Client::start(dir.path(), &[]);
     let got = c.request("prompts/get", json!({"name": "fx__greet"}));
     let text = got["result"]["messages"][0]["content"]["text"]
@@ -286,6 +291,23 @@ fn prompts_resources_and_completions_are_cleaned_and_bounded() {
             .any(|p| p.to_string_lossy().contains(&handle)),
         "{spilled:?}"
     );
+    // The session that read the resource pages the whole text back with `read_spill`.
+    let sealed = notice
+        .split('`')
+        .find(|p| p.starts_with("sha256:"))
+        .unwrap_or_else(|| panic!("no sealed handle in {notice}"));
+    assert!(notice.contains("`read_spill`"), "{notice}");
+    let page = c.request(
+        "tools/call",
+        json!({"name": "read_spill", "arguments": {"handle": sealed, "length": 64}}),
+    );
+    assert_eq!(page["result"]["isError"], json!(false), "{page}");
+    let paged = page["result"]["structuredContent"]["text"]
+        .as_str()
+        .or_else(|| page["result"]["content"][0]["text"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert!(paged.contains("red"), "{page}");
 
     let done = c.request(
         "completion/complete",

@@ -74,6 +74,8 @@ pub struct Parts {
     pub journal: Arc<SqliteJournal>,
     /// `[limits] max_concurrent_tools`.
     pub max_concurrent_tools: usize,
+    /// The spill store (`spill/` in the state directory): output the kernel cuts is kept there.
+    pub spill: Arc<ring0_shape::SpillStore>,
     /// The state directory's manifest (recorded again on drop: the audit log's length at exit).
     pub state: crate::state::Manifest,
 }
@@ -129,6 +131,8 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         .map_err(|e| err("sandbox", e.to_string()))?;
     let tools =
         ring0_tools::builtin_tools(&tools_config).map_err(|e| err("paths", e.to_string()))?;
+    let spill = ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
+        .map_err(|e| err("workspace.state_dir", format!("spill store: {e}")))?;
     crate::state::create_journal_files(&journal_path)
         .map_err(|why| err("workspace.state_dir", why))?;
     let journal = SqliteJournal::open(&journal_path).map_err(|e| {
@@ -180,6 +184,7 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         policy: policy.build(),
         journal: Arc::new(journal),
         max_concurrent_tools: config.limits.max_concurrent_tools,
+        spill: Arc::new(spill),
         state: manifest,
     })
 }
@@ -188,7 +193,9 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
 /// configuration; see [`build_parts`].
 pub fn build_kernel(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Built, ConfigError> {
     let parts = build_parts(loaded, approver)?;
-    let mut builder = Kernel::builder().journal(parts.journal);
+    let mut builder = Kernel::builder()
+        .journal(parts.journal)
+        .spill_store(parts.spill);
     for (spec, tool) in parts.tools {
         builder = builder.tool(spec, tool).map_err(|e| ConfigError {
             file: loaded.source.clone(),

@@ -10,7 +10,11 @@
 //! - one call per round through `Session::run_round` (no provider parse or render);
 //! - one write per round through `Session::run_round`: committed to the in-memory journal,
 //!   dispatched and settled through the journal's protocol;
-//! - a round of 64 read-only calls in `SafeParallel` through `handle_turn`, reported per call.
+//! - a round of 64 read-only calls in `SafeParallel` through `handle_turn`, reported per call;
+//! - one call per round through `handle_turn` of a tool from a realistic catalog: every BFCL
+//!   definition (`shared/data/bfcl`, or `RING0_BFCL_DIR`) registered after compatibility
+//!   preparation, and `find_restaurants` (four parameters, an array among them) called with its
+//!   ground-truth arguments. Skipped, saying so, when the corpus is not there.
 //!
 //! Inputs (turns, rounds, arguments) are built before each timed batch, so only the call is
 //! timed. Each batch gets a fresh kernel and session, so the journal holds one batch's intents
@@ -47,6 +51,17 @@ const DIRECT_CALLS_PER_BATCH: usize = 200_000;
 const TOOL: &str = "noop";
 /// The same function registered as a write: committed to the journal and settled through it.
 const WRITE_TOOL: &str = "noop_write";
+
+/// The realistic catalog's called tool, and the corpus files its definitions come from.
+const CATALOG_TOOL: &str = "find_restaurants";
+const CATALOG_FILES: &[&str] = &[
+    "BFCL_v4_multiple.json",
+    "BFCL_v4_simple_python.json",
+    "BFCL_v4_parallel.json",
+    "BFCL_v4_parallel_multiple.json",
+];
+/// Lets a checkout keep the corpus elsewhere.
+const BFCL_DIR_ENV: &str = "RING0_BFCL_DIR";
 
 /// The tool: echoes its one integer argument. The same function is registered with the kernel
 /// and awaited directly as the baseline.
@@ -94,6 +109,90 @@ fn write_session() -> Session {
         )))
         .build();
     kernel.open_session(SessionConfig::new("bench"))
+}
+
+/// Every distinct BFCL definition (first one of each name wins), or `None` without the corpus.
+fn bfcl_catalog() -> Option<Vec<Value>> {
+    let dir = std::env::var_os(BFCL_DIR_ENV)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/bfcl")
+        });
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for file in CATALOG_FILES {
+        let text = std::fs::read_to_string(dir.join(file)).ok()?;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let case: Value = serde_json::from_str(line).ok()?;
+            for f in case["function"].as_array().into_iter().flatten() {
+                if let Some(name) = f["name"].as_str()
+                    && seen.insert(name.to_string())
+                {
+                    out.push(f.clone());
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+/// A session over the whole catalog, each tool a read that echoes its arguments; with the
+/// number of tools that registered.
+fn catalog_session(catalog: &[Value]) -> (Session, usize) {
+    let mut builder = Kernel::builder();
+    let mut registered = 0;
+    for f in catalog {
+        let spec = ToolSpec::read(
+            f["name"].as_str().unwrap_or_default(),
+            f["description"].as_str().unwrap_or_default(),
+            f["parameters"].clone(),
+        );
+        let tool = tool_fn(|_ctx, args: Value| async move { Ok(Observation::json(args)) });
+        builder = match builder.tool(spec, tool) {
+            Ok(b) => {
+                registered += 1;
+                b
+            }
+            Err(refused) => *refused.builder,
+        };
+    }
+    let kernel = builder
+        .authorizer(Arc::new(GrantTable::allow(
+            &["*"],
+            ring0_core::Authority::A0,
+        )))
+        .build();
+    (kernel.open_session(SessionConfig::new("bench")), registered)
+}
+
+/// A turn calling the catalog's tool with its ground-truth arguments (BFCL case
+/// `multiple_115`), the number of results varying per call.
+fn catalog_turn(i: usize) -> Value {
+    let args = json!({"location": "Manhattan", "food_type": "Thai", "number": i % 50 + 1,
+                      "dietary_requirements": ["vegan", format!("v{i}")]});
+    json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": format!("call_{i}"), "type": "function",
+         "function": {"name": CATALOG_TOOL, "arguments": args.to_string()}}]})
+}
+
+async fn catalog_batch(b: usize, catalog: &[Value]) -> (Duration, usize) {
+    let (session, _) = catalog_session(catalog);
+    let base = b * CALLS_PER_BATCH;
+    let turns: Vec<Value> = (base..base + CALLS_PER_BATCH).map(catalog_turn).collect();
+    let options = RoundOptions::default();
+    let mut failed = 0;
+    let start = Instant::now();
+    for turn in &turns {
+        let out = session
+            .handle_turn(ProviderFormat::OpenAiChat, turn, &options)
+            .await
+            .expect("a well-formed turn");
+        failed += out.round.results.iter().filter(|r| r.is_error).count();
+        black_box(out);
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(failed, 0, "benchmark calls must complete, not be rejected");
+    (elapsed, CALLS_PER_BATCH)
 }
 
 /// An OpenAI Chat Completions assistant turn with calls `first..first + n`. Arguments differ
@@ -255,6 +354,11 @@ fn main() {
         let writes = measure(|b| run_round_batch(b, true)).await;
         let round64 =
             measure(|b| handle_turn_batch(b, ROUND_CALLS, SchedulingMode::SafeParallel)).await;
+        let catalog = bfcl_catalog();
+        let realistic = match &catalog {
+            Some(c) => Some((catalog_session(c).1, measure(|b| catalog_batch(b, c)).await)),
+            None => None,
+        };
         // The direct figure is measured again at the end: if the machine's speed changed during
         // the run, the two direct figures disagree and the ratios deserve less trust.
         let direct_after = measure(direct_batch).await;
@@ -283,7 +387,20 @@ fn main() {
             &round64,
             d,
         );
+        match &realistic {
+            Some((tools, s)) => line(
+                &format!("{CATALOG_TOOL} in a {tools}-tool BFCL catalog, handle_turn"),
+                s,
+                d,
+            ),
+            None => println!(
+                "realistic catalog: skipped, the BFCL corpus is not there (set {BFCL_DIR_ENV})"
+            ),
+        }
         println!("ring0_direct_us_per_call={:.4}", us(d));
+        if let Some((_, s)) = &realistic {
+            println!("ring0_overhead_us_per_call_catalog={:.3}", us(s.median() - d));
+        }
         println!("ring0_overhead_us_per_call={:.3}", us(single.median() - d));
         println!(
             "ring0_overhead_us_per_call_round{ROUND_CALLS}={:.3}",

@@ -90,8 +90,8 @@ pub use project::{ProjectionInput, Projector};
 pub use registry::{RegistrationError, Registry};
 pub use session::{
     Kernel, KernelBuilder, MAX_CONCURRENT_TOOLS_DEFAULT, RoundOptions, RoundOutcome,
-    SECRET_VALUES_MAX, SecretValuesError, Session, SessionConfig, Termination, ToolRefused,
-    TurnOutcome,
+    SECRET_VALUES_MAX, SPILL_READER_TOOL, SecretValuesError, Session, SessionConfig, Termination,
+    ToolRefused, TurnOutcome,
 };
 pub use streaming::{LEDGER_TURNS_MAX, RoundIdentity, StreamNotice, StreamingRound};
 pub use tool::{

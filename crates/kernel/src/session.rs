@@ -9,12 +9,12 @@ use crate::policy::{Authorizer, GrantTable, PolicyRewrite, SessionInfo};
 use crate::prepare::Prepared;
 use crate::project::Projector;
 use crate::registry::{RegistrationError, Registry};
-use crate::shape::ShapeStage;
+use crate::shape::{KernelSpill, ShapeStage};
 use crate::tool::Tool;
 use ring0_core::format::{FormatError, parse_turn, render_results};
 use ring0_core::{Principal, ProviderFormat, Receipt, Rejection, Round, ToolResult, ToolSpec};
 use ring0_journal::{Journal, MemoryJournal};
-use ring0_shape::{RedactError, Redactor};
+use ring0_shape::{RedactError, Redactor, SpillStore};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -24,6 +24,8 @@ use std::time::Instant;
 use tokio::sync::{Mutex, broadcast};
 use tokio_util::sync::CancellationToken;
 
+/// The tool a spill notice names when it is registered: pages a handle back to the model.
+pub const SPILL_READER_TOOL: &str = "read_spill";
 /// Default bound on calls running at once in one epoch.
 pub const MAX_CONCURRENT_TOOLS_DEFAULT: usize = 8;
 /// Most secret values the kernel and a session may each mark: together they stay within the
@@ -39,6 +41,7 @@ pub(crate) struct KernelInner {
     /// Secret values every session redacts, and the shape stage recovery uses.
     pub(crate) secret_values: Arc<[String]>,
     pub(crate) shape: ShapeStage,
+    pub(crate) spill: Option<KernelSpill>,
 }
 
 /// The mediation kernel: tools, journal and default policy, shared by its sessions.
@@ -55,6 +58,7 @@ pub struct KernelBuilder {
     authorizer: Option<Arc<dyn Authorizer>>,
     rewrites: Vec<Arc<dyn PolicyRewrite>>,
     secret_values: Vec<String>,
+    spill: Option<Arc<SpillStore>>,
 }
 
 /// A list of secret values the kernel or a session cannot redact.
@@ -190,8 +194,22 @@ impl KernelBuilder {
         Ok(self)
     }
 
+    /// Keeps every text the shape stage cuts whole in `store`, its handle sealed for the calling
+    /// session; register a reader (the built-in `read_spill`) so the model can page it back.
+    pub fn spill_store(mut self, store: Arc<SpillStore>) -> Self {
+        self.spill = Some(store);
+        self
+    }
+
     pub fn build(mut self) -> Kernel {
         self.registry.apply_traits(&self.traits);
+        let spill = self.spill.map(|store| KernelSpill {
+            store,
+            reader: self
+                .registry
+                .get(SPILL_READER_TOOL)
+                .map(|_| Arc::from(SPILL_READER_TOOL)),
+        });
         let shape = ShapeStage {
             redactor: redactor_of(&self.secret_values, &[]),
             ..ShapeStage::default()
@@ -209,6 +227,7 @@ impl KernelBuilder {
                 sessions: AtomicU64::new(0),
                 secret_values: self.secret_values.into(),
                 shape,
+                spill,
             }),
         }
     }
@@ -411,6 +430,7 @@ impl Kernel {
             authorizer: None,
             rewrites: Vec::new(),
             secret_values: Vec::new(),
+            spill: None,
         }
     }
 
@@ -460,7 +480,11 @@ impl Kernel {
             .authorizer
             .clone()
             .unwrap_or_else(|| self.inner.authorizer.clone());
-        let mut shape = self.inner.shape.clone();
+        let mut shape = self
+            .inner
+            .shape
+            .clone()
+            .for_owner(self.inner.spill.as_ref(), &config.scope);
         if !config.secret_values.is_empty() {
             shape.redactor = redactor_of(&self.inner.secret_values, &config.secret_values);
         }

@@ -8,12 +8,19 @@
 //! bounded by [`OBSERVATION_BYTES_MAX`], so every receipt fits the projection bound. A tool's
 //! failure message is shaped the same way, to [`FAILURE_MESSAGE_BYTES_MAX`]. The pass is
 //! idempotent, so an already-shaped observation comes back unchanged, and it is never skipped.
+//!
+//! When the kernel has a spill store ([`crate::KernelBuilder::spill_store`]), a text this stage
+//! cuts — a library tool's, an upstream's, any tool that did not cut its own — is first kept
+//! whole there, sealed for the calling session, and its notice names the handle (and the
+//! `read_spill` tool when one is registered); the diagnostics found in the whole text take the
+//! place of part of the cut middle. A tool that cut its own output says so itself.
 
 use ring0_core::Observation;
 use ring0_core::limits::{
     FAILURE_MESSAGE_BYTES_MAX, OBSERVATION_BYTES_MAX, RECEIPT_ENVELOPE_BYTES_MAX,
 };
-use ring0_shape::{Redactor, Shaping, shape_observation, shape_text};
+use ring0_shape::{Redactor, Shaping, SpillStore, SpillTarget, shape_observation, shape_text};
+use std::sync::Arc;
 
 /// What the shape stage applies to the results of one session (or of recovery).
 #[derive(Clone, Debug)]
@@ -23,6 +30,9 @@ pub(crate) struct ShapeStage {
     /// session whose host projector declares a larger projection bound (see
     /// [`ShapeStage::for_projection`]). Text stays within the tool's budget either way.
     pub observation_bytes_max: usize,
+    /// Where cut text is kept whole: set for a session's stage (the owner is its scope), never
+    /// for recovery's, which answers no session.
+    pub spill: Option<SpillTarget>,
 }
 
 impl Default for ShapeStage {
@@ -30,8 +40,16 @@ impl Default for ShapeStage {
         Self {
             redactor: Redactor::default(),
             observation_bytes_max: OBSERVATION_BYTES_MAX,
+            spill: None,
         }
     }
+}
+
+/// The kernel's spill store and the tool that reads it back, if registered.
+#[derive(Clone, Debug)]
+pub(crate) struct KernelSpill {
+    pub store: Arc<SpillStore>,
+    pub reader: Option<Arc<str>>,
 }
 
 impl ShapeStage {
@@ -44,9 +62,20 @@ impl ShapeStage {
         self
     }
 
+    /// This stage for the session `owner`: text it cuts is kept in `spill`, sealed for it.
+    pub fn for_owner(mut self, spill: Option<&KernelSpill>, owner: &str) -> Self {
+        self.spill = spill.map(|s| SpillTarget {
+            store: s.store.clone(),
+            owner: Arc::from(owner),
+            reader: s.reader.clone(),
+        });
+        self
+    }
+
     fn shaping(&self, budget_bytes: usize) -> Shaping {
         let mut shaping = Shaping {
             redactor: self.redactor.clone(),
+            spill: self.spill.clone(),
             ..Shaping::new(budget_bytes, self.observation_bytes_max)
         };
         if self.observation_bytes_max > OBSERVATION_BYTES_MAX {
@@ -62,11 +91,10 @@ impl ShapeStage {
 
     /// A tool's failure message.
     pub fn message(&self, message: &str) -> String {
-        shape_text(
-            message,
-            FAILURE_MESSAGE_BYTES_MAX,
-            &self.shaping(FAILURE_MESSAGE_BYTES_MAX),
-        )
-        .0
+        let shaping = Shaping {
+            spill: None,
+            ..self.shaping(FAILURE_MESSAGE_BYTES_MAX)
+        };
+        shape_text(message, FAILURE_MESSAGE_BYTES_MAX, &shaping).0
     }
 }

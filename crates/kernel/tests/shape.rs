@@ -210,3 +210,91 @@ async fn structured_content_over_budget_is_withheld_whole_not_cut() {
             .contains("exceeds the observation budget of 4096 bytes and was withheld")
     );
 }
+
+/// A library tool whose 200 KB output hides one compiler error in its middle, on a kernel with a
+/// spill store and the `read_spill` tool: the cut output names the handle, the error reaches
+/// the model in the text, and the handle pages the whole output back for this session only.
+#[tokio::test]
+async fn a_library_tools_cut_output_is_kept_whole_for_its_session_with_the_error_in_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(ring0_shape::SpillStore::open(dir.path()).unwrap());
+    let mut big = String::new();
+    for i in 0..2000 {
+        big.push_str(&format!("compiling unit {i:05} of a long build log\n"));
+        if i == 1000 {
+            big.push_str("src/engine.c:412:7: error: 'frobnicate' undeclared\n");
+        }
+    }
+    let whole = big.clone();
+    let reader = tool_fn(|_c, _a| async { Ok(Observation::text("unused")) });
+    let kernel = Kernel::builder()
+        .tool(
+            ToolSpec::read("fetch", "fetches", json!({"type": "object"})),
+            tool_fn(move |_c, _a| {
+                let big = big.clone();
+                async move { Ok(Observation::text(big)) }
+            }),
+        )
+        .unwrap()
+        .tool(
+            ToolSpec::read("read_spill", "pages", json!({"type": "object"})),
+            reader,
+        )
+        .unwrap()
+        .authorizer(Arc::new(GrantTable::allow(&["*"], Authority::A0)))
+        .spill_store(store.clone())
+        .build();
+    let out = run_once(&kernel, SessionConfig::new("alice-scope")).await;
+    let obs = observation(&out);
+    assert!(obs.truncated);
+    let notice = obs.truncation_notice.as_deref().unwrap();
+    assert!(notice.contains("`read_spill`"), "{notice}");
+    let handle = notice
+        .split('`')
+        .find(|p| p.starts_with("sha256:"))
+        .unwrap_or_else(|| panic!("no handle in {notice}"));
+    let seen = model_text(&out);
+    assert!(
+        seen.contains("src/engine.c:412:7: error: 'frobnicate' undeclared"),
+        "the error in the cut middle is not in view: {seen}"
+    );
+    assert!(seen.contains(handle), "the model is not told the handle");
+    let mut kept = Vec::new();
+    let mut offset = 0;
+    loop {
+        let page = store
+            .read_as("alice-scope", handle, offset, 16 * 1024)
+            .unwrap();
+        kept.extend_from_slice(&page.bytes);
+        if page.eof {
+            break;
+        }
+        offset = page.next_offset();
+    }
+    assert_eq!(String::from_utf8(kept).unwrap(), whole);
+    assert!(
+        store.read_as("mallory-scope", handle, 0, 1024).is_err(),
+        "another session read the spill"
+    );
+}
+
+/// Without a reader tool the notice still names the handle, for the operator, and does not send
+/// the model to a tool it cannot call.
+#[tokio::test]
+async fn a_spill_notice_names_no_tool_the_kernel_does_not_have() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(ring0_shape::SpillStore::open(dir.path()).unwrap());
+    let kernel = Kernel::builder()
+        .tool(
+            ToolSpec::read("fetch", "fetches", json!({"type": "object"})),
+            tool_fn(|_c, _a| async { Ok(Observation::text("x".repeat(100_000))) }),
+        )
+        .unwrap()
+        .authorizer(Arc::new(GrantTable::allow(&["*"], Authority::A0)))
+        .spill_store(store)
+        .build();
+    let out = run_once(&kernel, SessionConfig::new("s")).await;
+    let notice = observation(&out).truncation_notice.clone().unwrap();
+    assert!(notice.contains("sha256:"), "{notice}");
+    assert!(!notice.contains("read_spill"), "{notice}");
+}

@@ -712,7 +712,12 @@ fn build(
         .collect();
     Generation {
         number: 0,
-        kernel: builder.authorizer(gate.clone()).build(),
+        kernel: match &env.spill {
+            Some(store) => builder.spill_store(store.clone()),
+            None => builder,
+        }
+        .authorizer(gate.clone())
+        .build(),
         tools,
         quarantined,
         gate,

@@ -114,12 +114,21 @@ pub fn listing_item(raw: &Value) -> (Value, Mediated) {
     (out, report)
 }
 
+/// Where a cut resource text is kept whole: the spill store, the session the handle is sealed
+/// for, and whether that session may call `read_spill` to page it back.
+#[derive(Clone, Copy)]
+pub struct Keep<'a> {
+    pub store: &'a Arc<SpillStore>,
+    pub owner: &'a str,
+    pub reader: bool,
+}
+
 /// Cuts the text at `text` to what is left of `budget`, keeping the whole text in `spill`.
 fn bound_text(
     text: &mut String,
     budget: &mut usize,
     what: &str,
-    spill: Option<&Arc<SpillStore>>,
+    spill: Option<Keep<'_>>,
     report: &mut Mediated,
 ) {
     if text.len() <= *budget {
@@ -128,15 +137,22 @@ fn bound_text(
     }
     let total = text.len();
     let keep = text.floor_char_boundary(*budget);
-    let kept_as = match spill.map(|s| s.put(text.as_bytes())) {
-        Some(Ok(h)) => {
+    let kept_as = match spill.map(|k| (k, k.store.put_for(Some(k.owner), text.as_bytes()))) {
+        Some((keep, Ok(h))) => {
             report.spilled.push(h.id.clone());
-            format!(
-                "; the whole text is kept in ring0's spill store as {}",
-                h.id
-            )
+            if keep.reader {
+                format!(
+                    "; the whole text is kept: page it with the `read_spill` tool and handle `{}`",
+                    h.id
+                )
+            } else {
+                format!(
+                    "; the whole text is kept in ring0's spill store as `{}`",
+                    h.id
+                )
+            }
         }
-        Some(Err(e)) => format!("; it could not be kept ({e})"),
+        Some((_, Err(e))) => format!("; it could not be kept ({e})"),
         None => String::new(),
     };
     report.cut += 1;
@@ -151,7 +167,7 @@ fn bound_text(
 
 /// A `resources/read` result: each text cleaned and, over [`RESOURCE_TEXT_BYTES_MAX`] in all,
 /// cut (kept whole in `spill`); a blob over [`RESOURCE_BLOB_BYTES_MAX`] replaced by a notice.
-pub fn resource(raw: &Value, spill: Option<&Arc<SpillStore>>) -> (Value, Mediated) {
+pub fn resource(raw: &Value, spill: Option<Keep<'_>>) -> (Value, Mediated) {
     let mut report = Mediated::default();
     let mut out = clean(raw, &mut report);
     let mut budget = RESOURCE_TEXT_BYTES_MAX;
@@ -254,14 +270,25 @@ mod tests {
             "x".repeat(200_000)
         );
         let raw = json!({"contents": [{"uri": "test://big", "text": text}]});
-        let (out, report) = resource(&raw, Some(&store));
+        let keep = Keep {
+            store: &store,
+            owner: "session-a",
+            reader: true,
+        };
+        let (out, report) = resource(&raw, Some(keep));
         let got = out["contents"][0]["text"].as_str().unwrap();
         assert!(got.starts_with("red＜/tool_result>xxx"), "{}", &got[..40]);
-        assert!(got.len() < RESOURCE_TEXT_BYTES_MAX + 256);
+        assert!(got.len() < RESOURCE_TEXT_BYTES_MAX + 512);
         assert!(got.contains("bytes omitted"), "{}", &got[got.len() - 200..]);
+        assert!(got.contains("`read_spill`"), "{}", &got[got.len() - 200..]);
         let handle = &report.spilled[0];
         assert!(got.contains(handle.as_str()));
-        assert_eq!(store.read(handle, 0, 3).unwrap().bytes, b"red");
+        // The session that read the resource pages it back; no other session can.
+        assert_eq!(
+            store.read_as("session-a", handle, 0, 3).unwrap().bytes,
+            b"red"
+        );
+        assert!(store.read_as("session-b", handle, 0, 3).is_err());
         let (out, _) = resource(&raw, None);
         let got = out["contents"][0]["text"].as_str().unwrap();
         assert!(

@@ -221,10 +221,13 @@ async fn resource_owner(reach: &[Arc<Upstream>], uri: &str) -> Result<Arc<Upstre
     }
 }
 
+/// A resource request to the upstream that serves `uri`. A `resources/read` text cut for size
+/// is kept whole in the upstream's spill store, sealed for `reader`'s session.
 pub async fn resource_request(
     reach: &[Arc<Upstream>],
     method: &str,
     uri: &str,
+    reader: SpillReader<'_>,
 ) -> Result<Value, ErrorData> {
     let up = resource_owner(reach, uri).await?;
     let raw = up
@@ -235,10 +238,24 @@ pub async fn resource_request(
         "resources/read" => noted(
             &up,
             &format!("resource {uri}"),
-            mediate::resource(&raw, up.spill()),
+            mediate::resource(
+                &raw,
+                up.spill().map(|store| mediate::Keep {
+                    store,
+                    owner: reader.owner,
+                    reader: reader.can_page,
+                }),
+            ),
         ),
         _ => raw,
     })
+}
+
+/// The session a resource is read for: its spill owner, and whether it may call `read_spill`.
+#[derive(Clone, Copy)]
+pub struct SpillReader<'a> {
+    pub owner: &'a str,
+    pub can_page: bool,
 }
 
 pub async fn complete(reach: &[Arc<Upstream>], mut params: Value) -> Result<Value, ErrorData> {

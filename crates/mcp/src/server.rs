@@ -726,9 +726,25 @@ impl ServerHandler for GatewayServer {
         request: ReadResourceRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        let v =
-            crate::passthrough::resource_request(&self.reachable(), "resources/read", &request.uri)
-                .await?;
+        let can_page = {
+            let generation = self.gw.generation();
+            let session = self.open(&generation);
+            session
+                .catalog()
+                .iter()
+                .any(|spec| spec.name == ring0_kernel::SPILL_READER_TOOL)
+        };
+        let reader = crate::passthrough::SpillReader {
+            owner: self.scope(),
+            can_page,
+        };
+        let v = crate::passthrough::resource_request(
+            &self.reachable(),
+            "resources/read",
+            &request.uri,
+            reader,
+        )
+        .await?;
         Ok(ReadResourceResponse::Complete(typed(v)?))
     }
 
@@ -737,9 +753,18 @@ impl ServerHandler for GatewayServer {
         request: SubscribeRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        crate::passthrough::resource_request(&self.reachable(), "resources/subscribe", &request.uri)
-            .await
-            .map(|_| ())
+        let reader = crate::passthrough::SpillReader {
+            owner: self.scope(),
+            can_page: false,
+        };
+        crate::passthrough::resource_request(
+            &self.reachable(),
+            "resources/subscribe",
+            &request.uri,
+            reader,
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn unsubscribe(
@@ -747,10 +772,15 @@ impl ServerHandler for GatewayServer {
         request: UnsubscribeRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        let reader = crate::passthrough::SpillReader {
+            owner: self.scope(),
+            can_page: false,
+        };
         crate::passthrough::resource_request(
             &self.reachable(),
             "resources/unsubscribe",
             &request.uri,
+            reader,
         )
         .await
         .map(|_| ())

@@ -460,3 +460,53 @@ impl AuditSink for MemoryAudit {
         Ok(())
     }
 }
+
+/// The decisions of ring0's egress proxy as records of this trail, for the session whose
+/// contained process made the requests: `tool` is `egress`, `decision` allowed or denied,
+/// `rule` the allow rule that decided (`egress:<reason>` for a refusal no rule decided),
+/// `reason` the proxy's sentence, `args_hash` the SHA-256 of the method and destination, and
+/// `args` the whole decision (it holds no secret: method, destination, address, reason).
+/// A record the sink refuses refuses the request (the proxy fails closed on it).
+pub fn egress_audit(
+    sink: std::sync::Arc<dyn AuditSink>,
+    principal: String,
+    scope: String,
+    session_id: String,
+) -> ring0_egress::AuditFn {
+    std::sync::Arc::new(move |decision: &ring0_egress::EgressDecision| {
+        sink.record(&egress_entry(decision, &principal, &scope, &session_id))
+    })
+}
+
+/// One egress decision as an audit record (see [`egress_audit`]).
+pub fn egress_entry(
+    decision: &ring0_egress::EgressDecision,
+    principal: &str,
+    scope: &str,
+    session_id: &str,
+) -> AuditEntry {
+    let allowed = decision.verdict == ring0_egress::Verdict::Allowed;
+    let rule = match (&decision.rule, allowed) {
+        (Some(rule), true) => format!("egress:{rule}"),
+        _ => format!("egress:{}", decision.reason.as_str()),
+    };
+    let destination = format!("{} {}", decision.method, decision.target);
+    AuditEntry {
+        at_ms: decision.at_ms,
+        decision: if allowed {
+            AuditDecision::Allowed
+        } else {
+            AuditDecision::Denied
+        },
+        rule,
+        reason: decision.message.clone(),
+        tool: "egress".into(),
+        call_id: String::new(),
+        principal: principal.to_string(),
+        scope: scope.to_string(),
+        session_id: session_id.to_string(),
+        args_hash: line_hash(destination.as_bytes()),
+        approval_id: None,
+        args: serde_json::to_value(decision).ok(),
+    }
+}

@@ -122,6 +122,15 @@ enum GoStage {
     File,
 }
 
+/// The diagnostics of a whole shaped text (a tool's output read as one stream), and how many
+/// more the bounded list left out.
+pub(crate) fn extract(text: &str) -> (Vec<Diagnostic>, u64) {
+    let mut extractor = Extractor::new(StreamName::Stdout, None);
+    extractor.feed(text.as_bytes());
+    extractor.finish();
+    (extractor.found, extractor.omitted)
+}
+
 /// Finds diagnostics in one stream's shaped text.
 pub(crate) struct Extractor {
     stream: StreamName,

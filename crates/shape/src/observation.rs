@@ -12,16 +12,18 @@
 //! its counters untouched.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use ring0_core::Observation;
 use ring0_core::text::truncate_utf8;
 use serde_json::{Map, Value};
 
-use crate::config::HEAD_PERCENT_DEFAULT;
+use crate::config::{DIAGNOSTICS_SECTION_BYTES_MAX, HEAD_PERCENT_DEFAULT};
 use crate::framing::FramingDefense;
 use crate::redact::Redactor;
 use crate::sanitize::Sanitizer;
 use crate::screen::{LineSink, Screen};
+use crate::spill::SpillStore;
 
 /// Deepest JSON nesting shaped; a deeper value is replaced by a marker.
 pub const VALUE_DEPTH_MAX: usize = 128;
@@ -44,6 +46,18 @@ pub struct Shaping {
     pub head_percent: u8,
     pub framing: FramingDefense,
     pub redactor: Redactor,
+    /// Where a text this pass cuts is kept whole, when the host has a spill store.
+    pub spill: Option<SpillTarget>,
+}
+
+/// The spill store a cut text goes to, and whose it is.
+#[derive(Clone, Debug)]
+pub struct SpillTarget {
+    pub store: Arc<SpillStore>,
+    /// The session the handle is sealed for (see [`SpillStore::read_as`]).
+    pub owner: Arc<str>,
+    /// The tool that pages a handle back, named in the notice when the host registered one.
+    pub reader: Option<Arc<str>>,
 }
 
 impl Shaping {
@@ -56,6 +70,7 @@ impl Shaping {
             head_percent: HEAD_PERCENT_DEFAULT,
             framing: FramingDefense::default(),
             redactor: Redactor::default(),
+            spill: None,
         }
     }
 }
@@ -93,8 +108,25 @@ pub fn shape_observation(mut obs: Observation, shaping: &Shaping) -> Observation
     }
     clean_envelope(&mut obs, shaping, &mut stats);
     let room = text_room(&mut obs, &text, structured_bytes, shaping);
-    let (text, cut) = cut_text(&text, room, shaping.head_percent);
-    obs.text = text.into_owned();
+    let kept = match &shaping.spill {
+        // A text the tool did not cut itself is cut here: keep it whole first.
+        Some(target) if text.len() > room && !obs.truncated && obs.truncation_notice.is_none() => {
+            Some(keep_whole(
+                &mut obs,
+                &text,
+                room,
+                target,
+                shaping.budget_bytes,
+            ))
+        }
+        _ => None,
+    };
+    let room = room.saturating_sub(kept.as_ref().map_or(0, String::len));
+    let (cut_text, cut) = cut_text(&text, room, shaping.head_percent);
+    obs.text = match kept {
+        Some(found) => format!("{cut_text}{found}"),
+        None => cut_text.into_owned(),
+    };
     if cut || !notices.is_empty() {
         obs.truncated = true;
         if obs.truncation_notice.is_none() {
@@ -113,6 +145,52 @@ pub fn shape_observation(mut obs: Observation, shaping: &Shaping) -> Observation
         return obs;
     }
     fit_serialized(obs, shaping)
+}
+
+/// Keeps `text` (already cleaned and redacted) whole in the spill store under `target`'s owner
+/// and says so in the observation's notice; returns the section of diagnostics found in the
+/// whole text, which takes its place in the cut text (empty when there are none or no room).
+fn keep_whole(
+    obs: &mut Observation,
+    text: &str,
+    room: usize,
+    target: &SpillTarget,
+    budget_bytes: usize,
+) -> String {
+    obs.truncation_notice = Some(
+        match target.store.put_for(Some(&target.owner), text.as_bytes()) {
+            Ok(handle) => {
+                let how = match &target.reader {
+                    Some(tool) => {
+                        format!("page it with the `{tool}` tool and handle `{}`", handle.id)
+                    }
+                    None => format!("its spill handle is `{}`", handle.id),
+                };
+                let whole = if handle.complete {
+                    "whole output"
+                } else {
+                    "output's first"
+                };
+                format!(
+                    "Output cut to fit the observation budget of {budget_bytes} bytes; the {whole} {} bytes are kept: {how}.",
+                    handle.bytes
+                )
+            }
+            Err(e) => format!(
+                "Output cut to fit the observation budget of {budget_bytes} bytes; the whole output could not be kept ({e})."
+            ),
+        },
+    );
+    if !obs.diagnostics.is_empty() {
+        return String::new();
+    }
+    let (found, omitted) = crate::diagnostics::extract(text);
+    let section_room = DIAGNOSTICS_SECTION_BYTES_MAX.min(room / 4);
+    let section =
+        crate::stream::diagnostics_section(&found, omitted, section_room).unwrap_or_default();
+    obs.diagnostics = found;
+    obs.diagnostics_omitted = omitted;
+    section
 }
 
 /// An upper bound of the serialized observation with `text_bytes` of text, without serializing

@@ -526,7 +526,7 @@ fn diagnostic_line(d: &ring0_core::observation::Diagnostic) -> String {
 
 /// The diagnostics of a cut output, one line each, within `room` bytes: what the
 /// model would otherwise miss in the omitted part. `None` when there are none.
-fn diagnostics_section(
+pub(crate) fn diagnostics_section(
     diagnostics: &[ring0_core::observation::Diagnostic],
     omitted: u64,
     room: usize,

@@ -493,6 +493,23 @@ pub(crate) fn write_atomic(
     result
 }
 
+/// Whether `name` exists in `dir`; refused when it is a directory, or exists and `overwrite`
+/// is not set.
+fn refuse_existing(dir: &cap_std::fs::Dir, name: &str, a: &WriteArgs) -> Result<bool, ToolError> {
+    match dir.symlink_metadata(name) {
+        Ok(m) if m.is_dir() => Err(ToolError::not_applied(format!(
+            "{:?} is a directory",
+            a.path
+        ))),
+        Ok(_) if !a.overwrite => Err(ToolError::not_applied(format!(
+            "{:?} exists; pass overwrite: true to replace it",
+            a.path
+        ))),
+        Ok(_) => Ok(true),
+        Err(_) => Ok(false),
+    }
+}
+
 impl WriteFile {
     pub fn spec(&self) -> ToolSpec {
         ToolSpec::new(
@@ -530,7 +547,7 @@ impl WriteFile {
 
 #[async_trait]
 impl Tool for WriteFile {
-    async fn call(&self, _ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
+    async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
         let a: WriteArgs = args_of(args)?;
         let ws = self.ws.clone();
         tokio::task::spawn_blocking(move || {
@@ -541,21 +558,30 @@ impl Tool for WriteFile {
                 )));
             }
             let located = ws.sandbox.locate(&a.path, Access::Write).map_err(sandbox_err)?;
-            let (dir, name) = located.open_parent(a.create_dirs).map_err(sandbox_err)?;
-            let existed = match dir.symlink_metadata(&name) {
-                Ok(m) if m.is_dir() => {
-                    return Err(ToolError::not_applied(format!("{:?} is a directory", a.path)));
+            // The sandbox judges the path before the checkpoint reads it; a missing parent that
+            // `create_dirs` makes is made only after the checkpoint recorded its absence.
+            let opened = match located.open_parent(false) {
+                Ok(opened) => Some(opened),
+                Err(SandboxError::Io { source, .. })
+                    if a.create_dirs && source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    None
                 }
-                Ok(_) => true,
-                Err(_) => false,
+                Err(e) => return Err(sandbox_err(e)),
             };
-            if existed && !a.overwrite {
-                return Err(ToolError::not_applied(format!(
-                    "{:?} exists; pass overwrite: true to replace it",
-                    a.path
-                )));
+            if let Some((dir, name)) = &opened {
+                refuse_existing(dir, name, &a)?;
             }
-            write_atomic(&dir, &name, a.content.as_bytes(), a.overwrite).map_err(|e| {
+            let shown = [located.display(ws.sandbox.workspace())];
+            ws.checkpoint_before(&ctx.scope, &shown)?;
+            let (dir, name) = match opened {
+                Some(opened) => opened,
+                None => located.open_parent(true).map_err(sandbox_err)?,
+            };
+            let existed = refuse_existing(&dir, &name, &a)?;
+            let written = write_atomic(&dir, &name, a.content.as_bytes(), a.overwrite);
+            ws.checkpoint_after(&shown);
+            written.map_err(|e| {
                 if e.kind() == std::io::ErrorKind::AlreadyExists {
                     ToolError::not_applied(format!(
                         "{:?} was created by someone else meanwhile; pass overwrite: true to replace it",

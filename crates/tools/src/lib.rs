@@ -11,6 +11,12 @@
 //! | `job_cancel` | idempotent | A1 | probe (job finished) |
 //! | `read_spill` | nullipotent | A0 | — |
 //!
+//! Before `write_file` and `apply_patch` change a file, what it held is recorded in the
+//! session's workspace checkpoint (`ToolsConfig::checkpoint_dir`, by default
+//! `state_dir/checkpoints`; see `ring0-checkpoint`), and what they left after; a mutation whose
+//! checkpoint cannot be recorded is refused. [`Workspace::checkpoints`] is the store a command
+//! runner snapshots the tree with before a contained command.
+//!
 //! A cut `shell` or job output keeps its whole stream in the spill store (`ToolsConfig::
 //! spill_dir`), its handle sealed for the calling session; `read_spill` pages it back.
 //!
@@ -55,6 +61,7 @@ pub mod shell;
 pub mod spill;
 pub mod walk;
 
+use ring0_checkpoint::Checkpoints;
 use ring0_core::{Authority, ToolSpec};
 use ring0_exec::{ExecPolicy, JobsConfig};
 use ring0_kernel::{Tool, ToolError};
@@ -100,6 +107,9 @@ pub struct ToolsConfig {
     /// The spill store cut outputs are kept in (by default `state_dir/spill`); `None` keeps
     /// nothing and registers no `read_spill`.
     pub spill_dir: Option<PathBuf>,
+    /// Where workspace checkpoints are kept (by default `state_dir/checkpoints`); `None`
+    /// records none.
+    pub checkpoint_dir: Option<PathBuf>,
 }
 
 impl ToolsConfig {
@@ -117,6 +127,7 @@ impl ToolsConfig {
         Self {
             protected,
             spill_dir: Some(state_dir.join("spill")),
+            checkpoint_dir: Some(state_dir.join(ring0_checkpoint::CHECKPOINTS_DIR)),
             workspace: workspace.into(),
             read_roots: vec![PathBuf::from(".")],
             write_roots: vec![PathBuf::from(".")],
@@ -147,6 +158,8 @@ pub enum ToolsError {
     Cursor(String),
     #[error("{0}")]
     Spill(#[from] ring0_shape::SpillError),
+    #[error("checkpoints: {0}")]
+    Checkpoint(#[from] ring0_checkpoint::CheckpointError),
 }
 
 /// What every file tool shares.
@@ -155,6 +168,7 @@ pub struct Workspace {
     pub(crate) cursors: CursorSigner,
     pub(crate) read_text_bytes_max: usize,
     pub(crate) search_workers: usize,
+    checkpoints: Option<Arc<Checkpoints>>,
 }
 
 impl Workspace {
@@ -164,13 +178,65 @@ impl Workspace {
             .protect(config.protected.clone());
         let cursors = CursorSigner::new(&config.cursor_key, CURSOR_TTL_DEFAULT)
             .map_err(|e| ToolsError::Cursor(e.to_string()))?;
+        let checkpoints = match &config.checkpoint_dir {
+            Some(dir) => {
+                let mut skipped = config.protected.dirs.clone();
+                skipped.extend(config.protected.files.iter().cloned());
+                let store = Checkpoints::open(dir, sandbox.workspace())?.skip(&skipped);
+                Some(Arc::new(store))
+            }
+            None => None,
+        };
         Ok(Self {
             sandbox,
             cursors,
             read_text_bytes_max: config.read_text_bytes_max.max(1024),
             search_workers: config.search_workers.clamp(1, 16),
+            checkpoints,
         })
     }
+
+    /// The workspace's checkpoint store, when checkpoints are kept: a command runner calls
+    /// `snapshot_tree` before a contained command and `after_tree` after it.
+    pub fn checkpoints(&self) -> Option<&Arc<Checkpoints>> {
+        self.checkpoints.as_ref()
+    }
+
+    /// Records what the paths (as results show them) hold in the session's checkpoint, before
+    /// a mutation changes them. Paths outside the workspace (absolute) are not checkpointed.
+    /// Failing to record refuses the mutation: nothing was changed.
+    pub(crate) fn checkpoint_before(&self, scope: &str, shown: &[String]) -> Result<(), ToolError> {
+        let Some(store) = &self.checkpoints else {
+            return Ok(());
+        };
+        let inside = workspace_paths(shown);
+        if inside.is_empty() {
+            return Ok(());
+        }
+        store.before(scope, &inside).map(drop).map_err(|e| {
+            ToolError::not_applied(format!(
+                "the workspace checkpoint could not be recorded, so nothing was changed: {e}"
+            ))
+        })
+    }
+
+    /// Records what the paths hold after a mutation, as ring0 left them. A failure here only
+    /// means a later restore sees these paths as changed outside ring0 and asks for `--force`;
+    /// the mutation itself has happened and is reported as such.
+    pub(crate) fn checkpoint_after(&self, shown: &[String]) {
+        if let Some(store) = &self.checkpoints {
+            let _ = store.after(&workspace_paths(shown));
+        }
+    }
+}
+
+/// The paths results show relative to the workspace (the others are absolute).
+fn workspace_paths(shown: &[String]) -> Vec<&str> {
+    shown
+        .iter()
+        .map(String::as_str)
+        .filter(|p| !p.starts_with('/'))
+        .collect()
 }
 
 /// A tool's spec and executor, as `KernelBuilder::tool` takes them.

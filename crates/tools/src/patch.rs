@@ -875,19 +875,30 @@ fn summary(plan: &Plan) -> Vec<Value> {
 
 #[async_trait]
 impl Tool for ApplyPatch {
-    async fn call(&self, _ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
+    async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
         let a: PatchArgs = args_of(args)?;
         let ws = self.ws.clone();
         let fault = self.fault.clone();
         tokio::task::spawn_blocking(move || {
             let ops = parse(&a.patch).map_err(|e| e.into_tool_error(""))?;
+            if !a.dry_run {
+                // Checkpointed from a preview: planning for real creates missing directories.
+                let preview = ws
+                    .plan(&ops, false)
+                    .map_err(|e| e.into_tool_error("; nothing was written"))?;
+                ws.checkpoint_before(&ctx.scope, &ApplyPatch::touched(&preview))?;
+            }
             let plan = ws
                 .plan(&ops, !a.dry_run)
                 .map_err(|e| e.into_tool_error("; nothing was written"))?;
             let (files, files_omitted) = bounded_files(summary(&plan));
             let (diff, omitted) = bounded_diff(&plan.diff);
             if !a.dry_run {
-                commit(plan, fault.as_ref())?;
+                let touched = ApplyPatch::touched(&plan);
+                let committed = commit(plan, fault.as_ref());
+                // Whatever the commit left (applied, or undone after a failure) is ring0's doing.
+                ws.checkpoint_after(&touched);
+                committed?;
             }
             let mut out = json!({
                 "applied": !a.dry_run,
