@@ -121,6 +121,11 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         .sandbox
         .for_tool("shell", &loaded.config_dir)
         .map_err(|(key, why)| err(&key, why))?;
+    let audit: Arc<dyn ring0_policy::AuditSink> = Arc::new(
+        JsonlAudit::open(&audit_path)
+            .map_err(|e| err("audit.path", format!("{}: {e}", audit_path.display())))?,
+    );
+    tools_config.shell.egress_proxy = Some(crate::egress::shell_egress(audit.clone()));
     crate::sandbox::announce(config);
     let shell_sandbox = tools_config
         .shell
@@ -141,15 +146,13 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
             format!("journal {}: {e}", journal_path.display()),
         )
     })?;
-    let audit = JsonlAudit::open(&audit_path)
-        .map_err(|e| err("audit.path", format!("{}: {e}", audit_path.display())))?;
     manifest
         .record()
         .map_err(|why| err("workspace.state_dir", why))?;
     let mut policy = Policy::builder()
         .approver(approver)
         .approval_timeout(Duration::from_secs(config.approval.timeout_secs))
-        .audit(Arc::new(audit))
+        .audit(audit)
         .audit_args(config.audit.include_args)
         .sandboxed_tools(
             ring0_tools::SANDBOXED_TOOLS

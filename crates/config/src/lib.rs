@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 
 pub mod build;
+pub mod egress;
 pub mod load;
 pub mod sandbox;
 pub mod schema;

@@ -11,7 +11,7 @@
 //! read = ["/opt/node"]             # more to read and execute (toolchains)
 //! write = []                       # more to read and write
 //! hide = []                        # more to mask
-//! network = "none"                 # or "proxy", with `allow = ["host:port", …]`
+//! network = "none"                 # or "proxy", with `allow = ["host:port", …]` (port or *)
 //! ```
 //!
 //! The built-in profile `workspace` (the workspace read-write, the system read-only, no network)
@@ -82,7 +82,8 @@ pub struct ProfileSection {
     /// hosts in `allow`). Default `"none"`.
     #[serde(default)]
     pub network: NetworkSection,
-    /// With `network = "proxy"`: the hosts (`name` or `name:port`) the proxy lets through.
+    /// With `network = "proxy"`: what the proxy lets through, as `host:port` rules (`host` a
+    /// name, `*.suffix` or an IP literal; `port` a number or `*`). Default none.
     #[serde(default)]
     pub allow: Vec<String>,
 }
@@ -130,6 +131,10 @@ impl SandboxSection {
             }
             if p.network == NetworkSection::None && !p.allow.is_empty() {
                 return Err((format!("{key}.allow"), "needs network = \"proxy\"".into()));
+            }
+            for (i, rule) in p.allow.iter().enumerate() {
+                ring0_egress::AllowRule::parse(rule)
+                    .map_err(|e| (format!("{key}.allow[{i}]"), e.to_string()))?;
             }
         }
         self.known("sandbox.default".into(), &self.default)?;

@@ -53,6 +53,14 @@ pub(crate) enum Root {
 }
 
 impl Root {
+    /// Sends SIGKILL to the root process.
+    fn start_kill(&mut self) -> io::Result<()> {
+        match self {
+            Self::Session(wrapped) => wrapped.start_kill(),
+            Self::Tty(child) => child.start_kill(),
+        }
+    }
+
     /// Waits for the root process alone (not its group) to exit. Cancel-safe.
     pub(crate) async fn wait(&mut self) -> io::Result<ExitStatus> {
         match self {
@@ -115,7 +123,15 @@ pub(crate) fn spawn(command: &PreparedCommand) -> Result<Spawned, ExecError> {
         StdinMode::Tty => spawn_tty(command, token, setup, confined.as_ref()),
     }?;
     if let Some(confined) = confined {
-        spawned.sandbox = Some(confined.started()?);
+        match confined.started() {
+            Ok(guard) => spawned.sandbox = Some(guard),
+            Err(e) => {
+                // Its egress could not be served: it must not run on. Killing the root (the
+                // init of its PID namespace) ends everything inside.
+                let _ = spawned.root.start_kill();
+                return Err(e.into());
+            }
+        }
     }
     Ok(spawned)
 }

@@ -219,7 +219,11 @@ async fn a_profile_with_egress_and_no_proxy_refuses_to_start() {
 struct AnswerOnce;
 
 impl ring0_exec::sandbox::EgressProxy for AnswerOnce {
-    fn serve(&self, listener: ring0_exec::sandbox::EgressListener, _: &SandboxProfile) {
+    fn serve(
+        &self,
+        listener: ring0_exec::sandbox::EgressListener,
+        _: &SandboxProfile,
+    ) -> Result<ring0_exec::sandbox::EgressServing, SandboxError> {
         let listener = listener.into_std();
         std::thread::spawn(move || {
             use std::io::Write;
@@ -227,6 +231,7 @@ impl ring0_exec::sandbox::EgressProxy for AnswerOnce {
                 let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\nproxied");
             }
         });
+        Ok(Box::new(()))
     }
 }
 

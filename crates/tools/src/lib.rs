@@ -75,7 +75,7 @@ use std::sync::Arc;
 pub use files::{Glob, ListDir, ReadFile, WriteFile};
 pub use patch::ApplyPatch;
 pub use search::Search;
-pub use shell::{JobOp, JobTool, Shell, ShellConfig};
+pub use shell::{EGRESS_SCOPE_JOBS, EgressProxyFor, JobOp, JobTool, Shell, ShellConfig};
 pub use spill::ReadSpill;
 
 /// Tools whose every effect stays inside the workspace sandbox (the policy may run these at A1).
@@ -283,6 +283,7 @@ pub fn builtin_tools(config: &ToolsConfig) -> Result<Vec<ToolEntry>, ToolsError>
         policy,
         authority: config.shell.shell_authority(),
         jobs: jobs.clone(),
+        egress: config.shell.egress_proxy.clone(),
     };
     out.push((shell.spec(), Arc::new(shell)));
     for op in [JobOp::Inspect, JobOp::SendInput, JobOp::Cancel, JobOp::Wait] {

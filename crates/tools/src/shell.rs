@@ -48,9 +48,30 @@ pub struct ShellConfig {
     /// `shell` declares `authority`, otherwise it is a sandboxed A1 tool). Default: the
     /// `workspace` profile.
     pub sandbox: Option<SandboxProfile>,
-    /// The egress proxy for profiles that allow network access through it.
-    pub egress_proxy: Option<Arc<dyn EgressProxy>>,
+    /// The egress proxy for profiles that allow network access through it, made for the scope
+    /// of the call whose processes it serves (its decisions are audited under that scope).
+    pub egress_proxy: Option<EgressProxyFor>,
 }
+
+/// Makes the egress proxy that serves the processes of one scope's calls.
+#[derive(Clone)]
+pub struct EgressProxyFor(pub Arc<dyn Fn(&str) -> Arc<dyn EgressProxy> + Send + Sync>);
+
+impl EgressProxyFor {
+    /// The proxy for the processes of `scope`'s calls.
+    pub fn scope(&self, scope: &str) -> Arc<dyn EgressProxy> {
+        (self.0)(scope)
+    }
+}
+
+impl std::fmt::Debug for EgressProxyFor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EgressProxyFor")
+    }
+}
+
+/// The scope under which processes that no one call started (background jobs) are served.
+pub const EGRESS_SCOPE_JOBS: &str = "";
 
 impl ShellConfig {
     /// The authority `shell` declares: A1 inside the sandbox, the configured one outside.
@@ -69,7 +90,7 @@ impl ShellConfig {
         };
         let sandbox = Sandbox::new(profile.clone(), workspace, protected);
         match &self.egress_proxy {
-            Some(proxy) => sandbox.egress_proxy(proxy.clone()),
+            Some(proxy_for) => sandbox.egress_proxy(proxy_for.scope(EGRESS_SCOPE_JOBS)),
             None => sandbox,
         }
     }
@@ -258,6 +279,8 @@ pub struct Shell {
     pub(crate) policy: ExecPolicy,
     pub(crate) authority: Authority,
     pub(crate) jobs: Arc<Jobs>,
+    /// Makes the egress proxy of each foreground call's process (see [`ShellConfig`]).
+    pub(crate) egress: Option<EgressProxyFor>,
 }
 
 #[derive(Deserialize)]
@@ -355,6 +378,74 @@ impl Shell {
     }
 }
 
+/// What a contained foreground command's tree checkpoint came to.
+enum TreeCheckpoint {
+    /// No checkpoint store, or the command runs unconfined (it may write anywhere: a tree
+    /// checkpoint of the workspace would promise an undo it cannot keep).
+    None,
+    /// Recorded in this checkpoint.
+    Recorded(String),
+    /// Not recorded: the workspace is past the checkpoint's bound. The command runs anyway, and
+    /// its result says so.
+    Skipped(String),
+}
+
+impl TreeCheckpoint {
+    /// Puts the checkpoint (or why there is none) in the command's result.
+    fn annotate(&self, obs: &mut Observation) {
+        let entry = match self {
+            Self::None => return,
+            Self::Recorded(id) => json!({"id": id}),
+            Self::Skipped(notice) => {
+                obs.text = format!("{notice}\n{}", obs.text);
+                json!({"skipped": notice})
+            }
+        };
+        if let Some(Value::Object(map)) = &mut obs.structured {
+            map.insert("checkpoint".into(), entry);
+        }
+    }
+}
+
+impl Shell {
+    /// Records the workspace tree before a contained foreground command runs.
+    async fn checkpoint_before(&self, scope: &str) -> Result<TreeCheckpoint, ToolError> {
+        let Some(store) = self
+            .ws
+            .checkpoints()
+            .filter(|_| self.policy.sandbox.is_on())
+        else {
+            return Ok(TreeCheckpoint::None);
+        };
+        let (store, scope) = (store.clone(), scope.to_owned());
+        let taken = tokio::task::spawn_blocking(move || store.snapshot_tree(&scope))
+            .await
+            .map_err(|e| ToolError::not_applied(format!("the workspace checkpoint failed: {e}")))?;
+        match taken {
+            Ok(id) => Ok(TreeCheckpoint::Recorded(id)),
+            Err(ring0_checkpoint::CheckpointError::TooLarge(why)) => {
+                Ok(TreeCheckpoint::Skipped(format!(
+                    "checkpoint_skipped: no workspace checkpoint was taken before this command ({why}); \
+                     `ring0 checkpoint restore` cannot undo what it changed."
+                )))
+            }
+            Err(e) => Err(ToolError::not_applied(format!(
+                "the workspace checkpoint could not be recorded, so the command did not run: {e}"
+            ))),
+        }
+    }
+
+    /// Records the tree as the command left it. A failure only means a later restore sees the
+    /// paths as changed outside ring0 and asks for `--force`.
+    async fn checkpoint_after(&self, scope: &str) {
+        let Some(store) = self.ws.checkpoints() else {
+            return;
+        };
+        let (store, scope) = (store.clone(), scope.to_owned());
+        let _ = tokio::task::spawn_blocking(move || store.after_tree(&scope)).await;
+    }
+}
+
 #[async_trait]
 impl Tool for Shell {
     async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
@@ -374,9 +465,21 @@ impl Tool for Shell {
                 "note": "running in the background: use job_wait or job_inspect with this handle",
             })));
         }
+        let policy = match &self.egress {
+            Some(proxy_for) if self.policy.sandbox.is_on() => {
+                let mut policy = self.policy.clone();
+                policy.sandbox = policy.sandbox.egress_proxy(proxy_for.scope(&ctx.scope));
+                policy
+            }
+            _ => self.policy.clone(),
+        };
+        let checkpoint = self.checkpoint_before(&ctx.scope).await?;
         let cancel = ctx.cancel.clone();
-        let report = run_command(&self.policy, &spec, async move { cancel.cancelled().await })
-            .await
+        let ran = run_command(&policy, &spec, async move { cancel.cancelled().await }).await;
+        if matches!(checkpoint, TreeCheckpoint::Recorded(_)) {
+            self.checkpoint_after(&ctx.scope).await;
+        }
+        let report = ran
             // `run_command` errs only when nothing ran.
             .map_err(|e| match e {
                 ExecError::Sandbox(e) => {
@@ -393,6 +496,7 @@ impl Tool for Shell {
         if obs.structured.is_none() {
             obs.structured = serde_json::to_value(&report.summary).ok();
         }
+        checkpoint.annotate(&mut obs);
         if let Some(profile) = self.policy.sandbox.profile_name().filter(|_| failed)
             && let Some((blocked, evidence)) = sandbox_denial(&obs.text)
         {

@@ -66,7 +66,7 @@ pub enum NetworkPolicy {
     /// process gets `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` (and lower-case) pointing at a
     /// listener on 127.0.0.1 inside its own network namespace.
     Proxy {
-        /// Hosts (`name` or `name:port`) the proxy lets through, for the proxy to enforce.
+        /// `host:port` rules (port a number or `*`) the proxy lets through, for it to enforce.
         allow: Vec<String>,
     },
 }
@@ -105,9 +105,17 @@ impl SandboxProfile {
 /// ring0's egress proxy implements this: it accepts connections on the listener (which lives in
 /// the child's network namespace; accepting from outside it works) and forwards the allowed ones.
 pub trait EgressProxy: Send + Sync + std::fmt::Debug {
-    /// Serves `listener` for the process that `profile` confines, until the listener is dropped.
-    fn serve(&self, listener: EgressListener, profile: &SandboxProfile);
+    /// Serves `listener` for the process that `profile` confines, until the returned guard is
+    /// dropped (the sandbox keeps it as long as the process runs). An error refuses the process.
+    fn serve(
+        &self,
+        listener: EgressListener,
+        profile: &SandboxProfile,
+    ) -> Result<EgressServing, SandboxError>;
 }
+
+/// What serves one process's egress listener: kept while the process runs, dropped after.
+pub type EgressServing = Box<dyn std::any::Any + Send + Sync>;
 
 /// Why a sandbox could not be prepared. Nothing was started.
 #[derive(Debug, thiserror::Error)]
@@ -371,19 +379,28 @@ impl Prepared {
     /// After the spawn: hands the egress listener (if any) to the proxy, and returns what must
     /// live as long as the process (the scratch directory).
     pub(crate) fn started(self) -> Result<Guard, SandboxError> {
+        let mut egress = None;
         if let Some(listener) = self.plan.take_egress()? {
-            if let Some(proxy) = &self.bound.egress {
-                proxy.serve(listener, &self.bound.profile);
-            }
+            let proxy = self
+                .bound
+                .egress
+                .as_ref()
+                .ok_or_else(|| SandboxError::NoEgressProxy {
+                    profile: self.bound.profile.name.clone(),
+                })?;
+            egress = Some(proxy.serve(listener, &self.bound.profile)?);
         }
         Ok(Guard {
+            _egress: egress,
             _scratch: self.scratch,
         })
     }
 }
 
-/// Kept while a confined process runs; removes its scratch directory when dropped.
+/// Kept while a confined process runs; stops serving its egress listener and removes its
+/// scratch directory when dropped.
 pub struct Guard {
+    _egress: Option<EgressServing>,
     _scratch: tempfile::TempDir,
 }
 
