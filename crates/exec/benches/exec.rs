@@ -123,7 +123,13 @@ async fn spawn_capture_shape(ws: &Path) {
     let unconfined = ExecPolicy::new(ws).sandbox(ring0_exec::Sandbox::off());
     let mut unconfined_without_tokens = unconfined.clone();
     unconfined_without_tokens.shape.count_tokens = false;
-    compare("true (sandbox off, tokens on)", &["true"], &unconfined, rounds).await;
+    compare(
+        "true (sandbox off, tokens on)",
+        &["true"],
+        &unconfined,
+        rounds,
+    )
+    .await;
     compare(
         "true (sandbox off, tokens off)",
         &["true"],

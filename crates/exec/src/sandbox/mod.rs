@@ -233,10 +233,10 @@ impl Sandbox {
         for path in candidates {
             let canonical = std::fs::canonicalize(&path).ok();
             for p in std::iter::once(path).chain(canonical) {
-                if let Some(home) = program_home(&p) {
-                    if !extra.contains(&home) {
-                        extra.push(home);
-                    }
+                if let Some(home) = program_home(&p)
+                    && !extra.contains(&home)
+                {
+                    extra.push(home);
                 }
             }
         }
@@ -371,10 +371,10 @@ impl Prepared {
     /// After the spawn: hands the egress listener (if any) to the proxy, and returns what must
     /// live as long as the process (the scratch directory).
     pub(crate) fn started(self) -> Result<Guard, SandboxError> {
-        if let Some(listener) = self.plan.take_egress()? {
-            if let Some(proxy) = &self.bound.egress {
-                proxy.serve(listener, &self.bound.profile);
-            }
+        if let Some(listener) = self.plan.take_egress()?
+            && let Some(proxy) = &self.bound.egress
+        {
+            proxy.serve(listener, &self.bound.profile);
         }
         Ok(Guard {
             _scratch: self.scratch,
