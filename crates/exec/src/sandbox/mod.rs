@@ -206,8 +206,9 @@ impl Sandbox {
 
     /// The same sandbox, with the *homes* of a program and of the files its arguments name added
     /// to what may be read and executed: the operator who configured a server named them. A home
-    /// is the directory holding the topmost `node_modules` the path is in, else the parent of a
-    /// `bin` directory the path is in, else the path's own directory; `/` and the system
+    /// is the topmost hidden directory the path is in (a toolchain manager's `~/.pyenv`,
+    /// `~/.nvm`, `~/.cargo`), else the directory holding the topmost `node_modules`, else the
+    /// parent of a `bin` directory the path is in, else the path's own directory; `/` and the system
     /// directories (readable anyway) are never added. `cwd`, when given, is added as it is.
     pub fn with_program_homes<'a>(
         &self,
@@ -409,11 +410,23 @@ fn kernel_support() -> Result<(), SandboxError> {
 fn program_home(path: &Path) -> Option<PathBuf> {
     use std::ffi::OsStr;
     let ancestors: Vec<&Path> = path.ancestors().skip(1).collect();
+    let hidden = |a: &&&Path| {
+        a.file_name()
+            .and_then(OsStr::to_str)
+            .is_some_and(|n| n.starts_with('.'))
+    };
     let home = ancestors
         .iter()
         .rev()
-        .find(|a| a.file_name() == Some(OsStr::new("node_modules")))
-        .and_then(|m| m.parent())
+        .find(hidden)
+        .copied()
+        .or_else(|| {
+            ancestors
+                .iter()
+                .rev()
+                .find(|a| a.file_name() == Some(OsStr::new("node_modules")))
+                .and_then(|m| m.parent())
+        })
         .or_else(|| {
             ancestors
                 .iter()
