@@ -214,8 +214,9 @@ impl Sandbox {
 
     /// The same sandbox, with the *homes* of a program and of the files its arguments name added
     /// to what may be read and executed: the operator who configured a server named them. A home
-    /// is the directory holding the topmost `node_modules` the path is in, else the parent of a
-    /// `bin` directory the path is in, else the path's own directory; `/` and the system
+    /// is the hidden directory of ring0's `HOME` the path is in (a toolchain manager's
+    /// `~/.pyenv`, `~/.nvm`, `~/.cargo`), else the directory holding the topmost `node_modules`, else the
+    /// parent of a `bin` directory the path is in, else the path's own directory; `/` and the system
     /// directories (readable anyway) are never added. `cwd`, when given, is added as it is.
     pub fn with_program_homes<'a>(
         &self,
@@ -241,10 +242,10 @@ impl Sandbox {
         for path in candidates {
             let canonical = std::fs::canonicalize(&path).ok();
             for p in std::iter::once(path).chain(canonical) {
-                if let Some(home) = program_home(&p) {
-                    if !extra.contains(&home) {
-                        extra.push(home);
-                    }
+                if let Some(home) = program_home(&p)
+                    && !extra.contains(&home)
+                {
+                    extra.push(home);
                 }
             }
         }
@@ -422,15 +423,34 @@ fn kernel_support() -> Result<(), SandboxError> {
         .map_err(|(feature, detail)| SandboxError::Unavailable { feature, detail })
 }
 
+/// Hidden directories of a home that hold secrets, never a program's home.
+const SECRET_HOME_DIRS: &[&str] = &[
+    ".ssh", ".gnupg", ".aws", ".config", ".local", ".kube", ".docker",
+];
+
 /// The directory a program or script is installed in (see [`Sandbox::with_program_homes`]).
 fn program_home(path: &Path) -> Option<PathBuf> {
     use std::ffi::OsStr;
     let ancestors: Vec<&Path> = path.ancestors().skip(1).collect();
+    // A toolchain manager's directory in the user's home (`~/.pyenv`, `~/.nvm`, `~/.cargo`).
+    let user_home = std::env::var_os("HOME").map(PathBuf::from);
+    let in_home = |a: &&&Path| {
+        a.parent().is_some_and(|p| Some(p) == user_home.as_deref())
+            && a.file_name()
+                .and_then(OsStr::to_str)
+                .is_some_and(|n| n.starts_with('.') && !SECRET_HOME_DIRS.contains(&n))
+    };
     let home = ancestors
         .iter()
-        .rev()
-        .find(|a| a.file_name() == Some(OsStr::new("node_modules")))
-        .and_then(|m| m.parent())
+        .find(in_home)
+        .copied()
+        .or_else(|| {
+            ancestors
+                .iter()
+                .rev()
+                .find(|a| a.file_name() == Some(OsStr::new("node_modules")))
+                .and_then(|m| m.parent())
+        })
         .or_else(|| {
             ancestors
                 .iter()
