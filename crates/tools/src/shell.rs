@@ -55,7 +55,10 @@ pub struct ShellConfig {
 
 /// Makes the egress proxy that serves the processes of one scope's calls.
 #[derive(Clone)]
-pub struct EgressProxyFor(pub Arc<dyn Fn(&str) -> Arc<dyn EgressProxy> + Send + Sync>);
+pub struct EgressProxyFor(pub Arc<MakeEgressProxy>);
+
+/// What an [`EgressProxyFor`] calls: the scope of a call → the proxy of its processes.
+pub type MakeEgressProxy = dyn Fn(&str) -> Arc<dyn EgressProxy> + Send + Sync;
 
 impl EgressProxyFor {
     /// The proxy for the processes of `scope`'s calls.
