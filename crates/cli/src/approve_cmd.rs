@@ -192,6 +192,8 @@ pub fn approve_tool(args: ToolArgs, state_dir: Option<&Path>) -> Result<String, 
         .enable_all()
         .build()
         .map_err(|e| format!("starting the runtime: {e}"))?;
+    let mut sandboxes =
+        ring0_config::sandbox::upstream_sandboxes(&loaded).map_err(|e| e.to_string())?;
     for alias in aliases {
         let Some(config) = loaded.config.upstreams.iter().find(|u| u.alias == alias) else {
             return Err(format!(
@@ -200,10 +202,14 @@ pub fn approve_tool(args: ToolArgs, state_dir: Option<&Path>) -> Result<String, 
                 loaded.source
             ));
         };
+        let sandbox = sandboxes
+            .remove(alias)
+            .unwrap_or_else(ring0_exec::Sandbox::off);
         runtime.block_on(ring0_mcp::pin_review::refresh(
             config,
             workspace,
             state_dir,
+            sandbox,
             ring0_mcp::Log::stderr(),
         ))?;
     }

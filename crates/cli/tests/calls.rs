@@ -179,9 +179,22 @@ fn start_held_call(dir: &Path, args: &[&str]) -> (std::process::Child, String) {
     }
 }
 
+/// Commands outside the OS sandbox, each held for a person (the sandbox runs `shell` without
+/// approval on the embedded defaults).
+fn held_shell_workspace() -> tempfile::TempDir {
+    let dir = workspace();
+    std::fs::write(
+        dir.path().join("ring0.toml"),
+        "[sandbox]\ndefault = \"off\"\n[[grants]]\nname = \"shell\"\ntools = [\"shell\"]\n\
+         ceiling = \"A2\"\napproval = true\n",
+    )
+    .unwrap();
+    dir
+}
+
 #[test]
 fn shell_is_held_until_approved_from_another_terminal() {
-    let dir = workspace();
+    let dir = held_shell_workspace();
     let (child, id) = start_held_call(
         dir.path(),
         &["call", "shell", r#"{"argv":["echo","approved-run"]}"#],
@@ -212,7 +225,7 @@ fn shell_is_held_until_approved_from_another_terminal() {
 
 #[test]
 fn denied_call_is_a_structured_rejection() {
-    let dir = workspace();
+    let dir = held_shell_workspace();
     let (child, id) = start_held_call(
         dir.path(),
         &["call", "shell", r#"{"argv":["touch","ran"]}"#],

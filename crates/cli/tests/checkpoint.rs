@@ -210,3 +210,65 @@ fn restoring_an_unknown_checkpoint_fails_with_a_clear_message() {
         text(&out)
     );
 }
+
+/// A grant that lets `shell` run contained (A1) without approval.
+const SHELL_GRANT: &str =
+    "[[grants]]\nname = \"contained\"\ntools = [\"shell\"]\nceiling = \"A1\"\nshell = true\n";
+
+fn shell(dir: &Path, script: &str) -> Value {
+    let out = ring0(
+        dir,
+        &["call", "shell", &json!({"command": script}).to_string()],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
+}
+
+#[test]
+fn restore_undoes_a_contained_shell_rm_rf_and_the_files_it_made() {
+    let dir = workspace();
+    let ws = dir.path();
+    fs::create_dir_all(ws.join("sub/deep")).unwrap();
+    fs::write(ws.join("sub/deep/keep.txt"), "kept\n").unwrap();
+    fs::write(ws.join("ring0.toml"), SHELL_GRANT).unwrap();
+    let original = tree(ws);
+
+    let receipt = shell(ws, "rm -rf sub && echo made > made.txt");
+    assert!(!ws.join("sub").exists(), "{receipt:#}");
+    assert!(ws.join("made.txt").exists(), "{receipt:#}");
+    let ids = listed(ws);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(
+        receipt["outcome"]["observation"]["structured"]["checkpoint"]["id"], ids[0],
+        "{receipt:#}"
+    );
+
+    let out = ring0(ws, &["checkpoint", "restore", &ids[0]]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(tree(ws), original, "{}", text(&out));
+}
+
+#[test]
+fn a_workspace_past_the_tree_bound_runs_the_command_and_says_no_checkpoint_was_taken() {
+    let dir = workspace();
+    let ws = dir.path();
+    fs::write(ws.join("ring0.toml"), SHELL_GRANT).unwrap();
+    let many = ws.join("many");
+    fs::create_dir(&many).unwrap();
+    for i in 0..=ring0_checkpoint::TREE_PATHS_MAX {
+        fs::write(many.join(i.to_string()), "").unwrap();
+    }
+
+    let receipt = shell(ws, "echo ran > ran.txt");
+    assert!(ws.join("ran.txt").exists(), "{receipt:#}");
+    let observation = &receipt["outcome"]["observation"];
+    let notice = observation["structured"]["checkpoint"]["skipped"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no notice: {receipt:#}"));
+    assert!(notice.starts_with("checkpoint_skipped"), "{notice}");
+    assert!(
+        observation["text"].as_str().unwrap().contains(notice),
+        "{receipt:#}"
+    );
+    assert_eq!(ring0(ws, &["checkpoint", "ls"]).stdout, b"no checkpoints\n");
+}

@@ -155,21 +155,31 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// The host pid of a live `sleep MARK`.
+fn sleeping(mark: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        (args.first() == Some(&&b"sleep"[..]) && args.get(1) == Some(&mark.as_bytes()))
+            .then_some(pid)
+    })
+}
+
 #[test]
 fn cancelling_a_job_task_stops_its_process_and_reports_cancelled() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = Stdio0::start(dir.path(), task_capabilities());
-    script(dir.path(), "job.sh", "echo $$ > job.pid; exec sleep 300\n");
+    // Inside the sandbox's PID namespace `$$` is not a host pid: the process is found in /proc
+    // by a duration no other process uses.
+    let mark = format!("3{}", std::process::id());
+    script(dir.path(), "job.sh", &format!("exec sleep {mark}\n"));
     let created = c.request("tools/call", shell(&["sh", "job.sh"]));
     assert_eq!(created["result"]["resultType"], "task", "{created}");
     let id = created["result"]["taskId"].as_str().unwrap().to_string();
-    let pid_file = dir.path().join("job.pid");
     let deadline = Instant::now() + WAIT;
     let pid: u32 = loop {
-        if let Some(p) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-        {
+        if let Some(p) = sleeping(&mark) {
             break p;
         }
         assert!(Instant::now() < deadline, "the job never started");
@@ -182,6 +192,10 @@ fn cancelling_a_job_task_stops_its_process_and_reports_cancelled() {
     assert!(ack.get("error").is_none(), "{ack}");
     let after = c.request("tasks/get", json!({"taskId": id}));
     assert_eq!(after["result"]["status"], "cancelled", "{after}");
+    let deadline = Instant::now() + WAIT;
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(!alive(pid), "the job's process survived its cancellation");
 }
 

@@ -106,10 +106,27 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
     let journal_path = loaded.state_dir.join(crate::state::JOURNAL_FILE);
     let mut manifest = crate::state::Manifest::check(&loaded.state_dir, &journal_path, &audit_path)
         .map_err(|why| err("workspace.state_dir", why))?;
-    let tools_config = tools_config(
+    let mut tools_config = tools_config(
         loaded,
         cursor_key(&loaded.state_dir).map_err(|why| err("workspace.state_dir", why))?,
     );
+    tools_config.shell.sandbox = config
+        .sandbox
+        .for_tool("shell", &loaded.config_dir)
+        .map_err(|(key, why)| err(&key, why))?;
+    let audit: Arc<dyn ring0_policy::AuditSink> = Arc::new(
+        JsonlAudit::open(&audit_path)
+            .map_err(|e| err("audit.path", format!("{}: {e}", audit_path.display())))?,
+    );
+    tools_config.shell.egress_proxy = Some(crate::egress::shell_egress(audit.clone()));
+    crate::sandbox::announce(config);
+    let shell_sandbox = tools_config
+        .shell
+        .bind_sandbox(&loaded.workspace, Vec::new());
+    // Fail closed at start: a kernel that cannot confine refuses here, naming the feature.
+    shell_sandbox
+        .check()
+        .map_err(|e| err("sandbox", e.to_string()))?;
     let (tools, jobs) = ring0_tools::builtin_tools_with_jobs(&tools_config)
         .map_err(|e| err("paths", e.to_string()))?;
     let spill = ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
@@ -122,16 +139,15 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
             format!("journal {}: {e}", journal_path.display()),
         )
     })?;
-    let audit = JsonlAudit::open(&audit_path)
-        .map_err(|e| err("audit.path", format!("{}: {e}", audit_path.display())))?;
     manifest
         .record()
         .map_err(|why| err("workspace.state_dir", why))?;
     let policy = policy_builder(loaded)?
         .approver(approver)
         .approval_timeout(Duration::from_secs(config.approval.timeout_secs))
-        .audit(Arc::new(audit))
-        .audit_args(config.audit.include_args);
+        .audit(audit)
+        .audit_args(config.audit.include_args)
+        .sandboxed_tools(shell_sandbox.is_on().then_some("shell"));
     Ok(Parts {
         tools,
         jobs,
@@ -216,12 +232,24 @@ pub fn check(loaded: &Loaded) -> Result<Checked, ConfigError> {
     if !tools_config.spill_dir.as_ref().is_some_and(|d| d.is_dir()) {
         tools_config.spill_dir = None;
     }
+    tools_config.shell.sandbox = loaded
+        .config
+        .sandbox
+        .for_tool("shell", &loaded.config_dir)
+        .map_err(|(key, why)| ConfigError {
+            file: loaded.source.clone(),
+            key,
+            why,
+        })?;
+    let shell_contained = tools_config.shell.sandbox.is_some();
     let tools = ring0_tools::builtin_tools(&tools_config).map_err(|e| ConfigError {
         file: loaded.source.clone(),
         key: "paths".into(),
         why: e.to_string(),
     })?;
-    let policy = policy_builder(loaded)?.build();
+    let policy = policy_builder(loaded)?
+        .sandboxed_tools(shell_contained.then_some("shell"))
+        .build();
     let catalog: Vec<ring0_core::ToolSpec> = tools.into_iter().map(|(spec, _)| spec).collect();
     let report = crate::report::CatalogReport::new(&loaded.config, &policy, &catalog);
     Ok(Checked {

@@ -7,6 +7,8 @@
 //!   embedded defaults ([`DEFAULT_CONFIG`]) used when no file exists.
 //! - [`load`]: parsing with errors named by key ([`ConfigError`]), checking every value, and
 //!   resolving the workspace, the state directory and ring0's protected paths ([`Loaded`]).
+//! - [`sandbox`]: `[sandbox]`, the OS sandbox's profiles and which one each tool and upstream
+//!   runs in.
 //! - [`state`]: the state directory — where it is, how it is created private, and the manifest
 //!   that refuses a journal or audit log replaced or truncated behind ring0's back.
 //! - [`report`]: what a configuration does to a catalog, said at start: the grants in effect,
@@ -32,9 +34,11 @@
 #![deny(missing_docs)]
 
 pub mod build;
+pub mod egress;
 pub mod init;
 pub mod load;
 pub mod report;
+pub mod sandbox;
 pub mod schema;
 pub mod state;
 

@@ -1,8 +1,9 @@
 //! The schema of `ring0.toml`: every section and key, with its default and its documentation.
 //!
 //! Without a file, the embedded defaults ([`DEFAULT_CONFIG`]) apply: the current directory is the
-//! workspace; reads and sandboxed writes in it are granted; `shell` (and `job_send_input`) and
-//! anything A3 are held for a person's approval. Every key is documented on its field below and
+//! workspace; reads and sandboxed writes in it are granted, and so is `shell`, whose commands run
+//! in the OS sandbox (`[sandbox]`); `job_send_input` and anything A3 are held for a person's
+//! approval. Every key is documented on its field below and
 //! in `docs/config.md`. Each section rejects unknown keys.
 
 use ring0_core::Authority;
@@ -23,17 +24,18 @@ root = "."
 read = ["."]
 write = ["."]
 
-# Reads and sandboxed writes in the workspace.
+# Reads and sandboxed writes in the workspace, and commands in the OS sandbox (explicit argv
+# only).
 [[grants]]
 name = "workspace"
-tools = ["read_file", "list_dir", "glob", "search", "write_file", "apply_patch",
+tools = ["read_file", "list_dir", "glob", "search", "write_file", "apply_patch", "shell",
          "job_inspect", "job_wait", "job_cancel", "read_spill"]
 ceiling = "A1"
 
-# Commands: each one held for a person's approval; explicit argv only.
+# Input to a running job: each one held for a person's approval.
 [[grants]]
 name = "shell"
-tools = ["shell", "job_send_input"]
+tools = ["job_send_input"]
 ceiling = "A2"
 approval = true
 
@@ -104,6 +106,8 @@ pub struct Config {
     /// `ring0_mcp::door::DoorConfig`).
     #[serde(default)]
     pub http: ring0_mcp::door::DoorConfig,
+    /// `[sandbox]`: the OS sandbox of the processes ring0 starts (see [`crate::sandbox`]).
+    pub sandbox: crate::sandbox::SandboxSection,
 }
 
 /// `[workspace]`

@@ -116,9 +116,27 @@ async fn compare(label: &str, argv: &[&str], policy: &ExecPolicy, rounds: usize)
 async fn spawn_capture_shape(ws: &Path) {
     println!("== spawn + capture + shape vs std::process::Command::output() (medians)");
     let rounds = 200 * scale();
+    // The default policy runs everything in the sandbox; the unconfined rows show its share.
     let with_tokens = ExecPolicy::new(ws);
     let mut without_tokens = ExecPolicy::new(ws);
     without_tokens.shape.count_tokens = false;
+    let unconfined = ExecPolicy::new(ws).sandbox(ring0_exec::Sandbox::off());
+    let mut unconfined_without_tokens = unconfined.clone();
+    unconfined_without_tokens.shape.count_tokens = false;
+    compare(
+        "true (sandbox off, tokens on)",
+        &["true"],
+        &unconfined,
+        rounds,
+    )
+    .await;
+    compare(
+        "true (sandbox off, tokens off)",
+        &["true"],
+        &unconfined_without_tokens,
+        rounds,
+    )
+    .await;
     compare("true (token counting on)", &["true"], &with_tokens, rounds).await;
     compare(
         "true (token counting off)",
@@ -128,6 +146,13 @@ async fn spawn_capture_shape(ws: &Path) {
     )
     .await;
     let rounds = 40 * scale();
+    compare(
+        "seq 1 100000 (sandbox off, tokens off)",
+        &["seq", "1", "100000"],
+        &unconfined_without_tokens,
+        rounds,
+    )
+    .await;
     compare(
         "seq 1 100000 (token counting on)",
         &["seq", "1", "100000"],
@@ -147,7 +172,12 @@ async fn spawn_capture_shape(ws: &Path) {
 async fn idle_jobs(ws: &Path) {
     const JOBS: usize = 1000;
     println!("== {JOBS} concurrent `sleep 2` jobs: ring0 CPU while they wait");
-    let mut config = JobsConfig::new(ws.join("state-idle"), ExecPolicy::new(ws).allow_shell(true));
+    // Supervision's cost is measured here, without the sandbox (1,000 namespaces at once would
+    // measure the kernel's namespace creation instead).
+    let policy = ExecPolicy::new(ws)
+        .allow_shell(true)
+        .sandbox(ring0_exec::Sandbox::off());
+    let mut config = JobsConfig::new(ws.join("state-idle"), policy);
     config.jobs_per_session = JOBS;
     config.jobs_total = JOBS;
     config.session_events = JOBS;

@@ -56,6 +56,9 @@ pub enum ExecError {
     ShapeConfig(String),
     #[error("could not set up supervision: {0}")]
     Setup(String),
+    /// The sandbox could not confine the process, so it was not started.
+    #[error("{0}")]
+    Sandbox(#[from] crate::sandbox::SandboxError),
 }
 
 /// A job operation was refused.

@@ -10,9 +10,11 @@
 
 #![allow(unsafe_code)]
 
+use crate::sandbox::Plan;
 use crate::spec::ResourceLimits;
 use rustix::process::{self, Pid, Resource, Rlimit, Signal};
 use std::io;
+use std::sync::Arc;
 
 /// Most limits one child gets (CPU, open files, processes, address space, core size).
 const LIMITS_MAX: usize = 5;
@@ -77,14 +79,49 @@ impl ChildSetup {
     }
 }
 
+/// The sandbox a child enters after its setup, if any.
+pub(crate) type Confinement = Option<Arc<Plan>>;
+
+fn run(setup: &ChildSetup, confinement: &Confinement) -> io::Result<()> {
+    setup.apply()?;
+    match confinement {
+        Some(plan) => {
+            // The keeper leads the session and group that teardown signals; the program it
+            // forks inherits them (a later setsid or setpgid hook moves only the program, and
+            // the program dies with the keeper either way).
+            let _ = process::setsid();
+            plan.enter()
+        }
+        None => Ok(()),
+    }
+}
+
+/// Registers a sandbox (and the parent-death signal, with no resource limits but a zero core
+/// size) on a command another crate spawns: ring0's stdio upstreams.
+pub(crate) fn install_confinement(command: &mut tokio::process::Command, plan: Arc<Plan>) {
+    let setup = ChildSetup::new(&ResourceLimits {
+        cpu_seconds: None,
+        open_files: None,
+        processes: None,
+        address_space_bytes: None,
+        core_file_bytes: Some(0),
+    });
+    install(command, setup, Some(plan));
+}
+
 /// Registers the setup on a tokio command (the pipe path, spawned through process-wrap).
-pub(crate) fn install(command: &mut tokio::process::Command, setup: ChildSetup) {
+pub(crate) fn install(
+    command: &mut tokio::process::Command,
+    setup: ChildSetup,
+    confinement: Confinement,
+) {
     // SAFETY: the closure only calls `prctl`, `getppid` and `setrlimit` through rustix, which are
     // raw system calls (async-signal-safe), reads the `Copy` data captured by value, and builds
     // an `io::Error` from a raw OS error, which does not allocate. It takes no lock and touches no
-    // state shared with other threads of the parent.
+    // state shared with other threads of the parent. The sandbox's `enter` keeps to the same
+    // rules (see `sandbox::child`) on the plan the parent prepared and shares read-only.
     unsafe {
-        command.pre_exec(move || setup.apply());
+        command.pre_exec(move || run(&setup, &confinement));
     }
 }
 
@@ -93,7 +130,8 @@ pub(crate) fn install(command: &mut tokio::process::Command, setup: ChildSetup) 
 pub(crate) fn install_pty(
     command: pty_process::Command,
     setup: ChildSetup,
+    confinement: Confinement,
 ) -> pty_process::Command {
-    // SAFETY: as in `install`: raw system calls on captured `Copy` data only.
-    unsafe { command.pre_exec(move || setup.apply()) }
+    // SAFETY: as in `install`: raw system calls on captured data only.
+    unsafe { command.pre_exec(move || run(&setup, &confinement)) }
 }

@@ -42,6 +42,7 @@ mod probe;
 mod proc;
 mod reaper;
 mod run;
+pub mod sandbox;
 mod spawn;
 mod spec;
 mod supervise;
@@ -55,6 +56,7 @@ pub use jobs::{
 pub use ring0_core::Observation;
 pub use ring0_shape::{ShapeConfig, Stream};
 pub use run::{RunReport, RunSummary, run_command, run_prepared};
+pub use sandbox::{Sandbox, SandboxError, SandboxProfile};
 pub use spec::{
     CommandLine, CommandSpec, ENV_ALLOW_DEFAULT, ExecPolicy, PreparedCommand, ResourceLimits,
     SUPERVISION_TOKEN_ENV, StdinMode, resolve_cwd,

@@ -71,3 +71,14 @@ pub const SESSION_EVENTS_DEFAULT: usize = 256;
 pub const SESSION_ID_BYTES_MAX: usize = 256;
 /// Longest `wait` a caller may ask for.
 pub const WAIT_MAX: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Port of the egress listener inside a confined process's own network namespace (the proxy
+/// variables point at `127.0.0.1:` this).
+pub const SANDBOX_EGRESS_PORT: u16 = 3128;
+/// Pending connections the egress listener queues before the proxy accepts them.
+pub const SANDBOX_EGRESS_BACKLOG: i32 = 128;
+/// Options of the empty read-only tmpfs that masks a protected directory.
+pub const SANDBOX_TMPFS_MASK_OPTIONS: &std::ffi::CStr = c"size=4k,nr_inodes=1,mode=000";
+/// Name prefix of a confined process's private scratch directory (its `HOME` and `TMPDIR`),
+/// created in ring0's temporary directory and removed when the process ends.
+pub const SANDBOX_SCRATCH_PREFIX: &str = "ring0-sandbox-";

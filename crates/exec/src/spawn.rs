@@ -13,6 +13,7 @@
 use crate::error::ExecError;
 use crate::hooks::{self, ChildSetup};
 use crate::reaper::{self, DirectChild};
+use crate::sandbox;
 use crate::spec::{PreparedCommand, SUPERVISION_TOKEN_ENV, StdinMode};
 use crate::teardown::RunIdentity;
 use process_wrap::tokio::{ChildWrapper, CommandWrap, ProcessSession};
@@ -52,6 +53,14 @@ pub(crate) enum Root {
 }
 
 impl Root {
+    /// Sends SIGKILL to the root process.
+    fn start_kill(&mut self) -> io::Result<()> {
+        match self {
+            Self::Session(wrapped) => wrapped.start_kill(),
+            Self::Tty(child) => child.start_kill(),
+        }
+    }
+
     /// Waits for the root process alone (not its group) to exit. Cancel-safe.
     pub(crate) async fn wait(&mut self) -> io::Result<ExitStatus> {
         match self {
@@ -72,20 +81,30 @@ pub(crate) struct Spawned {
     pub identity: RunIdentity,
     /// Registration in the direct-children registry; dropped after the root is reaped.
     pub registration: DirectChild,
+    /// The sandbox's scratch directory, kept while the process runs (`None` when off).
+    pub sandbox: Option<sandbox::Guard>,
 }
 
 fn spawn_error(command: &PreparedCommand, source: io::Error) -> ExecError {
+    if let Some(failure) = sandbox::step_failure(&source) {
+        return ExecError::Sandbox(failure);
+    }
     ExecError::Spawn {
         program: command.program.to_string_lossy().into_owned(),
         source,
     }
 }
 
-fn base_command(command: &PreparedCommand, token: &str) -> tokio::process::Command {
+fn base_command(
+    command: &PreparedCommand,
+    token: &str,
+    confined: Option<&sandbox::Prepared>,
+) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&command.program);
     cmd.args(&command.args)
         .env_clear()
         .envs(command.env.iter().map(|(k, v)| (k, v)))
+        .envs(confined.map(|c| c.env()).unwrap_or_default())
         .env(SUPERVISION_TOKEN_ENV, token)
         .current_dir(&command.cwd)
         // Killing on drop only reaches the root; teardown is explicit and covers the tree.
@@ -98,18 +117,32 @@ pub(crate) fn spawn(command: &PreparedCommand) -> Result<Spawned, ExecError> {
     reaper::ensure_subreaper().map_err(ExecError::Setup)?;
     let token = uuid::Uuid::new_v4().simple().to_string();
     let setup = ChildSetup::new(&command.limits);
-    match command.stdin {
-        StdinMode::Null | StdinMode::Pipe => spawn_piped(command, token, setup),
-        StdinMode::Tty => spawn_tty(command, token, setup),
+    let confined = command.sandbox.prepare()?;
+    let mut spawned = match command.stdin {
+        StdinMode::Null | StdinMode::Pipe => spawn_piped(command, token, setup, confined.as_ref()),
+        StdinMode::Tty => spawn_tty(command, token, setup, confined.as_ref()),
+    }?;
+    if let Some(confined) = confined {
+        match confined.started() {
+            Ok(guard) => spawned.sandbox = Some(guard),
+            Err(e) => {
+                // Its egress could not be served: it must not run on. Killing the root (the
+                // init of its PID namespace) ends everything inside.
+                let _ = spawned.root.start_kill();
+                return Err(e.into());
+            }
+        }
     }
+    Ok(spawned)
 }
 
 fn spawn_piped(
     command: &PreparedCommand,
     token: String,
     setup: ChildSetup,
+    confined: Option<&sandbox::Prepared>,
 ) -> Result<Spawned, ExecError> {
-    let mut cmd = base_command(command, &token);
+    let mut cmd = base_command(command, &token, confined);
     let interactive = command.stdin == StdinMode::Pipe;
     cmd.stdin(if interactive {
         Stdio::piped()
@@ -118,7 +151,7 @@ fn spawn_piped(
     })
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
-    hooks::install(&mut cmd, setup);
+    hooks::install(&mut cmd, setup, confined.map(|c| c.plan.clone()));
     let mut wrapped = CommandWrap::from(cmd);
     wrapped.wrap(ProcessSession);
 
@@ -152,6 +185,7 @@ fn spawn_piped(
         input_object,
         identity: RunIdentity { root: pid, token },
         registration,
+        sandbox: None,
     })
 }
 
@@ -159,6 +193,7 @@ fn spawn_tty(
     command: &PreparedCommand,
     token: String,
     setup: ChildSetup,
+    confined: Option<&sandbox::Prepared>,
 ) -> Result<Spawned, ExecError> {
     let setup_error = |what: &str, e: pty_process::Error| ExecError::Setup(format!("{what}: {e}"));
     let (pty, pts) = pty_process::open().map_err(|e| setup_error("opening a terminal", e))?;
@@ -170,8 +205,8 @@ fn spawn_tty(
         std::fs::read_link(format!("/proc/self/fd/{fd}"))
             .map_err(|e| ExecError::Setup(format!("naming the terminal: {e}")))?
     };
-    let cmd = pty_process::Command::from(base_command(command, &token));
-    let cmd = hooks::install_pty(cmd, setup);
+    let cmd = pty_process::Command::from(base_command(command, &token, confined));
+    let cmd = hooks::install_pty(cmd, setup, confined.map(|c| c.plan.clone()));
 
     let mut registry = reaper::lock();
     let child = cmd.spawn(pts).map_err(|e| match e {
@@ -192,6 +227,7 @@ fn spawn_tty(
         input_object: Some(InputObject::Tty(tty_path)),
         identity: RunIdentity { root: pid, token },
         registration,
+        sandbox: None,
     })
 }
 

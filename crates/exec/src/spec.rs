@@ -9,6 +9,7 @@
 
 use crate::error::ExecError;
 use crate::limits;
+use crate::sandbox::{Sandbox, SandboxProfile};
 use ring0_shape::ShapeConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -176,13 +177,18 @@ pub struct ExecPolicy {
     pub output_ceiling_bytes: u64,
     /// How output is shaped: model-visible budget, spill store, token counting, provenance.
     pub shape: ShapeConfig,
+    /// The OS sandbox every process runs in. Default: the `workspace` profile over
+    /// `workspace_root` (see [`crate::sandbox`]); [`Sandbox::off`] only on explicit request.
+    pub sandbox: Sandbox,
 }
 
 impl ExecPolicy {
     /// A policy with documented defaults for the given workspace.
     pub fn new(workspace_root: impl Into<PathBuf>) -> Self {
+        let workspace_root = workspace_root.into();
         Self {
-            workspace_root: workspace_root.into(),
+            sandbox: Sandbox::new(SandboxProfile::workspace(), &workspace_root, Vec::new()),
+            workspace_root,
             env_allow: ENV_ALLOW_DEFAULT.iter().map(|s| (*s).to_owned()).collect(),
             shell_allowed: false,
             shell_program: PathBuf::from("/bin/sh"),
@@ -223,6 +229,12 @@ impl ExecPolicy {
         self.resource_limits = limits;
         self
     }
+
+    /// Sets the sandbox processes run in.
+    pub fn sandbox(mut self, sandbox: Sandbox) -> Self {
+        self.sandbox = sandbox;
+        self
+    }
 }
 
 /// A request checked against a policy: everything the spawner needs, nothing left to decide.
@@ -238,6 +250,7 @@ pub struct PreparedCommand {
     pub(crate) grace: Duration,
     pub(crate) output_ceiling_bytes: u64,
     pub(crate) shape: ShapeConfig,
+    pub(crate) sandbox: Sandbox,
 }
 
 impl PreparedCommand {
@@ -281,6 +294,7 @@ impl PreparedCommand {
                 }
                 shape
             },
+            sandbox: policy.sandbox.clone(),
         })
     }
 

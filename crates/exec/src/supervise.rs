@@ -118,6 +118,7 @@ where
         input_object,
         identity,
         registration,
+        sandbox,
     } = spawned;
     // The input writer belongs to the owner (jobs keep their own handle); a one-shot run has
     // none to keep, and dropping it closes the child's stdin.
@@ -258,6 +259,7 @@ where
         }
     }
     drop(registration);
+    drop(sandbox);
     crate::reaper::sweep_adopted_zombies();
     result.ending = ending.unwrap_or(Ending::Exited);
     result.elapsed = started.elapsed();

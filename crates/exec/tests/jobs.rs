@@ -24,7 +24,10 @@ impl Harness {
 
     async fn with(configure: impl FnOnce(&mut JobsConfig)) -> Self {
         let ws = Workspace::new();
-        let mut config = JobsConfig::new(ws.root().join(".state"), ws.policy().allow_shell(true));
+        let mut config = JobsConfig::new(
+            ws.root().join(".state"),
+            ws.unconfined_policy().allow_shell(true),
+        );
         configure(&mut config);
         let (jobs, _) = JobManager::open(config).await.unwrap();
         Self { ws, jobs }

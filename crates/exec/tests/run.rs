@@ -233,7 +233,7 @@ async fn a_process_that_ignores_sigterm_is_killed_after_the_grace_period() {
         pidfile.display()
     );
     let report = run_command(
-        &ws.policy()
+        &ws.unconfined_policy()
             .allow_shell(true)
             .termination_grace(Duration::from_millis(300)),
         &CommandSpec::shell(script).timeout(Duration::from_millis(700)),
@@ -317,7 +317,7 @@ async fn cancel_leaves_no_process_of_the_tree_alive() {
         let _ = cancel_tx.send(());
     });
     let report = run_command(
-        &ws.policy().allow_shell(true),
+        &ws.unconfined_policy().allow_shell(true),
         &CommandSpec::shell(script),
         async move {
             let _ = cancel_rx.await;
@@ -342,7 +342,7 @@ async fn a_double_forked_setsid_daemon_does_not_outlive_the_run() {
         pidfile.display()
     );
     let report = run_command(
-        &ws.policy().allow_shell(true),
+        &ws.unconfined_policy().allow_shell(true),
         &CommandSpec::shell(script),
         never(),
     )
@@ -361,7 +361,7 @@ async fn a_background_child_left_by_a_finished_command_is_killed() {
     let pidfile = ws.root().join("bg");
     let script = format!("sleep 1000 & echo $! > {}; echo done", pidfile.display());
     let report = run_command(
-        &ws.policy().allow_shell(true),
+        &ws.unconfined_policy().allow_shell(true),
         &CommandSpec::shell(script),
         never(),
     )

@@ -67,6 +67,9 @@ pub struct GatewayOptions {
     /// Told the scope of a sessionful client session when it ends (deleted by its client, or
     /// its transport gone): what the session started in the background ends with it.
     pub session_end: Option<SessionEnd>,
+    /// The OS sandbox of each stdio upstream, by alias. An alias not named runs in the default
+    /// profile over `workspace`, with `protected_paths` masked.
+    pub upstream_sandboxes: BTreeMap<String, ring0_exec::Sandbox>,
 }
 
 /// What a front end does when a client session ends, given the session's scope.
@@ -480,6 +483,17 @@ impl Gateway {
                 }
             });
             let alias = config.alias.clone();
+            let sandbox = options
+                .upstream_sandboxes
+                .get(&alias)
+                .cloned()
+                .unwrap_or_else(|| {
+                    ring0_exec::Sandbox::new(
+                        ring0_exec::SandboxProfile::workspace(),
+                        &options.workspace,
+                        options.protected_paths.clone(),
+                    )
+                });
             let roots = crate::upstream::roots::resolve(
                 &config.roots,
                 &options.workspace,
@@ -502,6 +516,7 @@ impl Gateway {
                     roots,
                     workspace: options.workspace.clone(),
                     spill: inner.spill.clone(),
+                    sandbox,
                 },
             ));
         }

@@ -100,12 +100,14 @@ pub fn approved_pin(workspace: &Path, p: &PendingPin) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Connects to `config`'s upstream once and lists it through the workspace's pin book, which
-/// rewrites the waiting list of that upstream from what it serves now.
+/// Connects to `config`'s upstream once (a stdio server in `sandbox`, as `ring0 serve` starts
+/// it) and lists it through the workspace's pin book, which rewrites the waiting list of that
+/// upstream from what it serves now.
 pub async fn refresh(
     config: &UpstreamConfig,
     workspace: &Path,
     state_dir: &Path,
+    sandbox: ring0_exec::Sandbox,
     log: Log,
 ) -> Result<(), String> {
     let pins = Arc::new(PinBook::open(workspace, state_dir)?);
@@ -126,6 +128,7 @@ pub async fn refresh(
             roots: Vec::new(),
             workspace: workspace.to_path_buf(),
             spill: None,
+            sandbox,
         },
     );
     upstream.start();

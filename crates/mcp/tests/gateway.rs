@@ -44,6 +44,7 @@ fn start(workspace: &Path, up: UpstreamConfig) -> Gateway {
         granted_roots: vec![".".into()],
         protected_paths: vec![workspace.join("ring0.lock"), workspace.join(".ring0")],
         session_end: None,
+        upstream_sandboxes: Default::default(),
     })
     .expect("gateway")
 }

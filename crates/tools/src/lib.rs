@@ -5,7 +5,7 @@
 //! | `read_file`, `list_dir`, `glob`, `search` | nullipotent | A0 | — |
 //! | `write_file` | idempotent, conflict key `file:{path}` | A1 | probe (content hash) |
 //! | `apply_patch` | non-idempotent | A1 | probe (every touched file's hash) |
-//! | `shell` | non-idempotent, strategy unknown (runs alone) | A2 (configurable) | none |
+//! | `shell` | non-idempotent, strategy unknown (runs alone) | A1 in the OS sandbox, else A2 (configurable) | none |
 //! | `job_inspect`, `job_wait` | nullipotent | A0 | — |
 //! | `job_send_input` | non-idempotent | as `shell` | none |
 //! | `job_cancel` | idempotent | A1 | probe (job finished) |
@@ -75,7 +75,7 @@ use std::sync::Arc;
 pub use files::{Glob, ListDir, ReadFile, WriteFile};
 pub use patch::ApplyPatch;
 pub use search::Search;
-pub use shell::{JobOp, JobTool, Shell, ShellConfig};
+pub use shell::{EGRESS_SCOPE_JOBS, EgressProxyFor, JobOp, JobTool, Shell, ShellConfig};
 pub use spill::ReadSpill;
 
 /// Tools whose every effect stays inside the workspace sandbox (the policy may run these at A1).
@@ -142,6 +142,8 @@ impl ToolsConfig {
                     .map(|s| s.to_string())
                     .collect(),
                 jobs_dir: state_dir.join("jobs"),
+                sandbox: Some(ring0_exec::SandboxProfile::workspace()),
+                egress_proxy: None,
             },
         }
     }
@@ -269,6 +271,10 @@ pub fn builtin_tools_with_jobs(
         .allow_shell(config.shell.allow_command_string)
         .observation_budget_bytes(shell::SHELL_OBSERVATION_BYTES);
     policy.env_allow = config.shell.env_allow.clone();
+    let protected = config.protected.files.iter().chain(&config.protected.dirs);
+    policy.sandbox = config
+        .shell
+        .bind_sandbox(ws.sandbox.workspace(), protected.cloned().collect());
     let spill = match &config.spill_dir {
         Some(dir) => Some(Arc::new(ring0_shape::SpillStore::open(dir)?)),
         None => None,
@@ -297,8 +303,9 @@ pub fn builtin_tools_with_jobs(
     let shell = Shell {
         ws: ws.clone(),
         policy,
-        authority: config.shell.authority,
+        authority: config.shell.shell_authority(),
         jobs: jobs.clone(),
+        egress: config.shell.egress_proxy.clone(),
     };
     out.push((shell.spec(), Arc::new(shell)));
     for op in [JobOp::Inspect, JobOp::SendInput, JobOp::Cancel, JobOp::Wait] {

@@ -9,9 +9,10 @@
 use crate::{Workspace, args_of};
 use async_trait::async_trait;
 use ring0_core::{Authority, Effect, Observation, Settlement, Strategy, ToolSpec};
+use ring0_exec::sandbox::EgressProxy;
 use ring0_exec::{
-    CommandSpec, ExecPolicy, JobError, JobEvent, JobManager, JobsConfig, SessionId, StdinMode,
-    run_command,
+    CommandSpec, ExecError, ExecPolicy, JobError, JobEvent, JobManager, JobsConfig, Sandbox,
+    SandboxProfile, SessionId, StdinMode, run_command,
 };
 use ring0_kernel::{CallContext, EventSink, ProbeFinding, Tool, ToolError};
 use serde::Deserialize;
@@ -43,6 +44,116 @@ pub struct ShellConfig {
     pub env_allow: Vec<String>,
     /// Where job records and logs live.
     pub jobs_dir: PathBuf,
+    /// The OS sandbox profile commands and jobs run in; `None` runs them unconfined (then
+    /// `shell` declares `authority`, otherwise it is a sandboxed A1 tool). Default: the
+    /// `workspace` profile.
+    pub sandbox: Option<SandboxProfile>,
+    /// The egress proxy for profiles that allow network access through it, made for the scope
+    /// of the call whose processes it serves (its decisions are audited under that scope).
+    pub egress_proxy: Option<EgressProxyFor>,
+}
+
+/// Makes the egress proxy that serves the processes of one scope's calls.
+#[derive(Clone)]
+pub struct EgressProxyFor(pub Arc<MakeEgressProxy>);
+
+/// What an [`EgressProxyFor`] calls: the scope of a call → the proxy of its processes.
+pub type MakeEgressProxy = dyn Fn(&str) -> Arc<dyn EgressProxy> + Send + Sync;
+
+impl EgressProxyFor {
+    /// The proxy for the processes of `scope`'s calls.
+    pub fn scope(&self, scope: &str) -> Arc<dyn EgressProxy> {
+        (self.0)(scope)
+    }
+}
+
+impl std::fmt::Debug for EgressProxyFor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EgressProxyFor")
+    }
+}
+
+/// The scope under which processes that no one call started (background jobs) are served.
+pub const EGRESS_SCOPE_JOBS: &str = "";
+
+impl ShellConfig {
+    /// The authority `shell` declares: A1 inside the sandbox, the configured one outside.
+    pub fn shell_authority(&self) -> Authority {
+        if self.sandbox.is_some() {
+            Authority::A1
+        } else {
+            self.authority
+        }
+    }
+
+    /// The sandbox over `workspace` with ring0's `protected` paths masked.
+    pub fn bind_sandbox(&self, workspace: &std::path::Path, protected: Vec<PathBuf>) -> Sandbox {
+        let Some(profile) = &self.sandbox else {
+            return Sandbox::off();
+        };
+        let sandbox = Sandbox::new(profile.clone(), workspace, protected);
+        match &self.egress_proxy {
+            Some(proxy_for) => sandbox.egress_proxy(proxy_for.scope(EGRESS_SCOPE_JOBS)),
+            None => sandbox,
+        }
+    }
+}
+
+/// Most lines of a command's output quoted as evidence in a `sandbox_denied` failure.
+pub const SANDBOX_DENIED_LINES_MAX: usize = 4;
+/// Most bytes of each quoted line.
+pub const SANDBOX_DENIED_LINE_BYTES_MAX: usize = 200;
+
+/// What the sandbox blocks, by the error text programs print for it.
+const DENIAL_MARKS: &[(&str, &str)] = &[
+    (
+        "Permission denied",
+        "filesystem access outside what the sandbox profile allows",
+    ),
+    (
+        "Read-only file system",
+        "a write to a protected or read-only path",
+    ),
+    (
+        "Operation not permitted",
+        "a system call the sandbox forbids",
+    ),
+    (
+        "Invalid cross-device link",
+        "a link or rename across the sandbox's boundary",
+    ),
+    (
+        "Network is unreachable",
+        "network access (the sandbox has no network)",
+    ),
+    (
+        "Temporary failure in name resolution",
+        "name resolution (the sandbox has no network)",
+    ),
+    (
+        "Could not resolve host",
+        "name resolution (the sandbox has no network)",
+    ),
+];
+
+/// A failed confined command whose output shows the sandbox refusing it: what was blocked,
+/// with the lines that show it.
+fn sandbox_denial(text: &str) -> Option<(Vec<&'static str>, Vec<String>)> {
+    let mut blocked: Vec<&'static str> = Vec::new();
+    let mut evidence = Vec::new();
+    for line in text.lines() {
+        let Some((_, what)) = DENIAL_MARKS.iter().find(|(mark, _)| line.contains(mark)) else {
+            continue;
+        };
+        if !blocked.contains(what) {
+            blocked.push(what);
+        }
+        if evidence.len() < SANDBOX_DENIED_LINES_MAX {
+            let cut = ring0_core::text::truncate_utf8(line.trim(), SANDBOX_DENIED_LINE_BYTES_MAX);
+            evidence.push(cut.to_owned());
+        }
+    }
+    (!blocked.is_empty()).then_some((blocked, evidence))
 }
 
 /// The job table, opened on first use (opening locks its state directory).
@@ -207,6 +318,8 @@ pub struct Shell {
     pub(crate) policy: ExecPolicy,
     pub(crate) authority: Authority,
     pub(crate) jobs: Arc<Jobs>,
+    /// Makes the egress proxy of each foreground call's process (see [`ShellConfig`]).
+    pub(crate) egress: Option<EgressProxyFor>,
 }
 
 #[derive(Deserialize)]
@@ -313,6 +426,74 @@ impl Shell {
     }
 }
 
+/// What a contained foreground command's tree checkpoint came to.
+enum TreeCheckpoint {
+    /// No checkpoint store, or the command runs unconfined (it may write anywhere: a tree
+    /// checkpoint of the workspace would promise an undo it cannot keep).
+    None,
+    /// Recorded in this checkpoint.
+    Recorded(String),
+    /// Not recorded: the workspace is past the checkpoint's bound. The command runs anyway, and
+    /// its result says so.
+    Skipped(String),
+}
+
+impl TreeCheckpoint {
+    /// Puts the checkpoint (or why there is none) in the command's result.
+    fn annotate(&self, obs: &mut Observation) {
+        let entry = match self {
+            Self::None => return,
+            Self::Recorded(id) => json!({"id": id}),
+            Self::Skipped(notice) => {
+                obs.text = format!("{notice}\n{}", obs.text);
+                json!({"skipped": notice})
+            }
+        };
+        if let Some(Value::Object(map)) = &mut obs.structured {
+            map.insert("checkpoint".into(), entry);
+        }
+    }
+}
+
+impl Shell {
+    /// Records the workspace tree before a contained foreground command runs.
+    async fn checkpoint_before(&self, scope: &str) -> Result<TreeCheckpoint, ToolError> {
+        let Some(store) = self
+            .ws
+            .checkpoints()
+            .filter(|_| self.policy.sandbox.is_on())
+        else {
+            return Ok(TreeCheckpoint::None);
+        };
+        let (store, scope) = (store.clone(), scope.to_owned());
+        let taken = tokio::task::spawn_blocking(move || store.snapshot_tree(&scope))
+            .await
+            .map_err(|e| ToolError::not_applied(format!("the workspace checkpoint failed: {e}")))?;
+        match taken {
+            Ok(id) => Ok(TreeCheckpoint::Recorded(id)),
+            Err(ring0_checkpoint::CheckpointError::TooLarge(why)) => {
+                Ok(TreeCheckpoint::Skipped(format!(
+                    "checkpoint_skipped: no workspace checkpoint was taken before this command ({why}); \
+                     `ring0 checkpoint restore` cannot undo what it changed."
+                )))
+            }
+            Err(e) => Err(ToolError::not_applied(format!(
+                "the workspace checkpoint could not be recorded, so the command did not run: {e}"
+            ))),
+        }
+    }
+
+    /// Records the tree as the command left it. A failure only means a later restore sees the
+    /// paths as changed outside ring0 and asks for `--force`.
+    async fn checkpoint_after(&self, scope: &str) {
+        let Some(store) = self.ws.checkpoints() else {
+            return;
+        };
+        let (store, scope) = (store.clone(), scope.to_owned());
+        let _ = tokio::task::spawn_blocking(move || store.after_tree(&scope)).await;
+    }
+}
+
 #[async_trait]
 impl Tool for Shell {
     async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
@@ -339,14 +520,55 @@ impl Tool for Shell {
                 "note": "running in the background: use job_wait or job_inspect with this handle",
             })));
         }
+        let policy = match &self.egress {
+            Some(proxy_for) if self.policy.sandbox.is_on() => {
+                let mut policy = self.policy.clone();
+                policy.sandbox = policy.sandbox.egress_proxy(proxy_for.scope(&ctx.scope));
+                policy
+            }
+            _ => self.policy.clone(),
+        };
+        let checkpoint = self.checkpoint_before(&ctx.scope).await?;
         let cancel = ctx.cancel.clone();
-        let report = run_command(&self.policy, &spec, async move { cancel.cancelled().await })
-            .await
+        let ran = run_command(&policy, &spec, async move { cancel.cancelled().await }).await;
+        if matches!(checkpoint, TreeCheckpoint::Recorded(_)) {
+            self.checkpoint_after(&ctx.scope).await;
+        }
+        let report = ran
             // `run_command` errs only when nothing ran.
-            .map_err(|e| ToolError::not_applied(e.to_string()))?;
+            .map_err(|e| match e {
+                ExecError::Sandbox(e) => {
+                    ToolError::not_applied(format!("sandbox_unavailable: {e}"))
+                }
+                other => ToolError::not_applied(other.to_string()),
+            })?;
+        let failed = report
+            .summary
+            .exit
+            .as_ref()
+            .is_some_and(|x| x.code != Some(0));
         let mut obs = report.observation;
         if obs.structured.is_none() {
             obs.structured = serde_json::to_value(&report.summary).ok();
+        }
+        checkpoint.annotate(&mut obs);
+        if let Some(profile) = self.policy.sandbox.profile_name().filter(|_| failed)
+            && let Some((blocked, evidence)) = sandbox_denial(&obs.text)
+        {
+            let message = format!(
+                "sandbox_denied: the command was stopped by sandbox profile {profile:?}, which blocked {}. \
+                 It may have changed files inside the workspace before that. A grant with a wider \
+                 profile (held for approval) can run it.",
+                blocked.join("; ")
+            );
+            obs.structured = Some(json!({
+                "error": "sandbox_denied",
+                "profile": profile,
+                "blocked": blocked,
+                "evidence": evidence,
+                "run": obs.structured.take(),
+            }));
+            return Err(ToolError::not_applied(message).with_observation(obs));
         }
         Ok(obs)
     }

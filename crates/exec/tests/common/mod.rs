@@ -25,6 +25,12 @@ impl Workspace {
     pub fn policy(&self) -> ExecPolicy {
         ExecPolicy::new(&self.dir)
     }
+
+    /// A policy without the OS sandbox: for the supervision tests that follow processes by the
+    /// pids they print, which inside the sandbox's PID namespace are not the host's.
+    pub fn unconfined_policy(&self) -> ExecPolicy {
+        ExecPolicy::new(&self.dir).sandbox(ring0_exec::Sandbox::off())
+    }
 }
 
 impl Drop for Workspace {

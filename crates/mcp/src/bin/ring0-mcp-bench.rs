@@ -63,6 +63,9 @@ async fn connect_stdio(command: &str, args: &[String], cwd: Option<&Path>) -> (A
         args: args.to_vec(),
         env,
         cwd: cwd.map(Path::to_path_buf),
+        // The gateway's own overhead is measured here; `cargo bench -p ring0-exec` measures
+        // the sandbox's.
+        sandbox: ring0_exec::Sandbox::off(),
     };
     let c = stdio::spawn("bench", &spec, Arc::new(Quiet), Log::discard()).expect("spawn");
     (c.peer.clone(), Conn::Stdio(c))

@@ -122,6 +122,8 @@ pub struct Upstream {
     workspace: std::path::PathBuf,
     /// Where a resource cut for size is kept whole.
     spill: Option<Arc<ring0_shape::SpillStore>>,
+    /// The OS sandbox a stdio server runs in.
+    sandbox: ring0_exec::Sandbox,
 }
 
 /// What an upstream is given of the workspace.
@@ -132,6 +134,8 @@ pub struct WorkspaceView {
     pub workspace: std::path::PathBuf,
     /// Where a resource cut for size is kept whole.
     pub spill: Option<Arc<ring0_shape::SpillStore>>,
+    /// The OS sandbox a stdio server runs in.
+    pub sandbox: ring0_exec::Sandbox,
 }
 
 struct Handler(Weak<Upstream>);
@@ -287,6 +291,7 @@ impl Upstream {
             capabilities: Mutex::new(Value::Null),
             roots: view.roots,
             workspace: view.workspace,
+            sandbox: view.sandbox,
             spill: view.spill,
         })
     }
@@ -393,6 +398,7 @@ impl Upstream {
                     args: self.config.args.clone(),
                     env,
                     cwd: self.config.cwd.clone(),
+                    sandbox: self.sandbox.clone(),
                 };
                 let conn = stdio::spawn(&alias, &spec, handler, self.log.clone())
                     .map_err(|e| format!("cannot start {:?}: {e}", spec.command))?;

@@ -32,6 +32,8 @@ pub struct StdioSpec {
     /// from ring0's environment, plus explicit values from config.
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
+    /// The OS sandbox the server runs in.
+    pub sandbox: ring0_exec::Sandbox,
 }
 
 /// Variable names only: their values may be secrets.
@@ -42,6 +44,7 @@ impl std::fmt::Debug for StdioSpec {
             .field("args", &self.args)
             .field("env", &self.env.keys().collect::<Vec<_>>())
             .field("cwd", &self.cwd)
+            .field("sandbox", &self.sandbox.profile_name())
             .finish()
     }
 }
@@ -63,6 +66,8 @@ impl Outbound for StdinQueue {
 pub struct StdioConnection {
     pub peer: Arc<RpcPeer>,
     stop: CancellationToken,
+    /// The sandbox's scratch directory, removed when the connection goes.
+    _sandbox: Option<ring0_exec::sandbox::Guard>,
 }
 
 impl Drop for StdioConnection {
@@ -90,9 +95,29 @@ pub fn spawn(
     if let Some(cwd) = &spec.cwd {
         command.current_dir(cwd);
     }
+    let sandbox_error = |e: ring0_exec::SandboxError| std::io::Error::other(e.to_string());
+    // The server is its PID namespace's init: when it exits, or ring0 does, all it started dies.
+    let pending = spec
+        .sandbox
+        .with_program_homes(
+            std::path::Path::new(&spec.command),
+            spec.args.iter().map(String::as_str),
+            spec.cwd.as_deref(),
+        )
+        .confine_command(&mut command)
+        .map_err(sandbox_error)?;
     let mut wrap = CommandWrap::from(command);
     wrap.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
-    let mut child = wrap.spawn()?;
+    let mut child =
+        wrap.spawn()
+            .map_err(|e| match ring0_exec::sandbox::explain_spawn_error(&e) {
+                Some(why) => sandbox_error(why),
+                None => e,
+            })?;
+    let guard = pending
+        .map(|p| p.started())
+        .transpose()
+        .map_err(sandbox_error)?;
     let stdin = child.stdin().take().expect("piped stdin");
     let stdout = child.stdout().take().expect("piped stdout");
     let stderr = child.stderr().take().expect("piped stderr");
@@ -218,5 +243,9 @@ pub fn spawn(
         });
     }
 
-    Ok(StdioConnection { peer, stop })
+    Ok(StdioConnection {
+        peer,
+        stop,
+        _sandbox: guard,
+    })
 }
