@@ -107,6 +107,7 @@ pub struct Config {
     #[serde(default)]
     pub http: ring0_mcp::door::DoorConfig,
     /// `[sandbox]`: the OS sandbox of the processes ring0 starts (see [`crate::sandbox`]).
+    #[serde(default)]
     pub sandbox: crate::sandbox::SandboxSection,
 }
 
