@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v script >/dev/null || need_apt+=(bsdutils)
 command -v python3 >/dev/null || need_apt+=(python3)
+# The sandbox and egress product tests drive real programs inside the sandbox.
+command -v curl >/dev/null || need_apt+=(curl)
+command -v git >/dev/null || need_apt+=(git)
 if ((${#need_apt[@]})); then
     apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
 fi
