@@ -332,12 +332,14 @@ fn session_id(head: &str) -> String {
         .unwrap_or_else(|| panic!("no session id in:\n{head}"))
 }
 
-fn alive(pid: &str) -> bool {
-    Command::new("kill")
-        .args(["-0", pid])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+/// Whether a `sleep SECS` process is running, found by its command line in /proc.
+fn alive(secs: &str) -> bool {
+    let wanted = format!("sleep\0{secs}\0");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == wanted.as_bytes()))
 }
 
 /// The pid a job wrote to `file` in `dir`, once it has.
@@ -358,7 +360,7 @@ fn a_background_job_ends_with_its_http_session_unless_detached() {
     .unwrap();
     std::fs::write(
         dir.path().join("run.sh"),
-        "echo $$ > \"$1.tmp\"; mv \"$1.tmp\" \"$1\"; exec sleep 300\n",
+        "echo started > \"$1.tmp\"; mv \"$1.tmp\" \"$1\"; exec sleep \"$2\"\n",
     )
     .unwrap();
     let server = start_http(serve_http_command(dir.path()));
@@ -380,19 +382,23 @@ fn a_background_job_ends_with_its_http_session_unless_detached() {
         &headers,
         &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
     );
+    // Each job's `sleep` is told apart by its duration: inside the sandbox's PID namespace the
+    // pids a job sees are not the host's, so the test finds its processes in /proc by command.
     for (id, file, detached) in [(2, "bound.pid", false), (3, "detached.pid", true)] {
+        let secs = if detached { "3002" } else { "3001" };
         let (_, r) = post(
             &server.addr,
             &headers,
             &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
                     "params": {"name": "shell", "arguments": {
-                        "argv": ["sh", "run.sh", file], "background": true, "detached": detached}}}),
+                        "argv": ["sh", "run.sh", file, secs], "background": true, "detached": detached}}}),
         );
         assert!(r.to_string().contains("\"job\""), "a job started: {r}");
     }
-    let bound = pid_in(dir.path(), "bound.pid");
-    let detached = pid_in(dir.path(), "detached.pid");
-    assert!(alive(&bound) && alive(&detached));
+    pid_in(dir.path(), "bound.pid");
+    pid_in(dir.path(), "detached.pid");
+    let (bound, detached) = ("3001", "3002");
+    assert!(alive(bound) && alive(detached));
 
     let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
     write!(
@@ -406,14 +412,16 @@ fn a_background_job_ends_with_its_http_session_unless_detached() {
     assert!(answer.starts_with("HTTP/1.1 2"), "{answer}");
 
     let deadline = std::time::Instant::now() + WAIT;
-    while alive(&bound) {
+    while alive(bound) {
         assert!(
             std::time::Instant::now() < deadline,
             "the session's job ended with it"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let detached_lives = alive(&detached);
-    let _ = Command::new("kill").args(["-9", &detached]).status();
+    let detached_lives = alive(detached);
+    let _ = Command::new("pkill")
+        .args(["-9", "-x", "-f", "sleep 3002"])
+        .status();
     assert!(detached_lives, "a detached job outlives its session");
 }

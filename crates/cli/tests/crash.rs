@@ -234,6 +234,11 @@ fn write_config(dir: &Path, service: SocketAddr, probe: bool) -> PathBuf {
     };
     let text = format!(
         r#"defaults = false
+# The counter upstream posts to the test's counting service on a loopback port: a network
+# a stdio upstream's default sandbox does not give (its egress goes through no proxy yet).
+[sandbox]
+upstreams = {{ ctr = "off" }}
+
 [[grants]]
 name = "counter"
 tools = ["ctr__*"]
