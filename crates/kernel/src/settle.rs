@@ -15,9 +15,7 @@
 use crate::dispatch::DispatchEnv;
 use crate::prepare::Prepared;
 use crate::shape::ShapeStage;
-use crate::tool::{
-    CallContext, EventSink, FailureClass, OnCancel, ProbeFinding, Tool, ToolError,
-};
+use crate::tool::{CallContext, EventSink, FailureClass, OnCancel, ProbeFinding, Tool, ToolError};
 use async_trait::async_trait;
 use ring0_core::receipt::{CallOutcome, Disposition, Timing};
 use ring0_core::{IntentState, Observation, Receipt, Settlement};
