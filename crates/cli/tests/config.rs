@@ -126,8 +126,20 @@ fn a_file_grant_decides_before_the_default_of_the_same_tool_and_replaces_one_of_
     let out = ring0_in(dir.path(), &["config", "check"]);
     let report = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    // The file's "shell" grant replaces the default of that name: shell falls to "held".
-    assert!(report.contains("shell A2: listed, grant held"), "{report}");
+    // The file's grant decides for read_file before the default workspace grant does; it
+    // replaces the default grant of its name, so job_send_input falls to "held".
+    assert!(
+        report.contains("read_file A0: listed, grant shell"),
+        "{report}"
+    );
+    assert!(
+        report.contains("shell A1: listed, grant workspace"),
+        "{report}"
+    );
+    assert!(
+        report.contains("job_send_input A2: listed, grant held"),
+        "{report}"
+    );
     assert!(
         report.contains("defaults: on (2 default grant(s) added)"),
         "{report}"
@@ -141,7 +153,9 @@ fn a_tool_a_grant_hides_and_a_grant_matching_nothing_are_reported_at_start() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("ring0.toml"),
-        "[[grants]]\nname = \"limited\"\ntools = [\"shell\"]\nceiling = \"A2\"\n\
+        // Outside the sandbox shell is A2: rules alone do not let it run unattended.
+        "[sandbox]\ntools = { shell = \"off\" }\n\n\
+         [[grants]]\nname = \"limited\"\ntools = [\"shell\"]\nceiling = \"A2\"\n\
          rules = [\"args.argv[0] == 'ls'\"]\n\n\
          [[grants]]\nname = \"typo\"\ntools = [\"raed_file\"]\nceiling = \"A0\"\n",
     )
@@ -241,7 +255,8 @@ fn config_check_prints_the_resolved_config_grants_and_catalog() {
         "shell: authority A2",
         "workspace [read_file",
         "read_file A0: listed, grant workspace",
-        "shell A2: listed, grant shell, held for approval",
+        "shell A1: listed, grant workspace",
+        "job_send_input A2: listed, grant shell, held for approval",
         "ok: no warnings",
     ] {
         assert!(report.contains(line), "{line}:\n{report}");
@@ -298,7 +313,13 @@ fn every_example_in_the_config_docs_passes_config_check() {
     for (i, block) in blocks.iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("example.toml");
-        std::fs::write(&file, block).unwrap();
+        // The docs' examples name a home of `/home/me`; here it is a directory that exists.
+        let home = dir.path().join("home-me");
+        for sub in [".cargo", ".rustup"] {
+            std::fs::create_dir_all(home.join(sub)).unwrap();
+        }
+        let block = block.replace("/home/me", &home.display().to_string());
+        std::fs::write(&file, &block).unwrap();
         let out = ring0_in(dir.path(), &["config", "check", "--config", "example.toml"]);
         assert!(
             out.status.success(),

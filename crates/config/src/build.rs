@@ -232,6 +232,8 @@ pub fn check(loaded: &Loaded) -> Result<Checked, ConfigError> {
     if !tools_config.spill_dir.as_ref().is_some_and(|d| d.is_dir()) {
         tools_config.spill_dir = None;
     }
+    // Nothing is written: no checkpoint store either.
+    tools_config.checkpoint_dir = None;
     tools_config.shell.sandbox = loaded
         .config
         .sandbox

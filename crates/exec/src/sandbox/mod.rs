@@ -432,10 +432,12 @@ const SECRET_HOME_DIRS: &[&str] = &[
 fn program_home(path: &Path) -> Option<PathBuf> {
     use std::ffi::OsStr;
     let ancestors: Vec<&Path> = path.ancestors().skip(1).collect();
-    // A toolchain manager's directory in the user's home (`~/.pyenv`, `~/.nvm`, `~/.cargo`).
-    let user_home = std::env::var_os("HOME").map(PathBuf::from);
+    // A toolchain manager's directory in the user's home (`~/.pyenv`, `~/.nvm`, `~/.cargo`):
+    // `HOME`, or the account's home when `HOME` points elsewhere (a test harness, a service).
+    let user_homes = [std::env::var_os("HOME").map(PathBuf::from), account_home()];
     let in_home = |a: &&&Path| {
-        a.parent().is_some_and(|p| Some(p) == user_home.as_deref())
+        a.parent()
+            .is_some_and(|p| user_homes.iter().flatten().any(|h| h == p))
             && a.file_name()
                 .and_then(OsStr::to_str)
                 .is_some_and(|n| n.starts_with('.') && !SECRET_HOME_DIRS.contains(&n))
@@ -462,6 +464,18 @@ fn program_home(path: &Path) -> Option<PathBuf> {
         .iter()
         .any(|d| home == Path::new(d) || home.starts_with(d));
     (home != Path::new("/") && !system && home.is_dir()).then(|| home.to_owned())
+}
+
+/// The home directory of ring0's account in `/etc/passwd`, if it has one there. (Only the file:
+/// an account known through another name service falls back to `HOME` alone.)
+fn account_home() -> Option<PathBuf> {
+    let uid = rustix::process::getuid().as_raw().to_string();
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    let dir = passwd.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        (fields.len() >= 7 && fields[2] == uid).then(|| PathBuf::from(fields[5]))
+    })?;
+    (dir.is_absolute() && dir != Path::new("/")).then_some(dir)
 }
 
 /// `program` looked up in ring0's `PATH`, as `execvp` would.
