@@ -605,3 +605,28 @@ async fn a_tool_that_stops_on_cancellation_is_told_and_nothing_new_starts() {
     assert_eq!(status(&out.receipts[1]), Some(RejectionKind::Cancelled));
     assert_eq!(tool.runs.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn retries_under_one_idempotency_key_are_not_counted_as_repeats() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    let session = kernel.open_session(SessionConfig::new("s"));
+    let mut events = session.subscribe();
+    // Past the repeat guard's termination count: each is the same request sent again.
+    for _ in 0..10 {
+        let out = session
+            .run_round(
+                round(vec![keyed("a", "k-retried")]),
+                &RoundOptions::default(),
+            )
+            .await;
+        assert_eq!(status(&out.receipts[0]), None, "{:?}", out.receipts[0]);
+    }
+    assert_eq!(rec.calls(), 1, "one effect");
+    while let Ok(event) = events.try_recv() {
+        assert!(
+            !matches!(event, ring0_kernel::Event::RepeatDetected { .. }),
+            "a retry is not a repeat: {event:?}"
+        );
+    }
+}
