@@ -181,13 +181,14 @@ fn a_keyed_call_re_issued_in_the_other_era_has_one_effect() {
     let server = serve_http(dir.path());
     let seen = client(
         &peers,
-        "dropped",
+        "dropped_keyed",
         dir.path(),
         &server.url(),
         "legacy",
         "alice-token",
     );
-    assert_eq!(seen["keyed_retry"]["is_error"], false, "{seen}");
+    assert_eq!(seen["retry"]["is_error"], false, "{seen}");
+    assert_eq!(appended_text(&seen["retry"]), "keyed", "{seen}");
     // The same key as a 2026-07-28 request: the result recorded for the sessionful call.
     let again = client(
         &peers,

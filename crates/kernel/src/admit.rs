@@ -143,6 +143,8 @@ pub enum RepeatVerdict {
 pub struct RepeatGuard {
     limits: RepeatLimits,
     last: Option<Fingerprint>,
+    /// The explicit idempotency key of the last tracked call, if it had one.
+    last_key: Option<String>,
     count: u32,
     pub advisories: u64,
     pub terminations: u64,
@@ -157,17 +159,28 @@ impl RepeatGuard {
     }
 
     /// Counts one call. An exempt (`tracked = false`) call neither advances nor resets the
-    /// sequence.
-    pub fn observe(&mut self, fingerprint: Fingerprint, tracked: bool) -> RepeatVerdict {
+    /// sequence. `key` is the call's explicit idempotency key: the same call under the same key
+    /// as the last one is that call sent again (a client's retry of an answer it did not get),
+    /// not a repeat, and is not counted again.
+    pub fn observe(
+        &mut self,
+        fingerprint: Fingerprint,
+        key: Option<&str>,
+        tracked: bool,
+    ) -> RepeatVerdict {
         if !tracked {
             return RepeatVerdict::Proceed;
         }
         if self.last == Some(fingerprint) {
+            if key.is_some() && key == self.last_key.as_deref() {
+                return RepeatVerdict::Proceed;
+            }
             self.count = self.count.saturating_add(1);
         } else {
             self.last = Some(fingerprint);
             self.count = 1;
         }
+        self.last_key = key.map(str::to_string);
         let c = self.count;
         if self.limits.terminate > 0 && c >= self.limits.terminate {
             self.terminations += 1;
@@ -183,6 +196,7 @@ impl RepeatGuard {
     /// A genuine new user or steering message: the model has new evidence.
     pub fn reset(&mut self) {
         self.last = None;
+        self.last_key = None;
         self.count = 0;
     }
 }
@@ -218,11 +232,12 @@ pub(crate) enum RepeatDecision {
 pub(crate) fn guard_repeat(
     guard: &mut RepeatGuard,
     call: &ring0_core::PreparedCall,
+    key: Option<&str>,
     tracked: bool,
     events: &crate::events::EventHub,
 ) -> RepeatDecision {
     use crate::events::{Event, RepeatAction};
-    let (count, action) = match guard.observe(call.fingerprint, tracked) {
+    let (count, action) = match guard.observe(call.fingerprint, key, tracked) {
         RepeatVerdict::Proceed => return RepeatDecision::Run { advisory: None },
         RepeatVerdict::Advisory { count } => (count, RepeatAction::Advisory),
         RepeatVerdict::Terminate { count } => (count, RepeatAction::Terminated),

@@ -13,7 +13,8 @@
 //! and, through the scope's state, one after another with the calls of every other round of the
 //! scope. A write whose outcome stays uncertain blocks later writes of the scope with its key, or
 //! every later write when it has none, until it settles (`blocked_by_unsettled`). After
-//! cancellation nothing new starts: running calls settle, the rest are reported cancelled.
+//! cancellation nothing new starts: running calls settle (a dispatched write is not told, unless
+//! its tool stops on cancellation: see `settle::run_job`), the rest are reported cancelled.
 //!
 //! The order for one committed call: conflict-key turn, unsettled-write check, commit (the
 //! journal decides: run, replay, wait for the identical call in flight, or refuse), then the

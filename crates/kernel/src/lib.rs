@@ -104,5 +104,6 @@ pub use session::{
 };
 pub use streaming::{LEDGER_TURNS_MAX, RoundIdentity, StreamNotice, StreamingRound};
 pub use tool::{
-    CallContext, CallExtensions, EventSink, FailureClass, ProbeFinding, Tool, ToolError, tool_fn,
+    CallContext, CallExtensions, EventSink, FailureClass, OnCancel, ProbeFinding, Tool, ToolError,
+    tool_fn,
 };

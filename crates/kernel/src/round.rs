@@ -262,6 +262,7 @@ fn admit_round(
             let decision = guard_repeat(
                 &mut book.session.scope.repeat(),
                 &p.call,
+                p.idempotency_key.as_deref(),
                 tracked,
                 &book.session.events,
             );

@@ -15,7 +15,7 @@
 use crate::dispatch::DispatchEnv;
 use crate::prepare::Prepared;
 use crate::shape::ShapeStage;
-use crate::tool::{CallContext, EventSink, FailureClass, ProbeFinding, Tool, ToolError};
+use crate::tool::{CallContext, EventSink, FailureClass, OnCancel, ProbeFinding, Tool, ToolError};
 use async_trait::async_trait;
 use ring0_core::receipt::{CallOutcome, Disposition, Timing};
 use ring0_core::{IntentState, Observation, Receipt, Settlement};
@@ -26,9 +26,12 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
-/// Runs one attempt of a round's call (see [`run_tool`]) in the round's scope, cancellation and
-/// event stream; `intent_id` and `idempotency_key` are the journal's, for a journaled call.
+/// Runs one attempt of a round's call (see [`run_tool`]) in the round's scope and event stream;
+/// `intent_id` and `idempotency_key` are the journal's, for a journaled call. A read, or a tool
+/// that stops on cancellation, is told of the round's cancellation; a dispatched mutating call of
+/// any other tool is not (see [`call_cancel`]).
 pub(crate) async fn run_job(
     env: &DispatchEnv,
     job: &Prepared,
@@ -41,7 +44,7 @@ pub(crate) async fn run_job(
         intent_id,
         idempotency_key,
         scope: env.scope.clone(),
-        cancel: env.cancel.child_token(),
+        cancel: call_cancel(env, job),
         timeout_ms: spec.timeout_ms,
         events: EventSink(env.events.clone()),
         extensions: env.extensions.clone(),
@@ -53,6 +56,22 @@ pub(crate) async fn run_job(
         spec.timeout_ms,
     )
     .await
+}
+
+/// The cancellation token of one attempt. Once a mutating call was sent, cancelling it would
+/// only turn its outcome unknown (an upstream request's cancellation says nothing about what the
+/// upstream did): it runs on under its own deadline and is settled by its protocol, its result
+/// recorded for the identical retry that waits for it. A read has no effect to lose, and a tool
+/// that observes its own cancellation (a process ring0 kills) reports that as its outcome: both
+/// follow the round.
+fn call_cancel(env: &DispatchEnv, job: &Prepared) -> CancellationToken {
+    let follows_round =
+        job.tool.spec.effect.is_read_only() || job.tool.tool.on_cancel() == OnCancel::Stop;
+    if follows_round {
+        env.cancel.child_token()
+    } else {
+        CancellationToken::new()
+    }
 }
 
 /// Runs one attempt of a tool call in its own task, under `timeout_ms`. On timeout the call's

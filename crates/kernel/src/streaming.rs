@@ -336,6 +336,7 @@ impl StreamingRound<'_> {
         let decision = guard_repeat(
             &mut self.session.scope.repeat(),
             &prepared.call,
+            prepared.idempotency_key.as_deref(),
             tracked,
             &self.session.events,
         );

@@ -24,8 +24,9 @@ pub struct CallContext {
     pub idempotency_key: Option<String>,
     /// The session's user-intent scope.
     pub scope: Arc<str>,
-    /// Cancelled when the call's deadline passes or the session is cancelled; a tool that holds
-    /// resources should watch it (dropping the future also cancels).
+    /// Cancelled when the call's deadline passes, or when the session is cancelled for a read or
+    /// a tool that stops on cancellation ([`Tool::on_cancel`]); a tool that holds resources
+    /// should watch it (dropping the future also cancels).
     pub cancel: CancellationToken,
     /// The per-call timeout in force.
     pub timeout_ms: u64,
@@ -194,11 +195,33 @@ pub enum ProbeFinding {
     Indeterminate(String),
 }
 
+/// What cancelling a round does to a mutating call of a tool that was already dispatched.
+/// Calls not yet dispatched are cancelled either way, and reads are always told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnCancel {
+    /// The call has been sent and its effect may be under way elsewhere, where cancelling it
+    /// would only make its outcome unknown: it runs on under its own deadline (the tool's
+    /// timeout) and is settled by its protocol as if nothing had been cancelled, its result
+    /// recorded for an identical retry. The default.
+    #[default]
+    Finish,
+    /// The tool can observe its own cancellation (a process ring0 runs and kills): the call's
+    /// [`CallContext::cancel`] is cancelled with the round, and what the tool then reports is
+    /// its outcome.
+    Stop,
+}
+
 /// A tool the kernel can dispatch.
 #[async_trait]
 pub trait Tool: Send + Sync {
     /// Runs the call with prepared arguments.
     async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError>;
+
+    /// What cancelling the round does to a dispatched mutating call ([`OnCancel::Finish`]
+    /// unless the tool can observe its own cancellation).
+    fn on_cancel(&self) -> OnCancel {
+        OnCancel::Finish
+    }
 
     /// A nullipotent snapshot of the state the call will change, taken before dispatch and stored
     /// in the journal for [`Tool::probe`]. Tools settled by probe implement it.

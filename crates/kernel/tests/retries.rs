@@ -448,3 +448,185 @@ async fn a_denied_approval_closes_the_claim_so_a_later_identical_call_can_run() 
     assert_eq!(approver.holds.load(Ordering::SeqCst), 2);
     assert_eq!(rec.calls(), 0);
 }
+
+/// A write that blocks until released, and reports whether it saw its call cancelled (as an
+/// upstream request does when cancelled on the wire: its outcome then unknown).
+struct GatedWrite {
+    runs: AtomicUsize,
+    started: tokio::sync::Notify,
+    release: tokio::sync::Semaphore,
+    stop_on_cancel: bool,
+}
+
+impl GatedWrite {
+    fn new(stop_on_cancel: bool) -> Arc<Self> {
+        Arc::new(Self {
+            runs: AtomicUsize::new(0),
+            started: tokio::sync::Notify::new(),
+            release: tokio::sync::Semaphore::new(0),
+            stop_on_cancel,
+        })
+    }
+}
+
+#[async_trait]
+impl ring0_kernel::Tool for GatedWrite {
+    fn on_cancel(&self) -> ring0_kernel::OnCancel {
+        if self.stop_on_cancel {
+            ring0_kernel::OnCancel::Stop
+        } else {
+            ring0_kernel::OnCancel::Finish
+        }
+    }
+
+    async fn call(
+        &self,
+        ctx: ring0_kernel::CallContext,
+        args: serde_json::Value,
+    ) -> Result<ring0_core::Observation, ring0_kernel::ToolError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        self.started.notify_one();
+        tokio::select! {
+            permit = self.release.acquire() => {
+                permit.expect("gate open").forget();
+                Ok(ring0_core::Observation::json(json!({"tag": args["tag"]})))
+            }
+            _ = ctx.cancel.cancelled() => {
+                Err(ring0_kernel::ToolError::unknown("cancelled after it was sent"))
+            }
+        }
+    }
+}
+
+fn gated_kernel(tool: &Arc<GatedWrite>) -> Kernel {
+    use ring0_core::{Authority, Effect, Strategy, ToolSpec};
+    let spec = ToolSpec::new(
+        "gated",
+        "a write that waits for its gate",
+        recorder_schema(),
+    )
+    .effect(Effect::NonIdempotent)
+    .authority(Authority::A1)
+    .strategy(&[Strategy::Exploitation]);
+    Kernel::builder()
+        .tool(spec, tool.clone() as Arc<dyn ring0_kernel::Tool>)
+        .unwrap()
+        .authorizer(Arc::new(ring0_kernel::GrantTable::allow(
+            &["*"],
+            Authority::A2,
+        )))
+        .build()
+}
+
+/// Runs `c` in a new session of scope "s", in its own task; returns the session too, to cancel.
+fn spawn_round(
+    kernel: &Arc<Kernel>,
+    c: ProposedCall,
+) -> (
+    Arc<ring0_kernel::Session>,
+    tokio::task::JoinHandle<RoundOutcome>,
+) {
+    let session = Arc::new(kernel.open_session(SessionConfig::new("s")));
+    let s = session.clone();
+    let run =
+        tokio::spawn(async move { s.run_round(round(vec![c]), &RoundOptions::default()).await });
+    (session, run)
+}
+
+#[tokio::test]
+async fn a_write_cancelled_after_dispatch_finishes_and_its_retry_gets_the_result() {
+    for key in [None, Some("k-cancelled")] {
+        let tool = GatedWrite::new(false);
+        let kernel = Arc::new(gated_kernel(&tool));
+        let c = ProposedCall {
+            idempotency_key: key.map(str::to_string),
+            ..call(0, "gated", json!({"tag": "sent"}))
+        };
+        let (session, first) = spawn_round(&kernel, c.clone());
+        tool.started.notified().await;
+        // The client gives up on the answer: the call was already sent.
+        session.cancel();
+        let (_, retry) = spawn_round(&kernel, c);
+        tool.release.add_permits(1);
+        let first = first.await.unwrap();
+        assert_eq!(
+            first.receipts[0].state,
+            Some(IntentState::Acked),
+            "{key:?}: the dispatched call finishes: {:?}",
+            first.receipts[0]
+        );
+        let retry = retry.await.unwrap();
+        assert_eq!(
+            retry.receipts[0].disposition,
+            Disposition::Replayed,
+            "{key:?}"
+        );
+        assert_eq!(retry.receipts[0].intent_id, first.receipts[0].intent_id);
+        match &retry.receipts[0].outcome {
+            CallOutcome::Completed { observation } => {
+                assert_eq!(observation.structured.as_ref().unwrap()["tag"], "sent")
+            }
+            other => panic!("{key:?}: the retry gets the result, not {other:?}"),
+        }
+        assert_eq!(tool.runs.load(Ordering::SeqCst), 1, "{key:?}: one effect");
+    }
+}
+
+#[tokio::test]
+async fn a_tool_that_stops_on_cancellation_is_told_and_nothing_new_starts() {
+    let tool = GatedWrite::new(true);
+    let kernel = Arc::new(gated_kernel(&tool));
+    let session = Arc::new(kernel.open_session(SessionConfig::new("s")));
+    let s = session.clone();
+    let run = tokio::spawn(async move {
+        s.run_round(
+            round(vec![
+                call(0, "gated", json!({"tag": "running"})),
+                ProposedCall {
+                    index: 1,
+                    call_id: "call_1".into(),
+                    ..call(0, "gated", json!({"tag": "later"}))
+                },
+            ]),
+            &RoundOptions::default(),
+        )
+        .await
+    });
+    tool.started.notified().await;
+    session.cancel();
+    // Never released: only the cancellation ends the running call.
+    let out = run.await.unwrap();
+    match &out.receipts[0].outcome {
+        CallOutcome::Failed { message, .. } => {
+            assert!(message.contains("cancelled after it was sent"), "{message}")
+        }
+        other => panic!("the stopped call reports its cancellation, not {other:?}"),
+    }
+    assert_eq!(status(&out.receipts[1]), Some(RejectionKind::Cancelled));
+    assert_eq!(tool.runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn retries_under_one_idempotency_key_are_not_counted_as_repeats() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    let session = kernel.open_session(SessionConfig::new("s"));
+    let mut events = session.subscribe();
+    // Past the repeat guard's termination count: each is the same request sent again.
+    for _ in 0..10 {
+        let out = session
+            .run_round(
+                round(vec![keyed("a", "k-retried")]),
+                &RoundOptions::default(),
+            )
+            .await;
+        assert_eq!(status(&out.receipts[0]), None, "{:?}", out.receipts[0]);
+    }
+    assert_eq!(rec.calls(), 1, "one effect");
+    while let Ok(event) = events.try_recv() {
+        assert!(
+            !matches!(event, ring0_kernel::Event::RepeatDetected { .. }),
+            "a retry is not a repeat: {event:?}"
+        );
+    }
+}

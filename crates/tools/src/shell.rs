@@ -14,7 +14,7 @@ use ring0_exec::{
     CommandSpec, ExecError, ExecPolicy, JobError, JobEvent, JobManager, JobsConfig, Sandbox,
     SandboxProfile, SessionId, StdinMode, run_command,
 };
-use ring0_kernel::{CallContext, EventSink, ProbeFinding, Tool, ToolError};
+use ring0_kernel::{CallContext, EventSink, OnCancel, ProbeFinding, Tool, ToolError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -496,6 +496,12 @@ impl Shell {
 
 #[async_trait]
 impl Tool for Shell {
+    /// A command ring0 runs itself is killed when its round is cancelled (its process tree torn
+    /// down), and that is its observed outcome.
+    fn on_cancel(&self) -> OnCancel {
+        OnCancel::Stop
+    }
+
     async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
         let a: ShellArgs = args_of(args)?;
         // Spill handles of this run are sealed for the calling session.
