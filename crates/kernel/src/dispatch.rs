@@ -72,6 +72,8 @@ pub(crate) struct DispatchEnv {
     pub journal_reads: bool,
     /// How long a memoized observation of a deterministic read may be served; 0 disables.
     pub memo_ttl_ms: u64,
+    /// Cancelling the round stops dispatched mutating calls too (see [`crate::RoundOptions`]).
+    pub stop_dispatched_on_cancel: bool,
     /// The host's per-call context, handed to each call's [`crate::CallContext`].
     pub extensions: crate::tool::CallExtensions,
     /// The session's shape stage, applied to every result before its receipt.

@@ -387,6 +387,9 @@ pub struct RoundOptions {
     /// Handed to every call of the round, in its [`crate::CallContext`] and its
     /// [`crate::AuthRequest`]: the host's per-call context.
     pub extensions: crate::tool::CallExtensions,
+    /// Cancelling this round stops its dispatched mutating calls too (an explicit stop, such as
+    /// a cancelled task), instead of letting them finish to be settled for a retry.
+    pub stop_dispatched_on_cancel: bool,
 }
 
 impl RoundOptions {
@@ -656,6 +659,7 @@ impl Session {
             start_gate: self.start_gate.clone(),
             journal_reads: self.config.journal_reads,
             memo_ttl_ms: self.config.memo_ttl_ms,
+            stop_dispatched_on_cancel: options.stop_dispatched_on_cancel,
             extensions: options.extensions.clone(),
             shape: self.shape.clone(),
         }

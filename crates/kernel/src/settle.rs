@@ -65,8 +65,9 @@ pub(crate) async fn run_job(
 /// that observes its own cancellation (a process ring0 kills) reports that as its outcome: both
 /// follow the round.
 fn call_cancel(env: &DispatchEnv, job: &Prepared) -> CancellationToken {
-    let follows_round =
-        job.tool.spec.effect.is_read_only() || job.tool.tool.on_cancel() == OnCancel::Stop;
+    let follows_round = env.stop_dispatched_on_cancel
+        || job.tool.spec.effect.is_read_only()
+        || job.tool.tool.on_cancel() == OnCancel::Stop;
     if follows_round {
         env.cancel.child_token()
     } else {

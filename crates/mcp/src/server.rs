@@ -598,6 +598,11 @@ impl GatewayServer {
         };
         let options = RoundOptions {
             extensions: CallExtensions::new().with(route),
+            // A cancelled task is an explicit stop: its upstream call is cancelled upstream.
+            stop_dispatched_on_cancel: context
+                .extensions
+                .get::<crate::tasks::StopOnCancel>()
+                .is_some(),
             ..RoundOptions::default()
         };
         let run = session.run_round(round, &options);

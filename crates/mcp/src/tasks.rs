@@ -508,9 +508,11 @@ pub(crate) async fn offer(
         return Ok(Some(create_result(&task, Some(&job))));
     }
 
-    // An upstream call: answered directly if it finishes soon, otherwise a task.
+    // An upstream call: answered directly if it finishes soon, otherwise a task, which
+    // `tasks/cancel` stops upstream too.
     let cancel = CancellationToken::new();
     ctx.ct = cancel.clone();
+    ctx.extensions.insert(StopOnCancel);
     let runner = server.clone();
     let call = request.clone();
     let mut handle = tokio::spawn(async move { runner.call(call, ctx).await });
@@ -775,3 +777,8 @@ mod tests {
         assert!(out.len() < TASK_STATUS_BYTES_MAX + 64);
     }
 }
+
+/// Marks the request of an upstream call run as a task: cancelling it (`tasks/cancel`) stops
+/// the dispatched call upstream rather than letting it finish for a retry.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StopOnCancel;
