@@ -16,12 +16,13 @@
 //! cancellation nothing new starts: running calls settle (a dispatched write is not told, unless
 //! its tool stops on cancellation: see `settle::run_job`), the rest are reported cancelled.
 //!
-//! The order for one committed call: conflict-key turn, unsettled-write check, commit (the
-//! journal decides: run, replay, wait for the identical call in flight, or refuse), then the
+//! The order for one committed call: conflict-key turn, commit (the journal decides: run,
+//! replay, wait for the identical call in flight, or refuse), the unsettled-write check, then the
 //! approval hold if the authorizer asked for one, then dispatch. So a call that will be replayed
-//! or refused is never shown to a person, and the claim made before the hold keeps an identical
-//! call from running meanwhile; a hold that ends without approval closes the claim as not
-//! executed.
+//! is answered even while another write is unsettled (a replay has no effect), a call that will
+//! be replayed or refused is never shown to a person, and the claim made before the hold keeps
+//! an identical call from running meanwhile; a blocked claim, or a hold that ends without
+//! approval, is closed as not executed.
 
 use crate::events::Event;
 use crate::plan::Epoch;
@@ -257,9 +258,6 @@ async fn run_call(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Dispatc
         (true, Some(k)) => Some(env.scope_state.serialize(k).await),
         _ => None,
     };
-    if mutating && let Some(id) = env.scope_state.blocker(env.journal.as_ref(), key).await {
-        return Dispatched::unrecorded(blocked_by_unsettled(job, key, id));
-    }
     let record = match crate::commit::commit(env, job, mutating).await {
         crate::commit::Committed::Run(record) => record,
         crate::commit::Committed::Answered { receipt, by } => {
@@ -269,6 +267,16 @@ async fn run_call(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Dispatc
             };
         }
     };
+    if mutating && let Some(id) = env.scope_state.blocker(env.journal.as_ref(), key).await {
+        let _ = ring0_journal::cancel_before_dispatch(
+            env.journal.as_ref(),
+            &record,
+            "blocked by an earlier write with an unknown outcome",
+        )
+        .await;
+        env.settled.notify_waiters();
+        return Dispatched::unrecorded(blocked_by_unsettled(job, key, id));
+    }
     if let Err(receipt) = hold_for_approval(env, job, &record).await {
         return Dispatched::unrecorded(receipt);
     }

@@ -665,8 +665,8 @@ async fn a_dead_lettered_intent_is_not_run_again_by_a_retry() {
     let kernel = flaky_kernel(&f, Settlement::None);
     assert_eq!(pay(&kernel).await.state, Some(IntentState::DeadLetter));
     let again = pay(&kernel).await;
-    // The dead-lettered write blocks every later write of its scope until a person settles it.
-    assert_eq!(status(&again), Some(RejectionKind::BlockedByUnsettled));
+    // The journal refuses the dead-lettered call itself until a person settles it.
+    assert_eq!(status(&again), Some(RejectionKind::IntentConflict));
     assert_eq!(f.attempts.load(Ordering::SeqCst), 1);
 }
 

@@ -310,6 +310,31 @@ async fn an_unknown_write_blocks_later_writes_of_the_scope_from_any_session() {
 }
 
 #[tokio::test]
+async fn a_keyed_retry_of_an_acknowledged_write_is_replayed_while_another_write_is_unsettled() {
+    let rec = Recorder::new();
+    let kernel = recorder_kernel(&rec).build();
+    let done = once(&kernel, SessionConfig::new("s"), keyed("a", "k-a")).await;
+    assert!(!done.receipts[0].is_error());
+    let unknown = once(
+        &kernel,
+        SessionConfig::new("s"),
+        call(0, "write", json!({"tag": "x", "fail": "unknown"})),
+    )
+    .await;
+    assert_eq!(unknown.receipts[0].state, Some(IntentState::DeadLetter));
+    let retry = once(&kernel, SessionConfig::new("s"), keyed("a", "k-a")).await;
+    assert_eq!(retry.receipts[0].disposition, Disposition::Replayed);
+    assert_eq!(retry.receipts[0].intent_id, done.receipts[0].intent_id);
+    // A new write is still blocked, and its refused claim does not count as run.
+    let fresh = once(&kernel, SessionConfig::new("s"), keyed("b", "k-b")).await;
+    assert_eq!(
+        status(&fresh.receipts[0]),
+        Some(RejectionKind::BlockedByUnsettled)
+    );
+    assert_eq!(rec.calls(), 2, "the first write and the unknown one only");
+}
+
+#[tokio::test]
 async fn a_settled_unknown_write_no_longer_blocks() {
     let rec = Recorder::new();
     let kernel = recorder_kernel(&rec).build();
