@@ -113,3 +113,46 @@ pub const CLIENT_KEYS_PER_PRINCIPAL_MAX: usize = 65_536;
 
 /// Longest explicit idempotency key the journal stores (256 bytes, as the kernel accepts).
 pub const CLIENT_KEY_BYTES_MAX: usize = ring0_core::limits::IDEMPOTENCY_KEY_BYTES_MAX;
+
+/// Connections the PostgreSQL journal keeps in its pool, at most (16). A proposal holds one for
+/// its transaction; a caller beyond this waits for one (at most [`POSTGRES_POOL_WAIT_MS`]).
+pub const POSTGRES_POOL_CONNECTIONS_DEFAULT: usize = 16;
+
+/// Longest a PostgreSQL journal request waits for a pooled connection (10 s) before it fails
+/// closed with a storage error.
+pub const POSTGRES_POOL_WAIT_MS: u64 = 10_000;
+
+/// Longest the PostgreSQL journal waits to connect to the server (10 s).
+pub const POSTGRES_CONNECT_TIMEOUT_MS: u64 = 10_000;
+
+/// Default lease of a PostgreSQL journal replica (10 s): the records it moved are its own while
+/// its lease runs; once it lapses another replica's recovery takes them. Renewed by heartbeat
+/// every third of it ([`POSTGRES_HEARTBEATS_PER_LEASE`]).
+pub const POSTGRES_LEASE_MS_DEFAULT: u64 = 10_000;
+
+/// Shortest lease a PostgreSQL replica may take (200 ms): shorter, a heartbeat's round trip and
+/// scheduling delays would let a live replica's lease lapse.
+pub const POSTGRES_LEASE_MS_MIN: u64 = 200;
+
+/// Heartbeats per lease (3): a replica renews its lease every third of it, so two heartbeats
+/// may be lost before it lapses.
+pub const POSTGRES_HEARTBEATS_PER_LEASE: u64 = 3;
+
+/// Most expired records one recovery pass takes (256); the next pass takes the rest.
+pub const POSTGRES_TAKE_BATCH_MAX: i64 = 256;
+
+/// Most times a PostgreSQL proposal is decided again after another replica changed what it
+/// read (a claim or a fence that moved between its reads and its writes) (16). Each retry reads
+/// the other's committed result, so a retry decides; reaching this fails closed.
+pub const POSTGRES_PROPOSE_RETRIES_MAX: u32 = 16;
+
+/// Delivery marks the PostgreSQL journal holds until its next write (4,096); beyond it a mark
+/// is dropped, which only makes the next identical call a replay (the safe side).
+pub const POSTGRES_DELIVERIES_PENDING_MAX: usize = 4096;
+
+/// Worker threads of the runtime the PostgreSQL journal runs its I/O on (2).
+pub const POSTGRES_RUNTIME_THREADS: usize = 2;
+
+/// Longest a closing PostgreSQL journal waits to give up its lease (2 s); past it the lease
+/// simply lapses.
+pub const POSTGRES_CLOSE_TIMEOUT_MS: u64 = 2_000;

@@ -3,7 +3,8 @@
 
 use ring0_core::{SemanticKey, canonical::canonical_string};
 use ring0_journal::{
-    Clock, Journal, ManualClock, MemoryJournal, Proposal, SqliteJournal, SqliteOptions,
+    Clock, Journal, ManualClock, MemoryJournal, PostgresJournal, PostgresOptions, Proposal,
+    SqliteJournal, SqliteOptions,
 };
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -40,10 +41,12 @@ pub struct Backend {
     kind: Kind,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Kind {
     Memory,
     Sqlite,
+    /// The URL of this test's own schema.
+    Postgres(String),
 }
 
 impl Backend {
@@ -69,9 +72,23 @@ impl Backend {
         }
     }
 
+    /// A journal in a fresh schema of the test database, or `None` (with the reason printed)
+    /// when no database is configured outside CI.
+    pub fn postgres() -> Option<Self> {
+        let url = fresh_postgres_schema()?;
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let journal = PostgresJournal::open(&url, postgres_options(&clock)).unwrap();
+        Some(Self {
+            journal: Arc::new(journal),
+            clock,
+            dir: None,
+            kind: Kind::Postgres(url),
+        })
+    }
+
     /// Drops every in-memory structure and opens the journal again from its log alone.
     pub async fn reopen(&mut self) {
-        match self.kind {
+        match self.kind.clone() {
             Kind::Memory => {
                 let records = {
                     let j = self.journal.clone();
@@ -88,8 +105,68 @@ impl Backend {
                 self.journal =
                     Arc::new(SqliteJournal::open_with(path, options(&self.clock)).unwrap());
             }
+            Kind::Postgres(url) => {
+                // Dropping the old replica gives up its lease: its open records are the new
+                // one's to recover, as a restarted process's are.
+                self.journal = Arc::new(MemoryJournal::new());
+                self.journal =
+                    Arc::new(PostgresJournal::open(&url, postgres_options(&self.clock)).unwrap());
+            }
         }
     }
+}
+
+pub fn postgres_options(clock: &Arc<ManualClock>) -> PostgresOptions {
+    PostgresOptions {
+        clock: clock.clone() as Arc<dyn Clock>,
+        pool_connections: 4,
+        ..PostgresOptions::default()
+    }
+}
+
+/// The environment variable naming the test database (`scripts/test.sh` starts one).
+pub const POSTGRES_URL_ENV: &str = "RING0_TEST_POSTGRES_URL";
+
+/// The test database's URL. Without one, a test on PostgreSQL is skipped with the reason
+/// printed — except under CI, where it fails: the suite must not pass without having run.
+pub fn postgres_url() -> Option<String> {
+    match std::env::var(POSTGRES_URL_ENV) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("{POSTGRES_URL_ENV} is not set under CI: the PostgreSQL tests cannot run")
+        }
+        _ => {
+            eprintln!("skipped: {POSTGRES_URL_ENV} is not set (scripts/test.sh starts a database)");
+            None
+        }
+    }
+}
+
+/// A new, empty schema in the test database, and a URL whose connections use it.
+pub fn fresh_postgres_schema() -> Option<String> {
+    let url = postgres_url()?;
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    admin(&url, &format!("CREATE SCHEMA {schema}"));
+    let sep = if url.contains('?') { '&' } else { '?' };
+    Some(format!("{url}{sep}options=-c%20search_path%3D{schema}"))
+}
+
+/// Runs one statement on the database `url` names (a test's own connection, beside the
+/// journal's).
+pub fn admin(url: &str, sql: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let driver = tokio::spawn(connection);
+        client.batch_execute(sql).await.unwrap();
+        drop(client);
+        let _ = driver.await;
+    });
 }
 
 pub fn options(clock: &Arc<ManualClock>) -> SqliteOptions {
@@ -99,7 +176,7 @@ pub fn options(clock: &Arc<ManualClock>) -> SqliteOptions {
     }
 }
 
-/// Generates one test per backend for each async behaviour `fn name(b: &mut Backend)`.
+/// Generates one test per backend (PostgreSQL's skipped, with the reason, without a database) for each async behaviour `fn name(b: &mut Backend)`.
 #[macro_export]
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
@@ -113,6 +190,14 @@ macro_rules! on_both_backends {
             $(#[test]
             fn $name() {
                 futures::executor::block_on(super::$name(&mut super::common::Backend::sqlite()))
+            })*
+        }
+        mod postgres {
+            $(#[test]
+            fn $name() {
+                if let Some(mut b) = super::common::Backend::postgres() {
+                    futures::executor::block_on(super::$name(&mut b))
+                }
             })*
         }
     };

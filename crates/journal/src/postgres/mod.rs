@@ -1,0 +1,593 @@
+//! The shared backend: one PostgreSQL database for several ring0 replicas.
+//!
+//! - **The same decisions.** A proposal reads the records that bear on it and lets the private
+//!   `decide` module answer, as [`crate::MemoryJournal`] and [`crate::SqliteJournal`] do; a
+//!   transition is `decide::plan_transition` and a compare-and-set on the record's fence in SQL.
+//!   Every decision is made on the primary the pool connects to.
+//! - **Claims** (`propose`). A new record claims its semantic key, content digest and caller's
+//!   key with `INSERT … ON CONFLICT DO NOTHING RETURNING` (or moves them from the record it read
+//!   with a compare-and-set); two replicas proposing one intent at once get one record, and the
+//!   one that lost the claim decides again and is answered by the other's record.
+//! - **Leases** (`lease`). Each open is a replica with its own incarnation and a lease it renews
+//!   by heartbeat; a replica that stops renewing (killed, partitioned, closed) leaves its open
+//!   records to the recovery of any other, which takes them with `FOR UPDATE SKIP LOCKED` and
+//!   moves their fences, so the replica that lapsed is fenced out if it wakes up.
+//!   [`Journal::open_records`] is that take: the records recovery must settle now.
+//! - **Durability** is the server's: a proposal or transition returns after its transaction
+//!   committed (with the server's `synchronous_commit`).
+//! - **Delivery marks** are held in memory and written with the replica's next proposal (or
+//!   heartbeat), never waited for, as the SQLite journal writes them with its next commit.
+//! - **Migrations** (`schema`) are numbered, in `ring0_schema`, run once under an advisory lock.
+//! - **TLS** through rustls (ring provider, the platform's roots), as the URL's `sslmode` asks.
+//!
+//! The journal runs its I/O on a small runtime of its own, so it serves any executor (the
+//! kernel's tokio runtime, or `block_on` in a test) and its lease is renewed whatever its callers
+//! do.
+
+mod lease;
+mod propose;
+mod rows;
+mod schema;
+
+use crate::clock::{Clock, SystemClock};
+use crate::decide;
+use crate::limits::{
+    MEMO_ENTRIES_MAX, POSTGRES_CLOSE_TIMEOUT_MS, POSTGRES_CONNECT_TIMEOUT_MS,
+    POSTGRES_DELIVERIES_PENDING_MAX, POSTGRES_HEARTBEATS_PER_LEASE, POSTGRES_LEASE_MS_DEFAULT,
+    POSTGRES_LEASE_MS_MIN, POSTGRES_POOL_CONNECTIONS_DEFAULT, POSTGRES_POOL_WAIT_MS,
+    POSTGRES_RUNTIME_THREADS, RECENT_LIMIT_MAX,
+};
+use crate::memo::MemoEntry;
+use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
+use crate::{Journal, JournalError};
+use async_trait::async_trait;
+use deadpool_postgres::GenericClient;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use ring0_core::{Fingerprint, Observation, SemanticKey};
+use rows::{cols, icols, to_i64};
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_postgres::error::SqlState;
+
+/// How to open a PostgreSQL journal.
+#[derive(Clone)]
+pub struct PostgresOptions {
+    /// Pooled connections, at least one. Default [`POSTGRES_POOL_CONNECTIONS_DEFAULT`].
+    pub pool_connections: usize,
+    /// This replica's lease: how long after its last heartbeat its records stay its own.
+    /// Default [`POSTGRES_LEASE_MS_DEFAULT`], at least [`POSTGRES_LEASE_MS_MIN`].
+    pub lease_ms: u64,
+    /// Timestamps and new ids.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        Self {
+            pool_connections: POSTGRES_POOL_CONNECTIONS_DEFAULT,
+            lease_ms: POSTGRES_LEASE_MS_DEFAULT,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl std::fmt::Debug for PostgresOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresOptions")
+            .field("pool_connections", &self.pool_connections)
+            .field("lease_ms", &self.lease_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `url` names a PostgreSQL journal (`postgres://…` or `postgresql://…`).
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The database as errors name it: `postgres://host:port/dbname`, never a password.
+#[derive(Debug, Clone)]
+pub(crate) struct Db {
+    pub(crate) name: String,
+}
+
+impl Db {
+    fn of(config: &tokio_postgres::Config) -> Self {
+        use tokio_postgres::config::Host;
+        let host = match config.get_hosts().first() {
+            Some(Host::Tcp(h)) => h.clone(),
+            #[cfg(unix)]
+            Some(Host::Unix(p)) => p.display().to_string(),
+            None => "localhost".into(),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let db = config
+            .get_dbname()
+            .or(config.get_user())
+            .unwrap_or("postgres");
+        Self {
+            name: format!("postgres://{host}:{port}/{db}"),
+        }
+    }
+
+    /// Maps a database error: a full disk → [`JournalError::Full`], anything else a storage
+    /// error with the server's message.
+    pub(crate) fn sql(&self, e: tokio_postgres::Error) -> JournalError {
+        if e.code() == Some(&SqlState::DISK_FULL) {
+            return JournalError::Full(format!("{}: {e}", self.name));
+        }
+        match e.as_db_error() {
+            Some(db) => JournalError::Storage(format!(
+                "{}: {} {}: {}",
+                self.name,
+                db.severity(),
+                db.code().code(),
+                db.message()
+            )),
+            None => JournalError::Storage(format!("{}: {e}", self.name)),
+        }
+    }
+
+    pub(crate) fn corrupt(&self, detail: impl Into<String>) -> JournalError {
+        JournalError::Corrupt {
+            path: self.name.clone().into(),
+            detail: detail.into(),
+        }
+    }
+
+    /// An error another transaction caused, after which deciding again succeeds.
+    pub(crate) fn is_retryable(e: &tokio_postgres::Error) -> bool {
+        matches!(
+            e.code(),
+            Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE
+                || *c == SqlState::T_R_DEADLOCK_DETECTED
+        )
+    }
+
+    pub(crate) fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
+        e.code() == Some(&SqlState::UNIQUE_VIOLATION)
+    }
+}
+
+/// What every request of one journal shares: the pool, the clock, this replica.
+pub(crate) struct Shared {
+    pub(crate) db: Db,
+    pool: Pool,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) incarnation: u64,
+    pub(crate) lease_ms: u64,
+    /// Delivery marks not yet written (see [`Journal::mark_delivered`]).
+    deliveries: Mutex<Vec<IntentId>>,
+}
+
+impl Shared {
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client, JournalError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| JournalError::Storage(format!("{}: {e}", self.db.name)))
+    }
+
+    fn lock_deliveries(&self) -> std::sync::MutexGuard<'_, Vec<IntentId>> {
+        // A panic while holding the lock leaves a list of ids, each whole.
+        self.deliveries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The delivery marks to write with the next transaction; they stay pending until
+    /// [`Shared::deliveries_written`], so every transaction until then writes them too.
+    pub(crate) fn pending_deliveries(&self) -> Vec<IntentId> {
+        self.lock_deliveries().clone()
+    }
+
+    pub(crate) fn deliveries_written(&self, written: &[IntentId]) {
+        if !written.is_empty() {
+            self.lock_deliveries().retain(|id| !written.contains(id));
+        }
+    }
+}
+
+/// Writes delivery marks (no fence change: delivery is not a state of the record).
+pub(crate) async fn write_deliveries(
+    client: &impl GenericClient,
+    db: &Db,
+    ids: &[IntentId],
+    now: u64,
+) -> Result<(), JournalError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<String> = ids.iter().map(IntentId::to_string).collect();
+    client
+        .execute(
+            "UPDATE intents SET delivered_ms = $1 WHERE id = ANY($2) AND delivered_ms IS NULL",
+            &[&to_i64(now), &ids],
+        )
+        .await
+        .map_err(|e| db.sql(e))?;
+    Ok(())
+}
+
+/// The PostgreSQL journal. Cheap to share behind an `Arc`; dropping it gives up its lease (so
+/// another replica may recover its open records at once) and closes its connections.
+pub struct PostgresJournal {
+    shared: Arc<Shared>,
+    runtime: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+    heartbeat: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl PostgresJournal {
+    /// Connects to the database `url` names (`postgres://user:password@host:port/db?sslmode=…`),
+    /// runs the migrations it lacks, and registers a new replica.
+    pub fn open(url: &str, options: PostgresOptions) -> Result<Self, JournalError> {
+        if options.lease_ms < POSTGRES_LEASE_MS_MIN {
+            return Err(JournalError::Invalid(format!(
+                "a replica's lease is {} ms, less than the {POSTGRES_LEASE_MS_MIN} ms allowed",
+                options.lease_ms
+            )));
+        }
+        let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
+            JournalError::Invalid(format!(
+                "{url:?} is not a PostgreSQL URL: {e}",
+                url = redact(url)
+            ))
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_millis(POSTGRES_CONNECT_TIMEOUT_MS));
+        }
+        config.application_name("ring0");
+        let db = Db::of(&config);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(POSTGRES_RUNTIME_THREADS)
+            .thread_name("ring0-journal-pg")
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| {
+                JournalError::Storage(format!("{}: starting its runtime: {e}", db.name))
+            })?;
+        let handle = runtime.handle().clone();
+        let pool = pool(config, &db, options.pool_connections.max(1), &handle)?;
+        let (lease_ms, clock) = (options.lease_ms, options.clock);
+        let opened = block_on(&runtime, async {
+            let mut client = pool
+                .get()
+                .await
+                .map_err(|e| JournalError::Storage(format!("{}: {e}", db.name)))?;
+            schema::migrate(&mut client, &db).await?;
+            lease::register(&client, &db, lease_ms).await
+        });
+        let incarnation = match opened {
+            Ok(incarnation) => incarnation,
+            Err(e) => {
+                runtime.shutdown_background();
+                return Err(e);
+            }
+        };
+        let shared = Arc::new(Shared {
+            db,
+            pool,
+            clock,
+            incarnation,
+            lease_ms,
+            deliveries: Mutex::new(Vec::new()),
+        });
+        let heartbeat = handle.spawn(heartbeat(shared.clone()));
+        Ok(Self {
+            shared,
+            runtime: Some(runtime),
+            handle,
+            heartbeat: Some(heartbeat),
+        })
+    }
+
+    /// The database, as errors name it (`postgres://host:port/db`).
+    pub fn name(&self) -> &str {
+        &self.shared.db.name
+    }
+
+    /// This replica's lease.
+    pub fn lease_ms(&self) -> u64 {
+        self.shared.lease_ms
+    }
+
+    /// Runs `f` on the journal's runtime and waits for it from any executor.
+    async fn run<T, F>(&self, f: impl FnOnce(Arc<Shared>) -> F) -> Result<T, JournalError>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, JournalError>> + Send + 'static,
+    {
+        let task = self.handle.spawn(f(self.shared.clone()));
+        task.await.map_err(|e| {
+            JournalError::Storage(format!("{}: journal task failed: {e}", self.shared.db.name))
+        })?
+    }
+}
+
+/// A URL with its password replaced, for messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:…@{host}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+fn pool(
+    config: tokio_postgres::Config,
+    db: &Db,
+    size: usize,
+    handle: &tokio::runtime::Handle,
+) -> Result<Pool, JournalError> {
+    let tls = tls(db)?;
+    let manager = Manager::from_config(
+        config,
+        tls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let wait = Some(Duration::from_millis(POSTGRES_POOL_WAIT_MS));
+    let _entered = handle.enter();
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(wait)
+        .create_timeout(Some(Duration::from_millis(POSTGRES_CONNECT_TIMEOUT_MS)))
+        .recycle_timeout(wait)
+        .build()
+        .map_err(|e| JournalError::Storage(format!("{}: {e}", db.name)))
+}
+
+/// rustls with the ring provider and the platform's verifier, used when the URL's `sslmode`
+/// asks for TLS (`prefer`, the default, uses it when the server offers it; `require` insists).
+fn tls(db: &Db) -> Result<tokio_postgres_rustls::MakeRustlsConnect, JournalError> {
+    use rustls_platform_verifier::BuilderVerifierExt;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_platform_verifier())
+        .map_err(|e| JournalError::Storage(format!("{}: TLS: {e}", db.name)))?
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+/// Runs `f` to completion on `runtime` from any thread, inside an async context or not.
+fn block_on<F>(runtime: &tokio::runtime::Runtime, f: F) -> F::Output
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    std::thread::scope(|s| {
+        s.spawn(|| runtime.block_on(f))
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// Renews the lease every [`POSTGRES_HEARTBEATS_PER_LEASE`]th of it, and writes the delivery
+/// marks no proposal has written since. A failed renewal is tried again at the next beat; a
+/// lease that lapses meanwhile only lets another replica take (and fence) its records.
+async fn heartbeat(shared: Arc<Shared>) {
+    let every = Duration::from_millis(shared.lease_ms / POSTGRES_HEARTBEATS_PER_LEASE);
+    let mut beat = tokio::time::interval(every);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        beat.tick().await;
+        let _ = lease::renew(&shared).await;
+        let deliveries = shared.pending_deliveries();
+        if !deliveries.is_empty()
+            && let Ok(client) = shared.client().await
+            && write_deliveries(&client, &shared.db, &deliveries, shared.clock.now_ms())
+                .await
+                .is_ok()
+        {
+            shared.deliveries_written(&deliveries);
+        }
+    }
+}
+
+impl Drop for PostgresJournal {
+    fn drop(&mut self) {
+        if let Some(beat) = self.heartbeat.take() {
+            beat.abort();
+        }
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        let shared = self.shared.clone();
+        let _ = block_on(&runtime, async move {
+            let limit = Duration::from_millis(POSTGRES_CLOSE_TIMEOUT_MS);
+            let deliveries = shared.pending_deliveries();
+            let _ = tokio::time::timeout(limit, async {
+                if let Ok(client) = shared.client().await {
+                    let now = shared.clock.now_ms();
+                    let _ = write_deliveries(&client, &shared.db, &deliveries, now).await;
+                }
+                lease::release(&shared).await
+            })
+            .await;
+        });
+        runtime.shutdown_background();
+    }
+}
+
+#[async_trait]
+impl Journal for PostgresJournal {
+    async fn propose(&self, proposal: Proposal) -> Result<ProposeDecision, JournalError> {
+        decide::validate_proposal(&proposal)?;
+        // An id is drawn for every proposal the host names none for, as the other backends do.
+        let id = proposal
+            .intent_id
+            .unwrap_or_else(|| self.shared.clock.new_id());
+        self.run(move |shared| async move { propose::propose(&shared, &proposal, id).await })
+            .await
+    }
+
+    async fn transition(&self, t: Transition) -> Result<IntentRecord, JournalError> {
+        self.run(move |shared| async move {
+            let db = &shared.db;
+            let client = shared.client().await?;
+            let record = rows::load_by_id(&client, db, &t.id)
+                .await?
+                .ok_or(JournalError::NotFound(t.id))?;
+            let now = shared.clock.now_ms();
+            let next = decide::plan_transition(&record, &t, now, shared.incarnation)?;
+            if rows::update(&client, db, &next, record.fence, shared.incarnation, now).await? {
+                return Ok(next);
+            }
+            // Another replica moved it between the read and the write.
+            let actual = rows::load_by_id(&client, db, &t.id)
+                .await?
+                .map_or(record.fence, |r| r.fence);
+            Err(JournalError::StaleFence {
+                id: t.id,
+                expected: t.expected_fence,
+                actual,
+            })
+        })
+        .await
+    }
+
+    fn mark_delivered(&self, id: IntentId) {
+        // Never waits: written with the next proposal or heartbeat. A mark dropped beyond the
+        // bound only makes the next identical call a replay.
+        let mut pending = self.shared.lock_deliveries();
+        if pending.len() < POSTGRES_DELIVERIES_PENDING_MAX && !pending.contains(&id) {
+            pending.push(id);
+        }
+    }
+
+    async fn get(&self, id: IntentId) -> Result<Option<IntentRecord>, JournalError> {
+        self.run(move |shared| async move {
+            let client = shared.client().await?;
+            rows::load_by_id(&client, &shared.db, &id).await
+        })
+        .await
+    }
+
+    async fn find_by_key(&self, key: &SemanticKey) -> Result<Option<IntentRecord>, JournalError> {
+        let key = key.encode();
+        self.run(move |shared| async move {
+            let client = shared.client().await?;
+            let row = client
+                .query_opt(
+                    concat!(
+                        "SELECT ",
+                        icols!(),
+                        " FROM intent_keys k JOIN intents i ON i.seq = k.intent_seq
+                         WHERE k.semantic_key = $1 AND i.mutating"
+                    ),
+                    &[&key],
+                )
+                .await
+                .map_err(|e| shared.db.sql(e))?;
+            row.map(|r| rows::from_row(&r, &shared.db)).transpose()
+        })
+        .await
+    }
+
+    /// The records recovery must settle now: those whose holder's lease lapsed, taken by this
+    /// replica (see the `lease` module), with this replica's own records in flight.
+    async fn open_records(&self) -> Result<Vec<IntentRecord>, JournalError> {
+        self.run(|shared| async move { lease::take_expired(&shared).await })
+            .await
+    }
+
+    async fn recent(&self, limit: usize) -> Result<Vec<IntentRecord>, JournalError> {
+        let limit = i64::try_from(limit.min(RECENT_LIMIT_MAX)).unwrap_or(0);
+        self.run(move |shared| async move {
+            let client = shared.client().await?;
+            let found = client
+                .query(
+                    concat!(
+                        "SELECT ",
+                        cols!(),
+                        " FROM intents ORDER BY seq DESC LIMIT $1"
+                    ),
+                    &[&limit],
+                )
+                .await
+                .map_err(|e| shared.db.sql(e))?;
+            found
+                .iter()
+                .map(|r| rows::from_row(r, &shared.db))
+                .collect()
+        })
+        .await
+    }
+
+    fn incarnation(&self) -> Option<u64> {
+        Some(self.shared.incarnation)
+    }
+
+    async fn memo_get(
+        &self,
+        fingerprint: &Fingerprint,
+        max_age_ms: u64,
+    ) -> Result<Option<Observation>, JournalError> {
+        let fp = fingerprint.encode();
+        self.run(move |shared| async move {
+            let client = shared.client().await?;
+            let row = client
+                .query_opt(
+                    "SELECT observation, stored_ms FROM memo WHERE fingerprint = $1",
+                    &[&fp],
+                )
+                .await
+                .map_err(|e| shared.db.sql(e))?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            let entry = MemoEntry {
+                text: row.try_get(0).map_err(|e| shared.db.sql(e))?,
+                stored_ms: u64::try_from(row.try_get::<_, i64>(1).map_err(|e| shared.db.sql(e))?)
+                    .unwrap_or(u64::MAX),
+            };
+            Ok(entry.serve(shared.clock.now_ms(), max_age_ms))
+        })
+        .await
+    }
+
+    async fn memo_put(
+        &self,
+        fingerprint: &Fingerprint,
+        observation: &Observation,
+    ) -> Result<bool, JournalError> {
+        let Some(entry) = MemoEntry::new(observation, self.shared.clock.now_ms()) else {
+            return Ok(false);
+        };
+        let fp = fingerprint.encode();
+        self.run(move |shared| async move {
+            let db = &shared.db;
+            let mut client = shared.client().await?;
+            let tx = client.transaction().await.map_err(|e| db.sql(e))?;
+            tx.execute(
+                "INSERT INTO memo (fingerprint, observation, stored_ms) VALUES ($1, $2, $3)
+                 ON CONFLICT (fingerprint) DO UPDATE SET
+                   observation = excluded.observation, stored_ms = excluded.stored_ms",
+                &[&fp, &entry.text, &to_i64(entry.stored_ms)],
+            )
+            .await
+            .map_err(|e| db.sql(e))?;
+            tx.execute(
+                "DELETE FROM memo WHERE fingerprint IN (
+                   SELECT fingerprint FROM memo ORDER BY stored_ms, fingerprint
+                   LIMIT greatest(0, (SELECT count(*) FROM memo) - $1))",
+                &[&(MEMO_ENTRIES_MAX as i64)],
+            )
+            .await
+            .map_err(|e| db.sql(e))?;
+            tx.commit().await.map_err(|e| db.sql(e))?;
+            Ok(true)
+        })
+        .await
+    }
+}

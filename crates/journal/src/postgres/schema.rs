@@ -1,0 +1,115 @@
+//! The PostgreSQL schema and its numbered migrations.
+//!
+//! `ring0_schema` holds one row per migration that ran. Migrations run at open, each in a
+//! transaction with its row, under a transaction-scoped advisory lock, so replicas starting
+//! together migrate once and a crash leaves the schema at one version or the next. A database
+//! whose schema is newer than this build knows is refused.
+
+use super::Db;
+use crate::JournalError;
+use deadpool_postgres::Client;
+
+/// The advisory lock that serializes migrations ("r0jl").
+const MIGRATION_LOCK: i64 = 0x7230_6a6c;
+
+/// Schema migrations; `ring0_schema` has a row for each that ran.
+pub(crate) const MIGRATIONS: &[&str] = &[
+    // 1: replicas and their leases, intents, the identity claims (semantic key, content digest,
+    // the caller's key), memoized reads.
+    "CREATE TABLE replicas (
+        incarnation BIGSERIAL   PRIMARY KEY,
+        lease_until TIMESTAMPTZ NOT NULL,
+        started_at  TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+        host        TEXT        NOT NULL
+    );
+    CREATE TABLE intents (
+        seq              BIGSERIAL PRIMARY KEY,
+        id               TEXT      NOT NULL UNIQUE,
+        semantic_key     TEXT      NOT NULL,
+        scope            TEXT      NOT NULL,
+        attempt_epoch    BIGINT    NOT NULL,
+        tool             TEXT      NOT NULL,
+        canonical_args   TEXT      NOT NULL,
+        call_ids         TEXT      NOT NULL,
+        idempotency_key  TEXT      NOT NULL,
+        mutating         BOOLEAN   NOT NULL,
+        fence            BIGINT    NOT NULL,
+        attempts         BIGINT    NOT NULL,
+        state            TEXT      NOT NULL,
+        timeline         TEXT      NOT NULL,
+        receipt          TEXT,
+        snapshot         TEXT,
+        owner            BIGINT    NOT NULL,
+        holder           BIGINT    NOT NULL,
+        attempt          BIGINT    NOT NULL,
+        delivered_ms     BIGINT,
+        client_principal TEXT,
+        client_key       TEXT,
+        created_ms       BIGINT    NOT NULL,
+        updated_ms       BIGINT    NOT NULL
+    );
+    CREATE INDEX intents_open ON intents (holder, seq)
+        WHERE state IN ('PROPOSED', 'RECORDED', 'DISPATCHED', 'UNKNOWN', 'RECONCILING');
+    CREATE TABLE intent_keys (
+        semantic_key TEXT   PRIMARY KEY,
+        intent_seq   BIGINT NOT NULL REFERENCES intents (seq)
+    );
+    CREATE TABLE intent_contents (
+        content_digest TEXT   PRIMARY KEY,
+        intent_seq     BIGINT NOT NULL REFERENCES intents (seq)
+    );
+    CREATE TABLE client_keys (
+        principal  TEXT   NOT NULL,
+        client_key TEXT   NOT NULL,
+        intent_seq BIGINT NOT NULL REFERENCES intents (seq),
+        bound_ms   BIGINT NOT NULL,
+        PRIMARY KEY (principal, client_key)
+    );
+    CREATE INDEX client_keys_by_age ON client_keys (principal, bound_ms, client_key);
+    CREATE TABLE memo (
+        fingerprint TEXT   PRIMARY KEY,
+        observation TEXT   NOT NULL,
+        stored_ms   BIGINT NOT NULL
+    );
+    CREATE INDEX memo_by_age ON memo (stored_ms, fingerprint);",
+];
+
+/// Runs the migrations the database has not run yet, or refuses a schema newer than this build.
+pub(crate) async fn migrate(client: &mut Client, db: &Db) -> Result<(), JournalError> {
+    let tx = client.transaction().await.map_err(|e| db.sql(e))?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(|e| db.sql(e))?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS ring0_schema (
+            version    INT         PRIMARY KEY,
+            applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+        )",
+    )
+    .await
+    .map_err(|e| db.sql(e))?;
+    let found: i32 = tx
+        .query_one("SELECT coalesce(max(version), 0) FROM ring0_schema", &[])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| db.sql(e))?;
+    let supported = MIGRATIONS.len() as i64;
+    if i64::from(found) > supported {
+        return Err(JournalError::SchemaTooNew {
+            path: db.name.clone().into(),
+            found: i64::from(found),
+            supported,
+        });
+    }
+    for (n, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let version = i32::try_from(n + 1).expect("fewer than 2^31 migrations");
+        tx.batch_execute(sql).await.map_err(|e| db.sql(e))?;
+        tx.execute(
+            "INSERT INTO ring0_schema (version) VALUES ($1)",
+            &[&version],
+        )
+        .await
+        .map_err(|e| db.sql(e))?;
+    }
+    tx.commit().await.map_err(|e| db.sql(e))
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Starts a throw-away PostgreSQL cluster for the tests and prints the URL they reach it at.
+#
+#   eval "$(bash scripts/test-postgres.sh start DIR)"   # exports RING0_TEST_POSTGRES_URL
+#   bash scripts/test-postgres.sh stop DIR
+#
+# Installs Debian's `postgresql` package when no server is found. The cluster lives in DIR
+# (created), listens on 127.0.0.1 at a free port, runs as the `postgres` user (PostgreSQL refuses
+# to run as root) and trades durability for speed (`fsync=off`): it holds test data only.
+set -euo pipefail
+
+cmd=${1:?usage: test-postgres.sh start|stop DIR}
+dir=${2:?usage: test-postgres.sh start|stop DIR}
+
+bindir() {
+    local initdb
+    initdb=$(command -v initdb 2>/dev/null || ls -d /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -n1 || true)
+    [ -n "$initdb" ] && dirname "$initdb"
+}
+
+run_as() {
+    if [ "$(id -u)" = 0 ]; then
+        runuser -u "$pg_user" -- "$@"
+    else
+        "$@"
+    fi
+}
+
+pg_user=postgres
+if [ "$(id -u)" = 0 ] && ! id "$pg_user" >/dev/null 2>&1; then
+    pg_user=nobody
+fi
+
+case "$cmd" in
+start)
+    bin=$(bindir || true)
+    if [ -z "$bin" ]; then
+        echo "test-postgres: installing PostgreSQL" >&2
+        apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >&2
+        bin=$(bindir)
+        if [ "$(id -u)" = 0 ] && id postgres >/dev/null 2>&1; then pg_user=postgres; fi
+    fi
+    mkdir -p "$dir"
+    [ "$(id -u)" = 0 ] && chown "$pg_user" "$dir"
+    chmod 700 "$dir"
+    run_as "$bin/initdb" -D "$dir/data" -U ring0 --auth=trust -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
+        || { cat "$dir/initdb.log" >&2; exit 1; }
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    run_as "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400" \
+        start >&2 || { cat "$dir/server.log" >&2; exit 1; }
+    echo "export RING0_TEST_POSTGRES_URL=postgres://ring0@127.0.0.1:$port/postgres"
+    echo "export RING0_TEST_POSTGRES_DIR=$dir"
+    echo "export RING0_TEST_POSTGRES_BIN=$bin"
+    ;;
+stop)
+    bin=$(bindir)
+    [ -d "$dir/data" ] && run_as "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >&2 || true
+    ;;
+*)
+    echo "usage: test-postgres.sh start|stop DIR" >&2
+    exit 2
+    ;;
+esac
