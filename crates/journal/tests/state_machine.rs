@@ -332,3 +332,72 @@ fn ownerless_decision(d: ProposeDecision) -> ProposeDecision {
         },
     }
 }
+
+/// Cases replayed on PostgreSQL: each case opens a journal in a schema of its own.
+const POSTGRES_CASES: u32 = 48;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: POSTGRES_CASES, ..ProptestConfig::default() })]
+
+    /// The memory backend's answers are the reference for PostgreSQL too. `None` among the
+    /// operations closes the replica and opens another on the same database: its decisions come
+    /// from the rows alone.
+    #[test]
+    fn the_postgres_backend_answers_every_sequence_like_the_memory_backend(
+        ops in proptest::collection::vec(
+            prop_oneof![9 => op().prop_map(Some), 1 => Just(None)],
+            1..40,
+        )
+    ) {
+        let Some(url) = common::fresh_postgres_schema() else {
+            return Ok(());
+        };
+        let clock_m = Arc::new(ManualClock::new(1));
+        let clock_p = Arc::new(ManualClock::new(1));
+        let memory = MemoryJournal::with_clock(clock_m);
+        let open = || {
+            ring0_journal::PostgresJournal::open(&url, common::postgres_options(&clock_p)).unwrap()
+        };
+        let mut postgres = open();
+        let mut ids: Vec<IntentId> = Vec::new();
+        for op in ops {
+            let Some(op) = op else {
+                drop(postgres);
+                postgres = open();
+                continue;
+            };
+            match op {
+                Op::Propose { intent, version, host, mutating } => {
+                    let p = make(intent, version, host, mutating);
+                    let a = block_on(memory.propose(p.clone())).unwrap();
+                    let b = block_on(postgres.propose(p)).unwrap();
+                    prop_assert_eq!(ownerless_decision(a.clone()), ownerless_decision(b));
+                    if let ProposeDecision::Recorded(r) = &a && !ids.contains(&r.id) {
+                        ids.push(r.id);
+                    }
+                }
+                Op::Transition { pick, to, stale } => {
+                    if ids.is_empty() {
+                        continue;
+                    }
+                    let r = block_on(memory.get(ids[pick % ids.len()])).unwrap().unwrap();
+                    let mut t = Transition::to(&r, to);
+                    if stale {
+                        t.expected_fence = r.fence.saturating_sub(1);
+                    }
+                    let a = block_on(memory.transition(t.clone()));
+                    let b = block_on(postgres.transition(t));
+                    prop_assert_eq!(a.map(ownerless), b.map(ownerless));
+                }
+            }
+        }
+        let mut a = block_on(memory.recent(10_000)).unwrap();
+        let mut b = block_on(postgres.recent(10_000)).unwrap();
+        a.sort_by_key(|r| r.id);
+        b.sort_by_key(|r| r.id);
+        prop_assert_eq!(
+            a.into_iter().map(ownerless).collect::<Vec<_>>(),
+            b.into_iter().map(ownerless).collect::<Vec<_>>()
+        );
+    }
+}

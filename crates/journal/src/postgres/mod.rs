@@ -403,7 +403,7 @@ impl Drop for PostgresJournal {
             return;
         };
         let shared = self.shared.clone();
-        let _ = block_on(&runtime, async move {
+        block_on(&runtime, async move {
             let limit = Duration::from_millis(POSTGRES_CLOSE_TIMEOUT_MS);
             let deliveries = shared.pending_deliveries();
             let _ = tokio::time::timeout(limit, async {

@@ -1,0 +1,294 @@
+//! The PostgreSQL journal as several replicas see it: one database, one decision per intent,
+//! leases that lapse and are taken, and a replica that lapsed fenced out. Each test runs in a
+//! schema of its own in the database `RING0_TEST_POSTGRES_URL` names (skipped, with the reason,
+//! without one; failing under CI).
+
+mod common;
+
+use common::{admin, fresh_postgres_schema, proposal, refund};
+use futures::executor::block_on;
+use ring0_core::receipt::{CallOutcome, Disposition};
+use ring0_core::{IntentState, Observation, Receipt, Settlement};
+use ring0_journal::{
+    ClientKey, Clock, DispatchOutcome, IntentRecord, Journal, JournalError, ManualClock,
+    PostgresJournal, PostgresOptions, ProbeVerdict, ProposeDecision, RecoveryPolicy, Transition,
+    begin_dispatch, record_outcome, recover,
+};
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+
+fn options(lease_ms: u64) -> PostgresOptions {
+    PostgresOptions {
+        clock: Arc::new(ManualClock::new(1_000_000)) as Arc<dyn Clock>,
+        pool_connections: 4,
+        lease_ms,
+    }
+}
+
+/// A replica whose heartbeat will not come during the test (so a lease made to lapse stays
+/// lapsed).
+fn replica(url: &str) -> PostgresJournal {
+    PostgresJournal::open(url, options(60_000)).unwrap()
+}
+
+/// Makes a replica's lease lapse as if it had stopped renewing it (killed, partitioned, paused).
+fn lapse(url: &str, journal: &PostgresJournal) {
+    let me = journal.incarnation().unwrap();
+    admin(
+        url,
+        &format!("UPDATE replicas SET lease_until = '-infinity' WHERE incarnation = {me}"),
+    );
+}
+
+fn recorded(d: ProposeDecision) -> IntentRecord {
+    match d {
+        ProposeDecision::Recorded(r) => r,
+        other => panic!("expected recorded, got {}", other.kind()),
+    }
+}
+
+fn receipt(text: &str) -> Receipt {
+    Receipt::new(
+        "c",
+        0,
+        "refund",
+        Disposition::Dispatched,
+        CallOutcome::Completed {
+            observation: Observation::text(text),
+        },
+    )
+}
+
+/// An upstream that counts its effects by idempotency key and always answers.
+#[derive(Default)]
+struct World {
+    dispatches: Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl ring0_journal::Executor for World {
+    fn settlement(&self, _: &IntentRecord) -> Settlement {
+        Settlement::IdempotencyKey
+    }
+    async fn snapshot(&self, _: &IntentRecord) -> Option<Value> {
+        None
+    }
+    async fn dispatch(&self, r: &IntentRecord) -> DispatchOutcome {
+        self.dispatches
+            .lock()
+            .unwrap()
+            .push(r.idempotency_key.clone());
+        DispatchOutcome::Applied(receipt("done"))
+    }
+    async fn probe(&self, _: &IntentRecord) -> ProbeVerdict {
+        ProbeVerdict::Diverged {
+            detail: "no probe".into(),
+        }
+    }
+}
+
+#[test]
+fn two_replicas_proposing_one_intent_at_once_record_it_once() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let (a, b) = (Arc::new(replica(&url)), Arc::new(replica(&url)));
+    let threads: Vec<_> = (0..16)
+        .map(|n| {
+            let j = if n % 2 == 0 { a.clone() } else { b.clone() };
+            std::thread::spawn(move || block_on(j.propose(refund(7, &format!("c{n}")))).unwrap())
+        })
+        .collect();
+    let decisions: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let recorded: Vec<_> = decisions
+        .iter()
+        .filter(|d| d.kind() == "recorded")
+        .collect();
+    assert_eq!(
+        recorded.len(),
+        1,
+        "{:?}",
+        decisions.iter().map(|d| d.kind()).collect::<Vec<_>>()
+    );
+    let id = recorded[0].record().unwrap().id;
+    for d in &decisions {
+        assert!(matches!(d.kind(), "recorded" | "duplicate"), "{}", d.kind());
+        assert_eq!(d.record().unwrap().id, id);
+    }
+    assert_eq!(block_on(a.recent(100)).unwrap().len(), 1);
+}
+
+#[test]
+fn a_keyed_retry_sent_to_another_replica_is_answered_by_the_first_ones_record() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let (a, b) = (replica(&url), replica(&url));
+    let keyed = |args: Value, scope: &str| {
+        let mut p = proposal("refund", args, scope, "c");
+        p.client_key = Some(ClientKey {
+            principal: "alice".into(),
+            key: "k-1".into(),
+            retention_ms: 60_000,
+        });
+        p
+    };
+    let first = recorded(block_on(a.propose(keyed(json!({"n": 1}), "s1"))).unwrap());
+    let sent = block_on(begin_dispatch(&a, &first, None)).unwrap();
+    block_on(record_outcome(
+        &a,
+        &sent,
+        DispatchOutcome::Applied(receipt("ok")),
+    ))
+    .unwrap();
+    let retry = block_on(b.propose(keyed(json!({"n": 1}), "s2"))).unwrap();
+    assert_eq!(
+        (retry.kind(), retry.record().unwrap().id),
+        ("replay", first.id)
+    );
+    let other = block_on(b.propose(keyed(json!({"n": 2}), "s2"))).unwrap();
+    assert_eq!(other.kind(), "key_conflict");
+}
+
+#[test]
+fn a_live_replicas_records_are_never_taken_by_another() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let (a, b) = (replica(&url), replica(&url));
+    let r = recorded(block_on(a.propose(refund(1, "c1"))).unwrap());
+    let waiting = recorded(block_on(a.propose(refund(2, "c2"))).unwrap());
+    block_on(begin_dispatch(&a, &r, None)).unwrap();
+    assert!(block_on(b.open_records()).unwrap().is_empty());
+    let world = World::default();
+    let report = block_on(recover(&b, &world, RecoveryPolicy::default())).unwrap();
+    assert_eq!(report.examined, 0);
+    assert!(world.dispatches.lock().unwrap().is_empty());
+    let still = block_on(a.get(waiting.id)).unwrap().unwrap();
+    assert_eq!(
+        (still.state, still.fence),
+        (IntentState::Recorded, waiting.fence)
+    );
+}
+
+#[test]
+fn a_lapsed_lease_is_recovered_by_another_replica_and_its_stale_owner_is_fenced_out() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let (a, b) = (replica(&url), replica(&url));
+    let r = recorded(block_on(a.propose(refund(1, "c1"))).unwrap());
+    let in_flight = block_on(begin_dispatch(&a, &r, None)).unwrap();
+    lapse(&url, &a);
+    let world = World::default();
+    let report = block_on(recover(&b, &world, RecoveryPolicy::default())).unwrap();
+    assert_eq!((report.examined, report.in_flight), (1, 1));
+    let settled = block_on(b.get(r.id)).unwrap().unwrap();
+    assert_eq!(settled.state, IntentState::Acked);
+    assert_eq!(
+        *world.dispatches.lock().unwrap(),
+        vec![r.idempotency_key.clone()]
+    );
+    // The replica that lapsed wakes up with its answer: refused, the record stays as settled.
+    let late = block_on(record_outcome(
+        &a,
+        &in_flight,
+        DispatchOutcome::Applied(receipt("late")),
+    ));
+    assert!(
+        matches!(late, Err(JournalError::StaleFence { .. })),
+        "{late:?}"
+    );
+    assert_eq!(block_on(a.get(r.id)).unwrap().unwrap(), settled);
+}
+
+#[test]
+fn two_replicas_racing_to_recover_one_lapsed_lease_one_wins_and_the_other_is_fenced() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let a = replica(&url);
+    let r = recorded(block_on(a.propose(refund(1, "c1"))).unwrap());
+    let in_flight = block_on(begin_dispatch(&a, &r, None)).unwrap();
+    lapse(&url, &a);
+    let (b, c) = (Arc::new(replica(&url)), Arc::new(replica(&url)));
+    let takers: Vec<_> = [b.clone(), c.clone()]
+        .into_iter()
+        .map(|j| std::thread::spawn(move || block_on(j.open_records()).unwrap()))
+        .collect();
+    let taken: Vec<_> = takers.into_iter().map(|t| t.join().unwrap()).collect();
+    let winners: Vec<_> = taken.iter().filter(|t| !t.is_empty()).collect();
+    assert_eq!(winners.len(), 1, "{taken:?}");
+    let held = &winners[0][0];
+    assert_eq!((held.id, held.state), (r.id, IntentState::Dispatched));
+    assert!(
+        held.fence > in_flight.fence,
+        "taking a record moves its fence"
+    );
+    // Whoever acts on the record as it was before the take is refused.
+    let stale = Transition::to(&in_flight, IntentState::Unknown);
+    for j in [&b, &c] {
+        let refused = block_on(j.transition(stale.clone()));
+        assert!(
+            matches!(refused, Err(JournalError::StaleFence { .. })),
+            "{refused:?}"
+        );
+    }
+}
+
+#[test]
+fn a_delivered_result_makes_the_identical_call_a_new_attempt_on_every_replica() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let (a, b) = (replica(&url), replica(&url));
+    let r = recorded(block_on(a.propose(refund(1, "c1"))).unwrap());
+    let sent = block_on(begin_dispatch(&a, &r, None)).unwrap();
+    block_on(record_outcome(
+        &a,
+        &sent,
+        DispatchOutcome::Applied(receipt("ok")),
+    ))
+    .unwrap();
+    // Undelivered: the identical call is answered with the result.
+    assert_eq!(
+        block_on(b.propose(refund(1, "c2"))).unwrap().kind(),
+        "replay"
+    );
+    a.mark_delivered(r.id);
+    let again = recorded(block_on(a.propose(refund(1, "c3"))).unwrap());
+    assert_eq!(again.attempt, 1);
+    assert!(block_on(b.get(r.id)).unwrap().unwrap().delivered);
+}
+
+#[test]
+fn a_schema_newer_than_this_build_is_refused_and_left_alone() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    drop(replica(&url));
+    admin(&url, "INSERT INTO ring0_schema (version) VALUES (999)");
+    let refused = PostgresJournal::open(&url, options(60_000)).err().unwrap();
+    assert!(
+        matches!(refused, JournalError::SchemaTooNew { found: 999, .. }),
+        "{refused}"
+    );
+}
+
+#[test]
+fn an_unreachable_database_is_an_error_naming_it_never_a_panic() {
+    if common::postgres_url().is_none() {
+        return;
+    }
+    let url = "postgres://ring0:secret@127.0.0.1:1/nowhere?connect_timeout=2";
+    let e = PostgresJournal::open(url, options(60_000)).err().unwrap();
+    let text = e.to_string();
+    assert!(text.contains("postgres://127.0.0.1:1/nowhere"), "{text}");
+    assert!(!text.contains("secret"), "{text}");
+    let bad = PostgresJournal::open("postgres://[", options(60_000))
+        .err()
+        .unwrap();
+    assert!(matches!(bad, JournalError::Invalid(_)), "{bad}");
+    let short = PostgresJournal::open(url, options(10)).err().unwrap();
+    assert!(short.to_string().contains("lease"), "{short}");
+}
