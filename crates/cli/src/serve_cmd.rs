@@ -58,6 +58,12 @@ pub struct ServeArgs {
     /// idempotency key, which decides across scopes.
     #[arg(long, value_name = "SCOPE")]
     scope: Option<String>,
+    /// Record intents in this PostgreSQL database (postgres://user@host:port/db) instead of
+    /// the SQLite journal in the state directory; overrides `[journal] url`. Several `ring0
+    /// serve` processes on one database are replicas of one deployment: a call is decided once
+    /// across them, and a replica that stops leaves its calls in flight to the others.
+    #[arg(long, value_name = "URL")]
+    journal: Option<String>,
 }
 
 /// The generation holding the tools of every upstream that is up. An upstream publishes its
@@ -107,14 +113,47 @@ fn protected_paths(loaded: &Loaded) -> Vec<PathBuf> {
     protected.files.into_iter().chain(protected.dirs).collect()
 }
 
+/// Recovery while serving, for a journal other replicas share: every half lease, the calls a
+/// replica that stopped renewing its lease left open are taken and settled by the same protocol
+/// as at start (probe, same-key re-dispatch, dead letter), with the current catalog's tools.
+async fn recover_lapsed_leases(gw: Gateway, lease_ms: u64, log: Log) {
+    let mut pass = tokio::time::interval(Duration::from_millis((lease_ms / 2).max(1)));
+    pass.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    pass.tick().await;
+    loop {
+        pass.tick().await;
+        match gw.generation().kernel.recover().await {
+            Ok(report) => {
+                let settled = report.in_flight + report.resumed + report.cancelled;
+                if settled > 0 {
+                    log.line(&format!(
+                        "recovered {settled} intent(s) another replica left open: {} in flight \
+                         reconciled, {} resumed, {} cancelled",
+                        report.in_flight, report.resumed, report.cancelled
+                    ));
+                }
+            }
+            Err(e) => log.line(&format!("recovering lapsed leases: {e}")),
+        }
+    }
+}
+
 pub fn run(
     args: ServeArgs,
     state_dir: Option<&Path>,
     log_level: LogLevel,
 ) -> Result<String, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let loaded =
+    let mut loaded =
         Config::load(args.config.as_deref(), &cwd, state_dir).map_err(|e| e.to_string())?;
+    if let Some(url) = &args.journal {
+        loaded.config.journal.url = Some(url.clone());
+        loaded
+            .config
+            .journal
+            .check()
+            .map_err(|(key, why)| format!("--journal ({key}): {why}"))?;
+    }
     let token = match &args.token_env {
         Some(var) => Some(
             std::env::var(var)
@@ -207,6 +246,13 @@ pub fn run(
         // settlement (same-key re-dispatch, probe). An intent whose tool is missing (its
         // upstream is not up) goes to DEAD_LETTER for a person rather than being guessed at.
         crate::call_cmd::recover(&generation.kernel).await?;
+        if let Some(shared) = &built.journal_shared {
+            tokio::spawn(recover_lapsed_leases(
+                gw.clone(),
+                shared.lease_ms,
+                log.clone(),
+            ));
+        }
         let where_ = match args.http {
             Some(addr) => format!("http://{addr}{MCP_PATH}"),
             None => "stdio".to_string(),
@@ -222,10 +268,14 @@ pub fn run(
         info(&format!("state: {}", loaded.state_dir.display()));
         info(&format!(
             "journal: {}",
-            loaded
-                .state_dir
-                .join(ring0_config::state::JOURNAL_FILE)
-                .display()
+            match &built.journal_shared {
+                Some(shared) => format!("{} (shared, lease {} ms)", shared.name, shared.lease_ms),
+                None => loaded
+                    .state_dir
+                    .join(ring0_config::state::JOURNAL_FILE)
+                    .display()
+                    .to_string(),
+            }
         ));
         info(&format!(
             "grants: {}",

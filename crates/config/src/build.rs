@@ -1,10 +1,11 @@
-//! Assembling a kernel from a loaded configuration: the built-in tools, the SQLite journal and
-//! the session's policy. `ring0 call`, `ring0 turn` and `ring0 serve` (and any other front end)
+//! Assembling a kernel from a loaded configuration: the built-in tools, the journal (SQLite in
+//! the state directory, or the PostgreSQL database `[journal] url` names) and the session's
+//! policy. `ring0 call`, `ring0 turn` and `ring0 serve` (and any other front end)
 //! share it.
 
 use crate::load::Loaded;
 use crate::schema::ConfigError;
-use ring0_journal::SqliteJournal;
+use ring0_journal::{Journal, PostgresJournal, PostgresOptions, SqliteJournal};
 use ring0_kernel::{Authorizer, Kernel, SessionConfig};
 use ring0_policy::{Approver, JsonlAudit, Policy, PolicyBuilder, RateLimit};
 use std::path::Path;
@@ -24,6 +25,8 @@ pub struct Built {
     pub max_concurrent_tools: usize,
     /// Ends a client session's background jobs (a front end that knows when sessions end).
     pub jobs: ring0_tools::JobSessions,
+    /// Set when the journal is shared with other replicas (PostgreSQL).
+    pub journal_shared: Option<SharedJournal>,
     /// The state directory's manifest, recorded again when the kernel is dropped.
     _state: crate::state::Manifest,
 }
@@ -64,6 +67,15 @@ fn cursor_key(state_dir: &Path) -> Result<Vec<u8>, String> {
     Ok(key)
 }
 
+/// A journal several replicas share: what a front end needs to run recovery while it serves.
+#[derive(Debug, Clone)]
+pub struct SharedJournal {
+    /// The database, as messages name it (never a password).
+    pub name: String,
+    /// Each replica's lease: a stopped replica's calls are recovered after this.
+    pub lease_ms: u64,
+}
+
 /// What a configuration provides before a kernel is built: the built-in tools, the session's
 /// policy and the journal. A front end that builds its own kernel (an MCP gateway adding
 /// upstream tools) takes these; [`build_kernel`] assembles them into a kernel.
@@ -74,8 +86,12 @@ pub struct Parts {
     pub jobs: ring0_tools::JobSessions,
     /// The policy from `[[grants]]`, `[limits]`, `[approval]` and `[audit]`.
     pub policy: Policy,
-    /// The SQLite journal at `journal.db` in the state directory.
-    pub journal: Arc<SqliteJournal>,
+    /// The journal: SQLite at `journal.db` in the state directory, or the PostgreSQL database
+    /// `[journal] url` names.
+    pub journal: Arc<dyn Journal>,
+    /// Whether the journal is shared with other replicas (PostgreSQL): their records whose
+    /// lease lapses are this process's to recover while it runs, not only at start.
+    pub journal_shared: Option<SharedJournal>,
     /// `[limits] max_concurrent_tools`.
     pub max_concurrent_tools: usize,
     /// The spill store (`spill/` in the state directory): output the kernel cuts is kept there.
@@ -103,7 +119,14 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         );
     }
     let audit_path = loaded.state_dir.join(&config.audit.path);
-    let journal_path = loaded.state_dir.join(crate::state::JOURNAL_FILE);
+    let postgres = config.journal.url.as_deref();
+    // With a shared journal the state directory keeps a marker naming the database in the
+    // journal's place, so the manifest still ties the directory to its journal (and its audit
+    // log to both).
+    let journal_path = match postgres {
+        Some(_) => loaded.state_dir.join(crate::state::POSTGRES_MARKER_FILE),
+        None => loaded.state_dir.join(crate::state::JOURNAL_FILE),
+    };
     let mut manifest = crate::state::Manifest::check(&loaded.state_dir, &journal_path, &audit_path)
         .map_err(|why| err("workspace.state_dir", why))?;
     let mut tools_config = tools_config(
@@ -131,14 +154,26 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         .map_err(|e| err("paths", e.to_string()))?;
     let spill = ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
         .map_err(|e| err("workspace.state_dir", format!("spill store: {e}")))?;
-    crate::state::create_journal_files(&journal_path)
-        .map_err(|why| err("workspace.state_dir", why))?;
-    let journal = SqliteJournal::open(&journal_path).map_err(|e| {
-        err(
-            "workspace.state_dir",
-            format!("journal {}: {e}", journal_path.display()),
-        )
-    })?;
+    let (journal, journal_shared) = match postgres {
+        Some(url) => {
+            let (journal, shared) =
+                open_postgres(loaded, url).map_err(|why| err("journal.url", why))?;
+            crate::state::write_postgres_marker(&journal_path, &shared.name)
+                .map_err(|why| err("workspace.state_dir", why))?;
+            (journal, Some(shared))
+        }
+        None => {
+            crate::state::create_journal_files(&journal_path)
+                .map_err(|why| err("workspace.state_dir", why))?;
+            let journal = SqliteJournal::open(&journal_path).map_err(|e| {
+                err(
+                    "workspace.state_dir",
+                    format!("journal {}: {e}", journal_path.display()),
+                )
+            })?;
+            (Arc::new(journal) as Arc<dyn Journal>, None)
+        }
+    };
     manifest
         .record()
         .map_err(|why| err("workspace.state_dir", why))?;
@@ -152,11 +187,36 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
         tools,
         jobs,
         policy: policy.build(),
-        journal: Arc::new(journal),
+        journal,
+        journal_shared,
         max_concurrent_tools: config.limits.max_concurrent_tools,
         spill: Arc::new(spill),
         state: manifest,
     })
+}
+
+/// Opens the PostgreSQL journal `[journal]` describes, with the password from `password_env`.
+fn open_postgres(loaded: &Loaded, url: &str) -> Result<(Arc<dyn Journal>, SharedJournal), String> {
+    let section = &loaded.config.journal;
+    let password = match &section.password_env {
+        Some(var) => Some(
+            std::env::var(var)
+                .map_err(|_| format!("journal.password_env names {var}, which is not set"))?,
+        ),
+        None => None,
+    };
+    let options = PostgresOptions {
+        pool_connections: section.pool_connections,
+        lease_ms: section.lease_ms,
+        password,
+        ..PostgresOptions::default()
+    };
+    let journal = PostgresJournal::open(url, options).map_err(|e| e.to_string())?;
+    let shared = SharedJournal {
+        name: journal.name().to_string(),
+        lease_ms: journal.lease_ms(),
+    };
+    Ok((Arc::new(journal), shared))
 }
 
 /// The built-in tools' configuration from `[paths]`, `[limits]` and `[shell]`.
@@ -282,6 +342,7 @@ pub fn build_kernel(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Buil
         policy: parts.policy,
         max_concurrent_tools: parts.max_concurrent_tools,
         jobs: parts.jobs,
+        journal_shared: parts.journal_shared,
         _state: parts.state,
     })
 }

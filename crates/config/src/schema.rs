@@ -91,6 +91,10 @@ pub struct Config {
     /// `[audit]`: where decisions are recorded.
     #[serde(default)]
     pub audit: AuditSection,
+    /// `[journal]`: where intents are recorded (SQLite in the state directory, or a PostgreSQL
+    /// database several replicas share).
+    #[serde(default)]
+    pub journal: JournalSection,
     /// `[shell]`: how the `shell` tool runs commands.
     #[serde(default)]
     pub shell: ShellSection,
@@ -275,6 +279,51 @@ impl Default for AuditSection {
     }
 }
 
+/// `[journal]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournalSection {
+    /// A PostgreSQL database (`postgres://user@host:port/db?sslmode=require`) shared by every
+    /// replica of a deployment. Default: none, the embedded SQLite journal `journal.db` in the
+    /// state directory. `ring0 serve --journal URL` overrides it.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// The environment variable holding the database password, so the file need not. Default:
+    /// none (the URL's password, if any).
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// How long a replica's records stay its own after its last heartbeat; a replica that stops
+    /// (killed, partitioned) leaves its calls in flight to the others' recovery after this.
+    /// Default 10,000 ms, at least 200.
+    #[serde(default = "journal_lease_ms_default")]
+    pub lease_ms: u64,
+    /// Database connections each replica keeps. Default 16, between 1 and 256.
+    #[serde(default = "journal_pool_connections_default")]
+    pub pool_connections: usize,
+}
+
+impl Default for JournalSection {
+    fn default() -> Self {
+        Self {
+            url: None,
+            password_env: None,
+            lease_ms: journal_lease_ms_default(),
+            pool_connections: journal_pool_connections_default(),
+        }
+    }
+}
+
+fn journal_lease_ms_default() -> u64 {
+    ring0_journal::limits::POSTGRES_LEASE_MS_DEFAULT
+}
+
+fn journal_pool_connections_default() -> usize {
+    ring0_journal::limits::POSTGRES_POOL_CONNECTIONS_DEFAULT
+}
+
+/// Most pooled connections `[journal] pool_connections` may ask for.
+pub const JOURNAL_POOL_CONNECTIONS_MAX: usize = 256;
+
 /// `[shell]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -325,4 +374,35 @@ fn audit_path_default() -> PathBuf {
 }
 fn shell_authority_default() -> Authority {
     Authority::A2
+}
+
+impl JournalSection {
+    /// Checks the section's values (the database itself is reached when the journal opens).
+    pub fn check(&self) -> Result<(), (String, String)> {
+        let err = |key: &str, why: String| Err((format!("journal.{key}"), why));
+        if let Some(url) = &self.url
+            && !ring0_journal::is_postgres_url(url)
+        {
+            return err(
+                "url",
+                "must be a PostgreSQL URL (postgres://…); without it the journal is SQLite in \
+                 the state directory"
+                    .into(),
+            );
+        }
+        let lease_min = ring0_journal::limits::POSTGRES_LEASE_MS_MIN;
+        if self.lease_ms < lease_min {
+            return err("lease_ms", format!("must be at least {lease_min}"));
+        }
+        if !(1..=JOURNAL_POOL_CONNECTIONS_MAX).contains(&self.pool_connections) {
+            return err(
+                "pool_connections",
+                format!("must be between 1 and {JOURNAL_POOL_CONNECTIONS_MAX}"),
+            );
+        }
+        if self.password_env.is_some() && self.url.is_none() {
+            return err("password_env", "applies to a PostgreSQL url only".into());
+        }
+        Ok(())
+    }
 }

@@ -23,6 +23,10 @@ use std::path::{Path, PathBuf};
 pub const LEGACY_STATE_DIR: &str = ".ring0";
 /// The journal, in the state directory.
 pub const JOURNAL_FILE: &str = "journal.db";
+
+/// With a PostgreSQL journal, the file in the state directory that names its database in the
+/// journal file's place (what the manifest ties the directory to).
+pub const POSTGRES_MARKER_FILE: &str = "journal.postgres";
 /// The manifest, in the state directory.
 pub const MANIFEST_FILE: &str = "state.json";
 /// Largest manifest read.
@@ -183,6 +187,16 @@ pub fn create_private(path: &Path) -> Result<(), String> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(format!("{}: {e}", path.display())),
     }
+}
+
+/// Writes the marker naming the PostgreSQL database this state directory's journal is in, once:
+/// an existing marker is kept (replacing it would read as a replaced journal to the manifest).
+pub fn write_postgres_marker(marker: &Path, database: &str) -> Result<(), String> {
+    if marker.exists() {
+        return Ok(());
+    }
+    create_private(marker)?;
+    fs::write(marker, format!("{database}\n")).map_err(|e| format!("{}: {e}", marker.display()))
 }
 
 /// Creates the journal's files private before the journal opens them: the database (SQLite

@@ -22,6 +22,7 @@ fn options(lease_ms: u64) -> PostgresOptions {
         clock: Arc::new(ManualClock::new(1_000_000)) as Arc<dyn Clock>,
         pool_connections: 4,
         lease_ms,
+        password: None,
     }
 }
 

@@ -59,6 +59,8 @@ pub struct PostgresOptions {
     /// This replica's lease: how long after its last heartbeat its records stay its own.
     /// Default [`POSTGRES_LEASE_MS_DEFAULT`], at least [`POSTGRES_LEASE_MS_MIN`].
     pub lease_ms: u64,
+    /// The password, when it is not in the URL (from the environment, say).
+    pub password: Option<String>,
     /// Timestamps and new ids.
     pub clock: Arc<dyn Clock>,
 }
@@ -68,6 +70,7 @@ impl Default for PostgresOptions {
         Self {
             pool_connections: POSTGRES_POOL_CONNECTIONS_DEFAULT,
             lease_ms: POSTGRES_LEASE_MS_DEFAULT,
+            password: None,
             clock: Arc::new(SystemClock),
         }
     }
@@ -238,6 +241,9 @@ impl PostgresJournal {
             config.connect_timeout(Duration::from_millis(POSTGRES_CONNECT_TIMEOUT_MS));
         }
         config.application_name("ring0");
+        if let Some(password) = &options.password {
+            config.password(password.as_bytes());
+        }
         let db = Db::of(&config);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(POSTGRES_RUNTIME_THREADS)
