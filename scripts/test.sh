@@ -16,6 +16,11 @@ command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 # Real MCP peers (reference servers, Inspector CLI, conformance suite, Python SDK) for the
 # gateway's interoperability tests; installed once into target/mcp-peers/.
 bash scripts/install-mcp-peers.sh
+# A throw-away PostgreSQL cluster for the PostgreSQL journal's tests (installed if missing),
+# named to them by RING0_TEST_POSTGRES_URL and stopped when the tests end.
+pg_dir=$(mktemp -d /tmp/ring0-test-postgres.XXXXXX)
+trap 'bash scripts/test-postgres.sh stop "$pg_dir"; rm -rf "$pg_dir"' EXIT
+eval "$(bash scripts/test-postgres.sh start "$pg_dir")"
 
 cargo test --workspace --doc --quiet
 cargo nextest run --workspace --no-fail-fast --cargo-quiet

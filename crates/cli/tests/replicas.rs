@@ -254,3 +254,62 @@ fn a_replica_killed_mid_call_leaves_its_call_to_the_other_which_settles_it_once(
     assert_eq!(appended(&again), "orphan");
     assert_eq!(effects(dir.path(), "orphan"), 1, "{again}");
 }
+
+fn ring0_in(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(ring0())
+        .args(args)
+        .current_dir(dir)
+        .env("HOME", test_home())
+        .env("RING0_STATE_DIR", dir.join(".ring0"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("ring0")
+}
+
+#[test]
+fn a_journal_setting_ring0_cannot_use_is_refused_at_load_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for (section, key) in [
+        ("[journal]\nurl = \"mysql://db/ring0\"\n", "journal.url"),
+        (
+            "[journal]\nurl = \"postgres://db/r\"\nlease_ms = 10\n",
+            "journal.lease_ms",
+        ),
+        (
+            "[journal]\npassword_env = \"PGPASS\"\n",
+            "journal.password_env",
+        ),
+    ] {
+        std::fs::write(dir.path().join("ring0.toml"), section).unwrap();
+        let out = ring0_in(dir.path(), &["config", "check"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(key), "{key}: {stderr}");
+    }
+    std::fs::remove_file(dir.path().join("ring0.toml")).unwrap();
+    let out = ring0_in(dir.path(), &["serve", "--journal", "sqlite:///tmp/j.db"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--journal") && stderr.contains("PostgreSQL"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_unreachable_database_refuses_the_start_naming_it_without_its_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = "postgres://ring0:hunter2@127.0.0.1:1/nowhere?connect_timeout=2";
+    let out = ring0_in(dir.path(), &["serve", "--journal", url]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("postgres://127.0.0.1:1/nowhere"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    assert!(
+        !dir.path().join(".ring0/journal.db").exists(),
+        "no SQLite journal instead"
+    );
+}
