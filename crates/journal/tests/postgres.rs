@@ -10,16 +10,18 @@ use futures::executor::block_on;
 use ring0_core::receipt::{CallOutcome, Disposition};
 use ring0_core::{IntentState, Observation, Receipt, Settlement};
 use ring0_journal::{
-    ClientKey, Clock, DispatchOutcome, IntentRecord, Journal, JournalError, ManualClock,
-    PostgresJournal, PostgresOptions, ProbeVerdict, ProposeDecision, RecoveryPolicy, Transition,
+    ClientKey, Clock, DispatchOutcome, IntentRecord, Journal, JournalError, PostgresJournal,
+    PostgresOptions, ProbeVerdict, ProposeDecision, RecoveryPolicy, SystemClock, Transition,
     begin_dispatch, record_outcome, recover,
 };
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 
+/// Replicas on the system clock: their new ids are random, as in a deployment (two manual
+/// clocks would draw the same ids).
 fn options(lease_ms: u64) -> PostgresOptions {
     PostgresOptions {
-        clock: Arc::new(ManualClock::new(1_000_000)) as Arc<dyn Clock>,
+        clock: Arc::new(SystemClock) as Arc<dyn Clock>,
         pool_connections: 4,
         lease_ms,
         password: None,
@@ -117,6 +119,41 @@ fn two_replicas_proposing_one_intent_at_once_record_it_once() {
         assert_eq!(d.record().unwrap().id, id);
     }
     assert_eq!(block_on(a.recent(100)).unwrap().len(), 1);
+}
+
+#[test]
+fn two_replicas_proposing_one_keyed_call_at_once_record_it_once() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let (a, b) = (Arc::new(replica(&url)), Arc::new(replica(&url)));
+    let threads: Vec<_> = (0..16)
+        .map(|n| {
+            let j = if n % 2 == 0 { a.clone() } else { b.clone() };
+            std::thread::spawn(move || {
+                // The same key and call, from scopes of its own: only the key finds it again.
+                let mut p = proposal("refund", json!({"n": 1}), &format!("s{n}"), "c");
+                p.client_key = Some(ClientKey {
+                    principal: "alice".into(),
+                    key: "k-race".into(),
+                    retention_ms: 60_000,
+                });
+                block_on(j.propose(p)).unwrap()
+            })
+        })
+        .collect();
+    let decisions: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let kinds: Vec<_> = decisions.iter().map(|d| d.kind()).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "recorded").count(),
+        1,
+        "{kinds:?}"
+    );
+    let id = decisions[0].record().unwrap().id;
+    assert!(
+        decisions.iter().all(|d| d.record().unwrap().id == id),
+        "{kinds:?}"
+    );
 }
 
 #[test]

@@ -241,6 +241,8 @@ impl PostgresJournal {
             config.connect_timeout(Duration::from_millis(POSTGRES_CONNECT_TIMEOUT_MS));
         }
         config.application_name("ring0");
+        // Decisions are made on the primary: of several hosts in the URL, a writable one.
+        config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
         if let Some(password) = &options.password {
             config.password(password.as_bytes());
         }
@@ -383,7 +385,8 @@ where
 /// lease that lapses meanwhile only lets another replica take (and fence) its records.
 async fn heartbeat(shared: Arc<Shared>) {
     let every = Duration::from_millis(shared.lease_ms / POSTGRES_HEARTBEATS_PER_LEASE);
-    let mut beat = tokio::time::interval(every);
+    // Registering took the first lease: the first renewal is one beat later.
+    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         beat.tick().await;

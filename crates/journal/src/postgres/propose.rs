@@ -149,7 +149,9 @@ async fn decide_in(
         Planned::Fresh { attempt } => attempt,
     };
     let record = decide::with_attempt(decide::new_record(p, id, now, me), attempt, now);
-    let seq = rows::insert(tx, db, &record, me, now).await?;
+    let Some(seq) = rows::insert(tx, db, &record, me, now).await? else {
+        return Err(Abort::Moved);
+    };
     if p.mutating {
         let seen = |s: &Seen| s.as_ref().map(|(_, seq)| *seq);
         claim(

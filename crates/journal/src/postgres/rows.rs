@@ -46,15 +46,16 @@ pub(crate) fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("journal values serialize")
 }
 
-/// Inserts a new record held by `holder` and returns its `seq`.
+/// Inserts a new record held by `holder` and returns its `seq`, or `None` when a record with its
+/// id was inserted first (by another replica, for a host-supplied id).
 pub(crate) async fn insert(
     client: &impl GenericClient,
     db: &Db,
     r: &IntentRecord,
     holder: u64,
     now: u64,
-) -> Result<i64, JournalError> {
-    let row = client
+) -> Result<Option<i64>, JournalError> {
+    let inserted = client
         .query_one(
             concat!(
                 "INSERT INTO intents (",
@@ -87,9 +88,12 @@ pub(crate) async fn insert(
                 &to_i64(now),
             ],
         )
-        .await
-        .map_err(|e| db.sql(e))?;
-    row.try_get(0).map_err(|e| db.sql(e))
+        .await;
+    match inserted {
+        Ok(row) => row.try_get(0).map(Some).map_err(|e| db.sql(e)),
+        Err(e) if Db::is_unique_violation(&e) => Ok(None),
+        Err(e) => Err(db.sql(e)),
+    }
 }
 
 /// Writes a changed record if its fence is still `expected_fence`: whether it was written (the
