@@ -9,9 +9,10 @@
 //! effect, whatever the model retries, whatever ids it invents, whatever crashes or times out.
 //!
 //! What lives here:
-//! - [`Journal`], the trait the kernel holds as `Arc<dyn Journal>`, and two backends that share
-//!   every decision ([`decide_existing`] and the private `decide` module): [`MemoryJournal`] and
-//!   the durable [`SqliteJournal`] (WAL, `synchronous=FULL`, group commit, one writer process);
+//! - [`Journal`], the trait the kernel holds as `Arc<dyn Journal>`, and three backends that share
+//!   every decision ([`decide_existing`] and the private `decide` module): [`MemoryJournal`],
+//!   the durable [`SqliteJournal`] (WAL, `synchronous=FULL`, group commit, one writer process)
+//!   and [`PostgresJournal`], one database for several replicas (claims, leases, fencing);
 //! - [`mod@settle`]: outcome classification and settlement of ambiguous outcomes
 //!   ([`begin_dispatch`], [`record_outcome`], [`settle()`], [`compensate`]);
 //! - [`recovery`]: [`drive`] one owned record to a settled state, and [`recover`] everything a
@@ -123,7 +124,10 @@ pub trait Journal: Send + Sync {
     /// The mutating record holding this semantic key, if any.
     async fn find_by_key(&self, key: &SemanticKey) -> Result<Option<IntentRecord>, JournalError>;
 
-    /// Records in non-terminal states, oldest first: what recovery must re-examine.
+    /// Records in non-terminal states, oldest first: what recovery must re-examine. A backend
+    /// several processes share returns those no live process holds, taking them for this one
+    /// (and this process's own in flight, which recovery leaves to their tasks): see
+    /// [`PostgresJournal`].
     async fn open_records(&self) -> Result<Vec<IntentRecord>, JournalError>;
 
     /// The most recent records, newest first, at most `limit` (and at most

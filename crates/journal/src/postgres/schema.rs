@@ -1,9 +1,10 @@
 //! The PostgreSQL schema and its numbered migrations.
 //!
-//! `ring0_schema` holds one row per migration that ran. Migrations run at open, each in a
-//! transaction with its row, under a transaction-scoped advisory lock, so replicas starting
-//! together migrate once and a crash leaves the schema at one version or the next. A database
-//! whose schema is newer than this build knows is refused.
+//! `ring0_schema` holds one row per migration that ran. The migrations a database lacks run at
+//! open in one transaction with their rows (PostgreSQL's DDL is transactional), under a
+//! transaction-scoped advisory lock, so replicas starting together migrate once and a crash
+//! leaves the schema as it was. A database whose schema is newer than this build knows is
+//! refused.
 
 use super::Db;
 use crate::JournalError;
