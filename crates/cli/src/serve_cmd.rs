@@ -191,8 +191,11 @@ pub fn run(
             granted_roots: granted_roots(&loaded),
             protected_paths: protected_paths(&loaded),
             session_end: Some(end_jobs_with_session(built.jobs.clone())),
-            upstream_sandboxes: ring0_config::sandbox::upstream_sandboxes(&loaded)
-                .map_err(|e| e.to_string())?,
+            upstream_sandboxes: ring0_config::sandbox::upstream_sandboxes(
+                &loaded,
+                built.audit.clone(),
+            )
+            .map_err(|e| e.to_string())?,
         })?;
         // Each upstream is waited for at most its own `start_timeout_ms`, all at once.
         let down = gw.wait_for_start().await;

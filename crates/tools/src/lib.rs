@@ -75,7 +75,10 @@ use std::sync::Arc;
 pub use files::{Glob, ListDir, ReadFile, WriteFile};
 pub use patch::ApplyPatch;
 pub use search::Search;
-pub use shell::{EGRESS_SCOPE_JOBS, EgressProxyFor, JobOp, JobTool, Shell, ShellConfig};
+pub use shell::{
+    EgressOrigin, EgressProxyFor, GrantProfiles, JobOp, JobTool, ProfileFor, SANDBOX_PROFILE_ARG,
+    Shell, ShellConfig,
+};
 pub use spill::ReadSpill;
 
 /// Tools whose every effect stays inside the workspace sandbox (the policy may run these at A1).
@@ -144,6 +147,8 @@ impl ToolsConfig {
                 jobs_dir: state_dir.join("jobs"),
                 sandbox: Some(ring0_exec::SandboxProfile::workspace()),
                 egress_proxy: None,
+                profiles: std::collections::BTreeMap::new(),
+                profile_for: None,
             },
         }
     }
@@ -306,6 +311,8 @@ pub fn builtin_tools_with_jobs(
         authority: config.shell.shell_authority(),
         jobs: jobs.clone(),
         egress: config.shell.egress_proxy.clone(),
+        profiles: config.shell.profiles.clone(),
+        profile_for: config.shell.profile_for.clone(),
     };
     out.push((shell.spec(), Arc::new(shell)));
     for op in [JobOp::Inspect, JobOp::SendInput, JobOp::Cancel, JobOp::Wait] {
