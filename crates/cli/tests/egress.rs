@@ -12,7 +12,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
 
 /// The scope the calls run in: the proxy's audit records carry it.
 const SCOPE: &str = "egress-scope-41";
@@ -152,7 +151,7 @@ fn an_allowed_loopback_port_is_reached_through_the_proxy_and_audited() {
 fn a_background_job_reaches_the_proxy_and_is_audited_under_its_call() {
     let port = http_server();
     let s = Scene::new(&[format!("127.0.0.1:{port}")]);
-    let mut serve = Serve::start(&s);
+    let mut serve = serve(&s);
     let started = serve.call(
         "shell",
         json!({"command": curl(&format!("http://127.0.0.1:{port}/job")), "background": true}),
@@ -235,6 +234,13 @@ fn an_allow_rule_without_a_port_is_a_config_error_naming_the_key() {
     assert!(err.contains("has no port"), "{err}");
 }
 
+/// `ring0 serve` over stdio in the scene's workspace.
+fn serve(s: &Scene) -> common::Serve {
+    let mut cmd = Command::new(common::ring0());
+    cmd.current_dir(&s.ws).arg("serve");
+    common::Serve::start(cmd)
+}
+
 /// The job handle (`job_…`) a background `shell` call answered with.
 fn job_handle(result: &Value) -> String {
     let text = result.to_string();
@@ -247,84 +253,6 @@ fn job_handle(result: &Value) -> String {
         .take_while(char::is_ascii_alphanumeric)
         .collect();
     format!("job_{id}")
-}
-
-/// `ring0 serve` over stdio in a scene's workspace, initialized, answering one call at a time.
-struct Serve {
-    child: std::process::Child,
-    stdin: Option<std::process::ChildStdin>,
-    rx: std::sync::mpsc::Receiver<Value>,
-    next_id: i64,
-}
-
-/// How long one request to `ring0 serve` may take.
-const SERVE_WAIT: Duration = Duration::from_secs(90);
-
-impl Serve {
-    fn start(s: &Scene) -> Self {
-        let mut cmd = Command::new(common::ring0());
-        cmd.current_dir(&s.ws).arg("serve");
-        let (child, stdin, rx) = common::spawn_stdio_json(cmd);
-        let mut serve = Self {
-            child,
-            stdin: Some(stdin),
-            rx,
-            next_id: 1,
-        };
-        serve.request(
-            "initialize",
-            json!({"protocolVersion":"2025-06-18","capabilities":{},
-                   "clientInfo":{"name":"t","version":"1"}}),
-        );
-        serve.send(json!({"jsonrpc":"2.0","method":"notifications/initialized"}));
-        serve
-    }
-
-    fn send(&mut self, v: Value) {
-        writeln!(self.stdin.as_mut().unwrap(), "{v}").unwrap();
-    }
-
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.send(json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}));
-        let deadline = Instant::now() + SERVE_WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let m = self
-                .rx
-                .recv_timeout(left)
-                .expect("a response from ring0 serve");
-            if m["id"] == id {
-                return m;
-            }
-        }
-    }
-
-    fn call(&mut self, tool: &str, arguments: Value) -> Value {
-        self.request("tools/call", json!({"name": tool, "arguments": arguments}))
-    }
-
-    /// Polls `tools/list` until `tool` is listed (an upstream's tools appear once it is up).
-    fn wait_for_tool(&mut self, tool: &str) {
-        let deadline = Instant::now() + SERVE_WAIT;
-        loop {
-            let listed = self.request("tools/list", json!({}));
-            if listed.to_string().contains(tool) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{tool} never listed: {listed}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 // ---- A stdio upstream server in a `network = "proxy"` profile ----
@@ -370,7 +298,7 @@ fn fetch_through_upstream(allow: &str, urls: &[String]) -> Option<(Vec<String>, 
         )
     );
     std::fs::write(s.ws.join("ring0.toml"), config).unwrap();
-    let mut serve = Serve::start(&s);
+    let mut serve = serve(&s);
     serve.wait_for_tool("web__fetch");
     let out = urls
         .iter()

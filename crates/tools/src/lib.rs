@@ -285,10 +285,10 @@ pub fn builtin_tools_with_jobs(
         None => None,
     };
     policy.shape.spill = spill.clone();
-    let jobs = Arc::new(shell::Jobs::new(JobsConfig::new(
-        &config.shell.jobs_dir,
-        policy.clone(),
-    )));
+    let jobs = Arc::new(shell::Jobs::new(
+        JobsConfig::new(&config.shell.jobs_dir, policy.clone()),
+        ws.checkpoints().cloned(),
+    ));
     let mut out: Vec<ToolEntry> = Vec::new();
     let read = ReadFile { ws: ws.clone() };
     out.push((read.spec(), Arc::new(read)));

@@ -215,6 +215,12 @@ pub(crate) struct Jobs {
     routes: Arc<Mutex<HashMap<String, Route>>>,
     /// Jobs started with `detached: true`: they outlive the end of their session.
     detached: Mutex<HashSet<String>>,
+    /// The workspace's checkpoint store: a contained job's tree is recorded before it starts
+    /// and again when it finishes.
+    checkpoints: Option<Arc<ring0_checkpoint::Checkpoints>>,
+    /// Scopes with a job whose tree was recorded before it started: each job of theirs that
+    /// finishes records the tree as it left it.
+    tree_scopes: Arc<Mutex<HashSet<String>>>,
 }
 
 enum Route {
@@ -241,14 +247,27 @@ fn route(routes: &Mutex<HashMap<String, Route>>, job: String, state: String, det
 }
 
 impl Jobs {
-    pub(crate) fn new(config: JobsConfig) -> Self {
+    pub(crate) fn new(
+        config: JobsConfig,
+        checkpoints: Option<Arc<ring0_checkpoint::Checkpoints>>,
+    ) -> Self {
         Self {
             config,
             manager: OnceCell::new(),
             sessions: Mutex::new(HashSet::new()),
             routes: Arc::new(Mutex::new(HashMap::new())),
             detached: Mutex::new(HashSet::new()),
+            checkpoints,
+            tree_scopes: Arc::new(Mutex::new(HashSet::new())),
         }
+    }
+
+    /// Marks `scope` as having a job whose tree was recorded before it started.
+    fn tree_recorded(&self, scope: &str) {
+        self.tree_scopes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(scope.to_owned());
     }
 
     /// The end of the client session of `scope`: its background jobs are cancelled (their whole
@@ -325,15 +344,25 @@ impl Jobs {
                     // Drained at once so a job never waits on a full channel; each event goes
                     // to the session that started the job, the moment it happens.
                     let routes = self.routes.clone();
+                    let after = JobTreeAfter {
+                        checkpoints: self.checkpoints.clone(),
+                        tree_scopes: self.tree_scopes.clone(),
+                        scope: scope.to_owned(),
+                    };
                     tokio::spawn(async move {
                         while let Some(event) = events.recv().await {
                             match event {
-                                JobEvent::Finished { status } => route(
-                                    &routes,
-                                    status.job.to_string(),
-                                    status.state.to_string(),
-                                    serde_json::to_value(&*status).unwrap_or(Value::Null),
-                                ),
+                                JobEvent::Finished { status } => {
+                                    // Recorded before the news goes out, so a restore asked
+                                    // for after it sees what the job left.
+                                    after.record().await;
+                                    route(
+                                        &routes,
+                                        status.job.to_string(),
+                                        status.state.to_string(),
+                                        serde_json::to_value(&*status).unwrap_or(Value::Null),
+                                    )
+                                }
                                 JobEvent::InputRequested { job, tail } => route(
                                     &routes,
                                     job.to_string(),
@@ -349,6 +378,32 @@ impl Jobs {
             }
         }
         Ok((manager, session))
+    }
+}
+
+/// Records the tree a finished job left, for the scope's tree checkpoint.
+struct JobTreeAfter {
+    checkpoints: Option<Arc<ring0_checkpoint::Checkpoints>>,
+    tree_scopes: Arc<Mutex<HashSet<String>>>,
+    scope: String,
+}
+
+impl JobTreeAfter {
+    /// A failure only means a later restore sees the paths as changed outside ring0 and asks
+    /// for `--force`.
+    async fn record(&self) {
+        let Some(store) = self.checkpoints.clone() else {
+            return;
+        };
+        let recorded = self
+            .tree_scopes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&self.scope);
+        if recorded {
+            let scope = self.scope.clone();
+            let _ = tokio::task::spawn_blocking(move || store.after_tree(&scope)).await;
+        }
     }
 }
 
@@ -577,7 +632,7 @@ impl Shell {
         })
     }
 
-    /// Records the workspace tree before a contained foreground command runs.
+    /// Records the workspace tree before a contained command runs (foreground or background).
     async fn checkpoint_before(&self, scope: &str) -> Result<TreeCheckpoint, ToolError> {
         let Some(store) = self
             .ws
@@ -630,6 +685,10 @@ impl Tool for Shell {
         let confined = self.call_sandbox(&ctx, a.sandbox_profile.as_deref())?;
         if a.background {
             let (manager, session) = self.jobs.session(&ctx.scope).await?;
+            let checkpoint = self.checkpoint_before(&ctx.scope).await?;
+            if matches!(checkpoint, TreeCheckpoint::Recorded(_)) {
+                self.jobs.tree_recorded(&ctx.scope);
+            }
             let receipt = manager
                 .start_in(&session, &spec, Some(confined.sandbox))
                 .await
@@ -643,13 +702,15 @@ impl Tool for Shell {
             }
             self.jobs
                 .route_to(receipt.job.to_string(), ctx.events.clone());
-            return Ok(Observation::json(json!({
+            let mut obs = Observation::json(json!({
                 "job": receipt.job,
                 "state": receipt.state,
                 "execution_mode": receipt.execution_mode,
                 "started_at_ms": receipt.started_at_ms,
                 "note": "running in the background: use job_wait or job_inspect with this handle",
-            })));
+            }));
+            checkpoint.annotate(&mut obs);
+            return Ok(obs);
         }
         let mut policy = self.policy.clone();
         policy.sandbox = confined.sandbox;
