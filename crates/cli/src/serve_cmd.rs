@@ -210,6 +210,10 @@ pub fn run(
         // settlement (same-key re-dispatch, probe). An intent whose tool is missing (its
         // upstream is not up) goes to DEAD_LETTER for a person rather than being guessed at.
         crate::call_cmd::recover(&generation.kernel).await?;
+        // Jobs an earlier process left are settled now, not at the first job call.
+        if let Err(why) = built.jobs.settle_leftovers().await {
+            log.line(&format!("background jobs are unavailable: {why}"));
+        }
         let where_ = match args.http {
             Some(addr) => format!("http://{addr}{MCP_PATH}"),
             None => "stdio".to_string(),

@@ -260,6 +260,15 @@ impl JobSessions {
     pub async fn end(&self, scope: &str) {
         self.jobs.end_scope(scope).await;
     }
+
+    /// Opens the job table now, which settles what an earlier ring0 left in it (a job recorded
+    /// running is killed, by its supervision token, and recorded KILLED): a front end that
+    /// serves for long calls this at start instead of leaving it to the first job call. The
+    /// error says why the table could not be opened (another ring0 holds it), as the first
+    /// job call would.
+    pub async fn settle_leftovers(&self) -> Result<(), String> {
+        self.jobs.manager().await.map(|_| ()).map_err(|e| e.message)
+    }
 }
 
 /// Every built-in tool: its spec and executor, ready for `KernelBuilder::tool`.

@@ -262,6 +262,15 @@ impl Jobs {
         }
     }
 
+    /// What records the tree the jobs of `scope` left.
+    fn tree_after(&self, scope: &str) -> JobTreeAfter {
+        JobTreeAfter {
+            checkpoints: self.checkpoints.clone(),
+            tree_scopes: self.tree_scopes.clone(),
+            scope: scope.to_owned(),
+        }
+    }
+
     /// Marks `scope` as having a job whose tree was recorded before it started.
     fn tree_recorded(&self, scope: &str) {
         self.tree_scopes
@@ -298,7 +307,7 @@ impl Jobs {
         }
     }
 
-    async fn manager(&self) -> Result<&JobManager, ToolError> {
+    pub(crate) async fn manager(&self) -> Result<&JobManager, ToolError> {
         let m = self
             .manager
             .get_or_init(|| async {
@@ -344,11 +353,7 @@ impl Jobs {
                     // Drained at once so a job never waits on a full channel; each event goes
                     // to the session that started the job, the moment it happens.
                     let routes = self.routes.clone();
-                    let after = JobTreeAfter {
-                        checkpoints: self.checkpoints.clone(),
-                        tree_scopes: self.tree_scopes.clone(),
-                        scope: scope.to_owned(),
-                    };
+                    let after = self.tree_after(scope);
                     tokio::spawn(async move {
                         while let Some(event) = events.recv().await {
                             match event {
@@ -848,6 +853,17 @@ impl JobTool {
     }
 }
 
+impl JobTool {
+    /// A job this call saw finished has its tree recorded as it left it before the call
+    /// answers (the session's event task records it too, but may not have yet), so a restore
+    /// asked for next sees what the job did as ring0's.
+    async fn after_finished(&self, scope: &str, status: &ring0_exec::JobStatus) {
+        if status.state.is_terminal() {
+            self.jobs.tree_after(scope).record().await;
+        }
+    }
+}
+
 #[async_trait]
 impl Tool for JobTool {
     async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
@@ -859,16 +875,18 @@ impl Tool for JobTool {
                     .inspect(&session, &a.job, a.tail_lines.unwrap_or(50))
                     .map_err(job_error)?,
             ),
-            JobOp::Wait => serde_json::to_value(
-                manager
+            JobOp::Wait => {
+                let status = manager
                     .wait(
                         &session,
                         &a.job,
                         Duration::from_millis(a.timeout_ms.unwrap_or(30_000).min(JOB_WAIT_MS_MAX)),
                     )
                     .await
-                    .map_err(job_error)?,
-            ),
+                    .map_err(job_error)?;
+                self.after_finished(&ctx.scope, &status).await;
+                serde_json::to_value(status)
+            }
             JobOp::SendInput => serde_json::to_value(
                 manager
                     .send_input(&session, &a.job, a.input.unwrap_or_default().as_bytes())
@@ -876,7 +894,9 @@ impl Tool for JobTool {
                     .map_err(job_error)?,
             ),
             JobOp::Cancel => {
-                serde_json::to_value(manager.cancel(&session, &a.job).await.map_err(job_error)?)
+                let status = manager.cancel(&session, &a.job).await.map_err(job_error)?;
+                self.after_finished(&ctx.scope, &status).await;
+                serde_json::to_value(status)
             }
         };
         value

@@ -324,7 +324,10 @@ impl Serve {
     }
 
     pub fn call(&mut self, tool: &str, arguments: Value) -> Value {
-        self.request("tools/call", serde_json::json!({"name": tool, "arguments": arguments}))
+        self.request(
+            "tools/call",
+            serde_json::json!({"name": tool, "arguments": arguments}),
+        )
     }
 
     /// Polls `tools/list` until `tool` is listed (an upstream's tools appear once it is up).
@@ -335,7 +338,10 @@ impl Serve {
             if listed.to_string().contains(tool) {
                 return;
             }
-            assert!(std::time::Instant::now() < deadline, "{tool} never listed: {listed}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{tool} never listed: {listed}"
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
