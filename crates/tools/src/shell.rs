@@ -18,7 +18,7 @@ use ring0_kernel::{CallContext, EventSink, OnCancel, ProbeFinding, Tool, ToolErr
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -148,6 +148,10 @@ impl ShellConfig {
     }
 }
 
+/// Most scopes whose background jobs' trees are recorded when they finish (the oldest is
+/// forgotten first; as many as the kernel keeps scopes).
+pub const JOB_TREE_SCOPES_MAX: usize = ring0_kernel::scope::SCOPES_MAX;
+
 /// Most lines of a command's output quoted as evidence in a `sandbox_denied` failure.
 pub const SANDBOX_DENIED_LINES_MAX: usize = 4;
 /// Most bytes of each quoted line.
@@ -218,9 +222,9 @@ pub(crate) struct Jobs {
     /// The workspace's checkpoint store: a contained job's tree is recorded before it starts
     /// and again when it finishes.
     checkpoints: Option<Arc<ring0_checkpoint::Checkpoints>>,
-    /// Scopes with a job whose tree was recorded before it started: each job of theirs that
-    /// finishes records the tree as it left it.
-    tree_scopes: Arc<Mutex<HashSet<String>>>,
+    /// Scopes with a job whose tree was recorded before it started, oldest first (at most
+    /// [`JOB_TREE_SCOPES_MAX`]): each job of theirs that finishes records the tree it left.
+    tree_scopes: Arc<Mutex<VecDeque<String>>>,
 }
 
 enum Route {
@@ -258,7 +262,7 @@ impl Jobs {
             routes: Arc::new(Mutex::new(HashMap::new())),
             detached: Mutex::new(HashSet::new()),
             checkpoints,
-            tree_scopes: Arc::new(Mutex::new(HashSet::new())),
+            tree_scopes: Arc::new(Mutex::new(VecDeque::new())),
         }
     }
 
@@ -273,10 +277,16 @@ impl Jobs {
 
     /// Marks `scope` as having a job whose tree was recorded before it started.
     fn tree_recorded(&self, scope: &str) {
-        self.tree_scopes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(scope.to_owned());
+        let mut scopes = self.tree_scopes.lock().unwrap_or_else(|p| p.into_inner());
+        if scopes.iter().any(|s| s == scope) {
+            return;
+        }
+        // A scope forgotten here only means its later jobs leave no "after" record: a restore
+        // over what they changed asks for --force.
+        if scopes.len() >= JOB_TREE_SCOPES_MAX {
+            scopes.pop_front();
+        }
+        scopes.push_back(scope.to_owned());
     }
 
     /// The end of the client session of `scope`: its background jobs are cancelled (their whole
@@ -389,7 +399,7 @@ impl Jobs {
 /// Records the tree a finished job left, for the scope's tree checkpoint.
 struct JobTreeAfter {
     checkpoints: Option<Arc<ring0_checkpoint::Checkpoints>>,
-    tree_scopes: Arc<Mutex<HashSet<String>>>,
+    tree_scopes: Arc<Mutex<VecDeque<String>>>,
     scope: String,
 }
 
