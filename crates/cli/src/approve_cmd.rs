@@ -14,6 +14,7 @@ use ring0_config::{Config, approvals_dir};
 use ring0_mcp::pin::PendingPin;
 use ring0_policy::{Decision, decide_pending, list_pending, read_pending, render_args};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(Args)]
 pub struct DecideArgs {
@@ -192,8 +193,15 @@ pub fn approve_tool(args: ToolArgs, state_dir: Option<&Path>) -> Result<String, 
         .enable_all()
         .build()
         .map_err(|e| format!("starting the runtime: {e}"))?;
+    // A server that reaches the network while it is asked for its listing is audited in the
+    // same log as ring0 serve's (processes sharing the log extend one chain).
+    let audit_path = loaded.state_dir.join(&loaded.config.audit.path);
+    let audit: Arc<dyn ring0_policy::AuditSink> = Arc::new(
+        ring0_policy::JsonlAudit::open(&audit_path)
+            .map_err(|e| format!("audit log {}: {e}", audit_path.display()))?,
+    );
     let mut sandboxes =
-        ring0_config::sandbox::upstream_sandboxes(&loaded).map_err(|e| e.to_string())?;
+        ring0_config::sandbox::upstream_sandboxes(&loaded, audit).map_err(|e| e.to_string())?;
     for alias in aliases {
         let Some(config) = loaded.config.upstreams.iter().find(|u| u.alias == alias) else {
             return Err(format!(

@@ -230,8 +230,11 @@ pub fn run(
             granted_roots: granted_roots(&loaded),
             protected_paths: protected_paths(&loaded),
             session_end: Some(end_jobs_with_session(built.jobs.clone())),
-            upstream_sandboxes: ring0_config::sandbox::upstream_sandboxes(&loaded)
-                .map_err(|e| e.to_string())?,
+            upstream_sandboxes: ring0_config::sandbox::upstream_sandboxes(
+                &loaded,
+                built.audit.clone(),
+            )
+            .map_err(|e| e.to_string())?,
         })?;
         // Each upstream is waited for at most its own `start_timeout_ms`, all at once.
         let down = gw.wait_for_start().await;
@@ -252,6 +255,10 @@ pub fn run(
                 shared.lease_ms,
                 log.clone(),
             ));
+        }
+        // Jobs an earlier process left are settled now, not at the first job call.
+        if let Err(why) = built.jobs.settle_leftovers().await {
+            log.line(&format!("background jobs are unavailable: {why}"));
         }
         let where_ = match args.http {
             Some(addr) => format!("http://{addr}{MCP_PATH}"),

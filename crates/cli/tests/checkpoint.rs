@@ -1,6 +1,8 @@
 //! `ring0 checkpoint ls | restore`, run as a person would after mutations made through
 //! `ring0 call`: the built binary in a temporary workspace.
 
+mod common;
+
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::fs;
@@ -271,4 +273,47 @@ fn a_workspace_past_the_tree_bound_runs_the_command_and_says_no_checkpoint_was_t
         "{receipt:#}"
     );
     assert_eq!(ring0(ws, &["checkpoint", "ls"]).stdout, b"no checkpoints\n");
+}
+
+/// A grant that lets `shell` and the job tools run contained (A1) without approval.
+const JOBS_GRANT: &str = "[[grants]]\nname = \"contained\"\ntools = [\"shell\", \"job_*\"]\nceiling = \"A1\"\nshell = true\n";
+
+#[test]
+fn restore_undoes_what_a_contained_background_job_removed_and_made() {
+    let dir = workspace();
+    let ws = dir.path();
+    fs::create_dir_all(ws.join("sub/deep")).unwrap();
+    fs::write(ws.join("sub/deep/keep.txt"), "kept\n").unwrap();
+    fs::write(ws.join("ring0.toml"), JOBS_GRANT).unwrap();
+    let original = tree(ws);
+
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ring0"));
+    cmd.current_dir(ws)
+        .env("RING0_STATE_DIR", ws.join(".ring0"))
+        .arg("serve");
+    let mut serve = common::Serve::start(cmd);
+    let started = serve.call(
+        "shell",
+        json!({"command": "rm -rf sub && echo made > made.txt", "background": true}),
+    );
+    let structured = &started["result"]["structuredContent"];
+    let job = structured["job"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no job handle: {started:#}"))
+        .to_owned();
+    let checkpoint = structured["checkpoint"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the job names no checkpoint: {started:#}"))
+        .to_owned();
+    let finished = serve.call("job_wait", json!({"job": job, "timeout_ms": 60_000}));
+    assert!(finished.to_string().contains("COMPLETED"), "{finished:#}");
+    drop(serve);
+    assert!(!ws.join("sub").exists());
+    assert!(ws.join("made.txt").exists());
+    assert_eq!(listed(ws), vec![checkpoint.clone()]);
+
+    // What the job left was recorded when it finished: no --force is needed.
+    let out = ring0(ws, &["checkpoint", "restore", &checkpoint]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(tree(ws), original, "{}", text(&out));
 }

@@ -1,7 +1,11 @@
 //! Egress of contained processes, as a user meets it: `ring0 call shell` in a sandbox profile
 //! with `network = "proxy"` reaches what the profile's `allow` rules name through ring0's egress
 //! proxy (its variables are set for the command), is refused the rest with a 403 from the proxy,
-//! and every decision lands in ring0's audit log.
+//! and every decision lands in ring0's audit log, under the principal, session and scope of the
+//! call. A stdio upstream server whose profile says `network = "proxy"` gets the same, recorded
+//! under `upstream:ALIAS`.
+
+mod common;
 
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
@@ -134,6 +138,40 @@ fn an_allowed_loopback_port_is_reached_through_the_proxy_and_audited() {
     assert_eq!(ours[0]["decision"], "allowed", "{audit:#?}");
     assert_eq!(ours[0]["rule"], format!("egress:127.0.0.1:{port}"));
     assert_eq!(ours[0]["scope"], SCOPE, "{audit:#?}");
+    assert_eq!(ours[0]["principal"], "local", "{audit:#?}");
+    assert!(
+        ours[0]["session_id"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty()),
+        "the record names the call's session: {audit:#?}"
+    );
+}
+
+#[test]
+fn a_background_job_reaches_the_proxy_and_is_audited_under_its_call() {
+    let port = http_server();
+    let s = Scene::new(&[format!("127.0.0.1:{port}")]);
+    let mut serve = serve(&s);
+    let started = serve.call(
+        "shell",
+        json!({"command": curl(&format!("http://127.0.0.1:{port}/job")), "background": true}),
+    );
+    let job = job_handle(&started);
+    let waited = serve.call("job_wait", json!({"job": job, "timeout_ms": 60_000}));
+    assert!(waited.to_string().contains(SERVED_BODY), "{waited:#}");
+    drop(serve);
+
+    let audit = s.egress_audit();
+    let ours = decisions(&audit, &format!("127.0.0.1:{port}"));
+    assert_eq!(ours.len(), 1, "{audit:#?}");
+    assert_eq!(ours[0]["decision"], "allowed", "{audit:#?}");
+    assert_eq!(ours[0]["principal"], "local", "{audit:#?}");
+    assert!(
+        ours[0]["session_id"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty()),
+        "the record names the session of the call that started the job: {audit:#?}"
+    );
 }
 
 #[test]
@@ -194,4 +232,108 @@ fn an_allow_rule_without_a_port_is_a_config_error_naming_the_key() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sandbox.profiles.net.allow[0]"), "{err}");
     assert!(err.contains("has no port"), "{err}");
+}
+
+/// `ring0 serve` over stdio in the scene's workspace.
+fn serve(s: &Scene) -> common::Serve {
+    let mut cmd = Command::new(common::ring0());
+    cmd.current_dir(&s.ws).arg("serve");
+    common::Serve::start(cmd)
+}
+
+/// The job handle (`job_…`) a background `shell` call answered with.
+fn job_handle(result: &Value) -> String {
+    let text = result.to_string();
+    let rest = text
+        .split("job_")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no job handle: {result:#}"));
+    let id: String = rest
+        .chars()
+        .take_while(char::is_ascii_alphanumeric)
+        .collect();
+    format!("job_{id}")
+}
+
+// ---- A stdio upstream server in a `network = "proxy"` profile ----
+
+/// An MCP server (Python SDK) whose tool fetches a URL with `urllib`, which honours the proxy
+/// variables the sandbox sets.
+const FETCH_SERVER: &str = r#"
+import urllib.error, urllib.request
+from mcp.server.mcpserver import MCPServer
+app = MCPServer("web")
+@app.tool()
+def fetch(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=20) as r:
+            return f"status={r.status} body={r.read().decode()}"
+    except urllib.error.HTTPError as e:
+        return f"status={e.code} body={e.read().decode()}"
+    except Exception as e:
+        return f"error={e!r}"
+app.run()
+"#;
+
+/// `ring0 serve` (stdio) with the fetch server as upstream `web`, in profile `net` allowing
+/// `allow`; returns the text of each `web__fetch` result and the workspace.
+fn fetch_through_upstream(allow: &str, urls: &[String]) -> Option<(Vec<String>, Scene)> {
+    let peers = common::peers()?;
+    let s = Scene::new(&[]);
+    std::fs::write(s.ws.join("fetch.py"), FETCH_SERVER).unwrap();
+    let config = format!(
+        "{}\n[sandbox]\nupstreams = {{ web = \"net\" }}\n\n\
+         [sandbox.profiles.net]\nnetwork = \"proxy\"\nallow = [{allow:?}]\n",
+        common::one_upstream_config(
+            "up",
+            "[\"web__*\"]",
+            "A0",
+            "web",
+            &format!(
+                "command = {:?}\nargs = [{:?}]",
+                common::python(&peers).display().to_string(),
+                s.ws.join("fetch.py").display().to_string(),
+            ),
+            "",
+        )
+    );
+    std::fs::write(s.ws.join("ring0.toml"), config).unwrap();
+    let mut serve = serve(&s);
+    serve.wait_for_tool("web__fetch");
+    let out = urls
+        .iter()
+        .map(|url| serve.call("web__fetch", json!({"url": url})).to_string())
+        .collect();
+    drop(serve);
+    Some((out, s))
+}
+
+#[test]
+fn a_stdio_upstream_in_a_proxy_profile_reaches_what_it_allows_and_is_refused_the_rest() {
+    let port = http_server();
+    let (_outside, refused) = unallowed_port();
+    let urls = [
+        format!("http://127.0.0.1:{port}/allowed"),
+        format!("http://127.0.0.1:{refused}/refused"),
+    ];
+    let Some((results, s)) = fetch_through_upstream(&format!("127.0.0.1:{port}"), &urls) else {
+        return;
+    };
+    assert!(results[0].contains("status=200"), "{}", results[0]);
+    assert!(results[0].contains(SERVED_BODY), "{}", results[0]);
+    assert!(results[1].contains("status=403"), "{}", results[1]);
+    assert!(
+        results[1].contains("not in the allow-list") || results[1].contains("port"),
+        "{}",
+        results[1]
+    );
+
+    let audit = s.egress_audit();
+    let allowed = decisions(&audit, &format!("127.0.0.1:{port}"));
+    let denied = decisions(&audit, &format!("127.0.0.1:{refused}"));
+    assert_eq!(allowed.len(), 1, "{audit:#?}");
+    assert_eq!(allowed[0]["decision"], "allowed", "{audit:#?}");
+    assert_eq!(allowed[0]["principal"], "upstream:web", "{audit:#?}");
+    assert_eq!(denied.len(), 1, "{audit:#?}");
+    assert_eq!(denied[0]["decision"], "denied", "{audit:#?}");
 }

@@ -27,6 +27,8 @@ pub struct Built {
     pub jobs: ring0_tools::JobSessions,
     /// Set when the journal is shared with other replicas (PostgreSQL).
     pub journal_shared: Option<SharedJournal>,
+    /// The audit log every decision goes to (the egress of stdio upstreams too).
+    pub audit: Arc<dyn ring0_policy::AuditSink>,
     /// The state directory's manifest, recorded again when the kernel is dropped.
     _state: crate::state::Manifest,
 }
@@ -92,6 +94,8 @@ pub struct Parts {
     /// Whether the journal is shared with other replicas (PostgreSQL): their records whose
     /// lease lapses are this process's to recover while it runs, not only at start.
     pub journal_shared: Option<SharedJournal>,
+    /// The audit log (`[audit] path`): the policy's decisions and every egress decision.
+    pub audit: Arc<dyn ring0_policy::AuditSink>,
     /// `[limits] max_concurrent_tools`.
     pub max_concurrent_tools: usize,
     /// The spill store (`spill/` in the state directory): output the kernel cuts is kept there.
@@ -150,6 +154,14 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
     shell_sandbox
         .check()
         .map_err(|e| err("sandbox", e.to_string()))?;
+    let policy = policy_builder(loaded)?
+        .approver(approver)
+        .approval_timeout(Duration::from_secs(config.approval.timeout_secs))
+        .audit(audit.clone())
+        .audit_args(config.audit.include_args)
+        .sandboxed_tools(shell_sandbox.is_on().then_some("shell"))
+        .build();
+    grant_profiles(loaded, &mut tools_config.shell, &policy)?;
     let (tools, jobs) = ring0_tools::builtin_tools_with_jobs(&tools_config)
         .map_err(|e| err("paths", e.to_string()))?;
     let spill = ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
@@ -177,18 +189,13 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
     manifest
         .record()
         .map_err(|why| err("workspace.state_dir", why))?;
-    let policy = policy_builder(loaded)?
-        .approver(approver)
-        .approval_timeout(Duration::from_secs(config.approval.timeout_secs))
-        .audit(audit)
-        .audit_args(config.audit.include_args)
-        .sandboxed_tools(shell_sandbox.is_on().then_some("shell"));
     Ok(Parts {
         tools,
         jobs,
-        policy: policy.build(),
+        policy,
         journal,
         journal_shared,
+        audit,
         max_concurrent_tools: config.limits.max_concurrent_tools,
         spill: Arc::new(spill),
         state: manifest,
@@ -217,6 +224,37 @@ fn open_postgres(loaded: &Loaded, url: &str) -> Result<(Arc<dyn Journal>, Shared
         lease_ms: journal.lease_ms(),
     };
     Ok((Arc::new(journal), shared))
+}
+
+/// The sandbox profiles grants name for `shell`, and how a call finds its grant's: by asking the
+/// policy which grant decides the principal's `shell` calls (the same grant that decides them).
+fn grant_profiles(
+    loaded: &Loaded,
+    shell: &mut ring0_tools::ShellConfig,
+    policy: &Policy,
+) -> Result<(), ConfigError> {
+    shell.profiles = loaded
+        .config
+        .sandbox
+        .grant_profiles(&loaded.config.grants, &loaded.config_dir)
+        .map_err(|(key, why)| ConfigError {
+            file: loaded.source.clone(),
+            key,
+            why,
+        })?;
+    let policy = policy.clone();
+    shell.profile_for = Some(ring0_tools::ProfileFor(Arc::new(
+        move |principal: &ring0_core::Principal| {
+            policy
+                .grant_for(ring0_tools::SHELL_STRING_ARG.0, principal)
+                .map(|g| ring0_tools::GrantProfiles {
+                    sandbox: g.sandbox.clone(),
+                    wider: g.sandbox_wider.clone(),
+                })
+                .unwrap_or_default()
+        },
+    )));
+    Ok(())
 }
 
 /// The built-in tools' configuration from `[paths]`, `[limits]` and `[shell]`.
@@ -253,7 +291,13 @@ fn policy_builder(loaded: &Loaded) -> Result<PolicyBuilder, ConfigError> {
             ring0_tools::SHELL_STRING_ARG.1,
         )
         // The same tool's explicit argv: an inline script there is a command string too.
-        .argv_arg(ring0_tools::SHELL_STRING_ARG.0, "argv");
+        .argv_arg(ring0_tools::SHELL_STRING_ARG.0, "argv")
+        // The wider sandbox profile a call may ask for: refused unless its grant offers it,
+        // held for a person when it does.
+        .profile_arg(
+            ring0_tools::SHELL_STRING_ARG.0,
+            ring0_tools::SANDBOX_PROFILE_ARG,
+        );
     for (i, g) in config.grants.iter().enumerate() {
         let grant = config.grant(i, g).map_err(|(key, why)| err(&key, why))?;
         policy = policy
@@ -303,6 +347,16 @@ pub fn check(loaded: &Loaded) -> Result<Checked, ConfigError> {
             key,
             why,
         })?;
+    // The profiles grants name must resolve (their paths exist) here too.
+    loaded
+        .config
+        .sandbox
+        .grant_profiles(&loaded.config.grants, &loaded.config_dir)
+        .map_err(|(key, why)| ConfigError {
+            file: loaded.source.clone(),
+            key,
+            why,
+        })?;
     let shell_contained = tools_config.shell.sandbox.is_some();
     let tools = ring0_tools::builtin_tools(&tools_config).map_err(|e| ConfigError {
         file: loaded.source.clone(),
@@ -343,6 +397,7 @@ pub fn build_kernel(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Buil
         max_concurrent_tools: parts.max_concurrent_tools,
         jobs: parts.jobs,
         journal_shared: parts.journal_shared,
+        audit: parts.audit,
         _state: parts.state,
     })
 }

@@ -5,31 +5,50 @@
 use ring0_exec::SandboxError;
 use ring0_exec::sandbox::{EgressListener, EgressServing, NetworkPolicy, SandboxProfile};
 use ring0_policy::AuditSink;
+use ring0_tools::EgressOrigin;
 use std::sync::Arc;
 
-/// Serves egress listeners for the calls of one scope, auditing to `audit`.
+/// Serves the egress listeners of one call's processes (or of one upstream server), auditing
+/// to `audit` under the origin's principal, session and scope.
 pub struct AuditedEgress {
     audit: Arc<dyn AuditSink>,
-    scope: String,
+    origin: EgressOrigin,
 }
 
 impl std::fmt::Debug for AuditedEgress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AuditedEgress")
-            .field("scope", &self.scope)
+            .field("origin", &self.origin)
             .finish_non_exhaustive()
     }
 }
 
-/// The egress proxies of the shell tool: one per call's scope, all auditing to `audit`.
+impl AuditedEgress {
+    /// The proxy of processes started for `origin`.
+    pub fn new(audit: Arc<dyn AuditSink>, origin: EgressOrigin) -> Self {
+        Self { audit, origin }
+    }
+}
+
+/// The egress proxies of the shell tool: one per call, all auditing to `audit`.
 pub fn shell_egress(audit: Arc<dyn AuditSink>) -> ring0_tools::EgressProxyFor {
-    ring0_tools::EgressProxyFor(Arc::new(move |scope: &str| {
-        Arc::new(AuditedEgress {
-            audit: audit.clone(),
-            scope: scope.to_owned(),
-        })
+    ring0_tools::EgressProxyFor(Arc::new(move |origin: &EgressOrigin| {
+        Arc::new(AuditedEgress::new(audit.clone(), origin.clone()))
     }))
 }
+
+/// The origin under which a stdio upstream server's egress is recorded: no call started the
+/// server, so its principal is ring0 itself (`upstream:ALIAS`), with no session or scope.
+pub fn upstream_origin(alias: &str) -> EgressOrigin {
+    EgressOrigin {
+        principal: format!("{UPSTREAM_PRINCIPAL_PREFIX}{alias}"),
+        session: String::new(),
+        scope: String::new(),
+    }
+}
+
+/// How the egress records of a stdio upstream name it in `principal`.
+pub const UPSTREAM_PRINCIPAL_PREFIX: &str = "upstream:";
 
 impl ring0_exec::sandbox::EgressProxy for AuditedEgress {
     fn serve(
@@ -50,12 +69,11 @@ impl ring0_exec::sandbox::EgressProxy for AuditedEgress {
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
             SandboxError::Setup(format!("the egress proxy needs an async runtime: {e}"))
         })?;
-        // The principal and session are not known where the process starts; the scope is.
         let audit = ring0_policy::egress_audit(
             self.audit.clone(),
-            String::new(),
-            self.scope.clone(),
-            String::new(),
+            self.origin.principal.clone(),
+            self.origin.scope.clone(),
+            self.origin.session.clone(),
         );
         let serving = ring0_egress::EgressProxy::new(policy, audit)
             .spawn(&runtime, listener.into_std())

@@ -206,6 +206,14 @@ impl Config {
         if let Some(rate) = &g.rate {
             grant = grant.rate(RateLimit::parse(rate).map_err(|e| (key("rate"), e.to_string()))?);
         }
+        if let Some(name) = &g.sandbox {
+            self.sandbox.grant_profile(key("sandbox"), name)?;
+            grant = grant.sandbox(name);
+        }
+        if let Some(name) = &g.sandbox_wider {
+            self.sandbox.grant_profile(key("sandbox_wider"), name)?;
+            grant = grant.sandbox_wider(name);
+        }
         grant.validate().map_err(|why| {
             let k = if why.contains("pattern") || why.contains("tools") {
                 "tools"
@@ -213,6 +221,8 @@ impl Config {
                 "principals"
             } else if why.contains("unattended") {
                 "unattended"
+            } else if why.contains("sandbox") {
+                "sandbox_wider"
             } else if why.contains("name") {
                 "name"
             } else {

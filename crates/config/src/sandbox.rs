@@ -155,6 +155,48 @@ impl SandboxSection {
         }
     }
 
+    /// Checks a profile a grant names for `shell`: a profile defined here (or the built-in
+    /// one), never `"off"`, and only while `shell` runs in the sandbox at all (a grant's profile
+    /// narrows or widens a confinement; it cannot turn one on or off).
+    pub fn grant_profile(&self, key: String, name: &str) -> Result<(), (String, String)> {
+        if name == SANDBOX_OFF {
+            return Err((
+                key,
+                "a grant names a profile to run in; the sandbox is turned off only in [sandbox]"
+                    .into(),
+            ));
+        }
+        self.known(key.clone(), name)?;
+        if self.tools.get("shell").unwrap_or(&self.default) == SANDBOX_OFF {
+            return Err((
+                key,
+                "shell runs with its sandbox off ([sandbox]), so a grant cannot choose its profile"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every profile a grant names (`sandbox`, `sandbox_wider`), resolved, by name.
+    pub fn grant_profiles(
+        &self,
+        grants: &[crate::schema::GrantSection],
+        base: &Path,
+    ) -> Result<BTreeMap<String, SandboxProfile>, (String, String)> {
+        let mut out = BTreeMap::new();
+        for name in grants
+            .iter()
+            .flat_map(|g| g.sandbox.iter().chain(&g.sandbox_wider))
+        {
+            if !out.contains_key(name)
+                && let Some(profile) = self.resolve(name, base)?
+            {
+                out.insert(name.clone(), profile);
+            }
+        }
+        Ok(out)
+    }
+
     /// The profile of a tool.
     pub fn for_tool(&self, tool: &str, base: &Path) -> Result<Selection, (String, String)> {
         let name = self.tools.get(tool).unwrap_or(&self.default);
@@ -236,9 +278,12 @@ pub fn announce(config: &crate::Config) {
     }
 }
 
-/// The sandbox of each stdio upstream, bound to the workspace and ring0's protected paths.
+/// The sandbox of each stdio upstream, bound to the workspace and ring0's protected paths. A
+/// server whose profile allows egress reaches the network through an egress proxy of its own
+/// (served while it runs), every decision recorded in `audit` under `upstream:ALIAS`.
 pub fn upstream_sandboxes(
     loaded: &crate::Loaded,
+    audit: std::sync::Arc<dyn ring0_policy::AuditSink>,
 ) -> Result<BTreeMap<String, ring0_exec::Sandbox>, crate::ConfigError> {
     let protected = loaded.protected();
     let protected: Vec<PathBuf> = protected.files.into_iter().chain(protected.dirs).collect();
@@ -260,7 +305,12 @@ pub fn upstream_sandboxes(
             })?;
         let sandbox = match selection {
             Some(profile) => {
+                let proxy = crate::egress::AuditedEgress::new(
+                    audit.clone(),
+                    crate::egress::upstream_origin(&upstream.alias),
+                );
                 ring0_exec::Sandbox::new(profile, &loaded.workspace, protected.clone())
+                    .egress_proxy(std::sync::Arc::new(proxy))
             }
             None => ring0_exec::Sandbox::off(),
         };

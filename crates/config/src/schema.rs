@@ -204,6 +204,16 @@ pub struct GrantSection {
     /// Default `false`: such a tool is listed under this grant only with `approval = true`.
     #[serde(default)]
     pub unattended: bool,
+    /// The sandbox profile (`[sandbox.profiles.NAME]`, or `"workspace"`) the `shell` commands
+    /// and jobs of this grant's calls run in, instead of `[sandbox]`'s choice for `shell`.
+    /// Default none.
+    #[serde(default)]
+    pub sandbox: Option<String>,
+    /// A wider sandbox profile a `shell` call of this grant that the sandbox stopped
+    /// (`sandbox_denied`) may be run again in: the call names it in `sandbox_profile` and is held
+    /// for a person's approval. Default none.
+    #[serde(default)]
+    pub sandbox_wider: Option<String>,
 }
 
 /// `[limits]`

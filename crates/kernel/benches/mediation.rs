@@ -263,6 +263,7 @@ async fn direct_batch(b: usize) -> (Duration, usize) {
         intent_id: None,
         idempotency_key: None,
         scope: Arc::from("bench"),
+        session: Arc::new(ring0_kernel::SessionInfo::detached("bench")),
         cancel: CancellationToken::new(),
         timeout_ms: ring0_core::spec::TIMEOUT_MS_DEFAULT,
         events: ring0_kernel::EventSink::detached(),

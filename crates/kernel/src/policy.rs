@@ -18,6 +18,18 @@ pub struct SessionInfo {
     pub principal: Principal,
 }
 
+impl SessionInfo {
+    /// The local principal in `scope`, with no session id: for running a tool outside any
+    /// session (a probe, a benchmark, a direct call in a test).
+    pub fn detached(scope: impl Into<String>) -> Self {
+        Self {
+            scope: scope.into(),
+            session_id: String::new(),
+            principal: Principal::local(),
+        }
+    }
+}
+
 /// One authorization question: may this session run this tool with these (validated) arguments?
 #[derive(Debug, Clone)]
 pub struct AuthRequest<'a> {

@@ -81,6 +81,7 @@ impl Executor for RegistryExecutor<'_> {
             intent_id: Some(record.id.to_string()),
             idempotency_key: record.mutating.then(|| record.idempotency_key.clone()),
             scope: Arc::from(record.scope.as_str()),
+            session: Arc::new(recovery_session(record)),
             cancel: CancellationToken::new(),
             timeout_ms: tool.spec.timeout_ms,
             events: EventSink::detached(),
@@ -167,6 +168,15 @@ pub(crate) async fn recheck_recorded(
 }
 
 /// The rule and reason the current policy refuses `record` with, or `None` when it allows it.
+/// Who a recovered call acts for: nobody's session is open, so the recovery session's.
+fn recovery_session(record: &IntentRecord) -> SessionInfo {
+    SessionInfo {
+        scope: record.scope.clone(),
+        session_id: RECOVERY_SESSION_ID.into(),
+        principal: Principal::local(),
+    }
+}
+
 async fn refusal(
     authorizer: &dyn Authorizer,
     spec: &ring0_core::ToolSpec,
@@ -182,11 +192,7 @@ async fn refusal(
             ));
         }
     };
-    let session = SessionInfo {
-        scope: record.scope.clone(),
-        session_id: RECOVERY_SESSION_ID.into(),
-        principal: Principal::local(),
-    };
+    let session = recovery_session(record);
     let call_id = record.last_call_id();
     // No host is attached to a recovered call: nobody can be asked, so only a decision that
     // needs no person can let it through.

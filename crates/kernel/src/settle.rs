@@ -44,6 +44,7 @@ pub(crate) async fn run_job(
         intent_id,
         idempotency_key,
         scope: env.scope.clone(),
+        session: env.session.clone(),
         cancel: call_cancel(env, job),
         timeout_ms: spec.timeout_ms,
         events: EventSink(env.events.clone()),

@@ -24,6 +24,9 @@ pub struct CallContext {
     pub idempotency_key: Option<String>,
     /// The session's user-intent scope.
     pub scope: Arc<str>,
+    /// Who the call acts for and in which session, as policy saw them: a tool that starts
+    /// something on the call's behalf (a process, its egress) names them in what it records.
+    pub session: Arc<crate::policy::SessionInfo>,
     /// Cancelled when the call's deadline passes, or when the session is cancelled for a read or
     /// a tool that stops on cancellation ([`Tool::on_cancel`]); a tool that holds resources
     /// should watch it (dropping the future also cancels).

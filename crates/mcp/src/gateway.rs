@@ -220,6 +220,7 @@ impl UpstreamExecutor {
             intent_id: None,
             idempotency_key: None,
             scope: Arc::from("ring0-probe"),
+            session: Arc::new(ring0_kernel::SessionInfo::detached("ring0-probe")),
             cancel: tokio_util::sync::CancellationToken::new(),
             timeout_ms: self.timeout_ms,
             events: ring0_kernel::EventSink::detached(),

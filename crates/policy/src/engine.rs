@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use ring0_core::{Authority, Principal, Settlement, ToolSpec};
 use ring0_kernel::policy::ToolPattern;
 use ring0_kernel::{AuthAdmission, AuthDecision, AuthRequest, Authorizer, SessionInfo};
+use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -58,6 +59,12 @@ pub struct Grant {
     /// An A2 tool that declares no settlement may run without approval under this grant: the
     /// operator vouches for what its `rules` let through. Needs at least one rule.
     pub unattended: bool,
+    /// The sandbox profile the processes of this grant's calls run in (a tool declared with
+    /// [`PolicyBuilder::profile_arg`]); `None`: the tool's own.
+    pub sandbox: Option<String>,
+    /// A wider sandbox profile a call of this grant may ask for (in the tool's profile
+    /// argument), after the sandbox stopped it: such a call is held for a person's approval.
+    pub sandbox_wider: Option<String>,
 }
 
 /// What one approval may cover: this call only, or — when the person chooses "allow for this
@@ -129,7 +136,21 @@ impl Grant {
             groups: Vec::new(),
             approval_scope: ApprovalScope::Once,
             unattended: false,
+            sandbox: None,
+            sandbox_wider: None,
         }
+    }
+
+    /// Runs the processes of this grant's calls in sandbox profile `profile`.
+    pub fn sandbox(mut self, profile: impl Into<String>) -> Self {
+        self.sandbox = Some(profile.into());
+        self
+    }
+
+    /// Lets a call ask for the wider sandbox profile `profile`, held for a person's approval.
+    pub fn sandbox_wider(mut self, profile: impl Into<String>) -> Self {
+        self.sandbox_wider = Some(profile.into());
+        self
     }
 
     /// Limits the grant to these principal ids (in addition to any `groups`).
@@ -226,6 +247,9 @@ impl Grant {
         if self.unattended && self.rules.is_empty() {
             return Err("unattended needs rules that limit what runs without approval".into());
         }
+        if self.sandbox_wider.is_some() && self.sandbox_wider == self.sandbox {
+            return Err("sandbox_wider names the grant's own sandbox profile".into());
+        }
         if self.rules.len() > RULES_PER_GRANT_MAX {
             return Err(format!(
                 "{} rules; at most {RULES_PER_GRANT_MAX} are allowed",
@@ -259,6 +283,7 @@ struct Config {
     sandboxed: BTreeSet<String>,
     shell_args: Vec<ShellArg>,
     argv_args: Vec<ShellArg>,
+    profile_args: Vec<ShellArg>,
 }
 
 /// Whose rate bucket: every key names the principal, so no principal spends another's quota,
@@ -345,6 +370,7 @@ impl Default for PolicyBuilder {
                 sandboxed: BTreeSet::new(),
                 shell_args: Vec::new(),
                 argv_args: Vec::new(),
+                profile_args: Vec::new(),
             },
         }
     }
@@ -433,6 +459,17 @@ impl PolicyBuilder {
         self
     }
 
+    /// Declares that `tool` takes, in `field`, the name of a sandbox profile to run in: a call
+    /// that names one is refused unless it is its grant's `sandbox_wider`, and held for a
+    /// person's approval when it is.
+    pub fn profile_arg(mut self, tool: impl Into<String>, field: impl Into<String>) -> Self {
+        self.config.profile_args.push(ShellArg {
+            tool: tool.into(),
+            field: field.into(),
+        });
+        self
+    }
+
     pub fn build(self) -> Policy {
         Policy {
             config: Arc::new(self.config),
@@ -474,6 +511,16 @@ impl Policy {
     /// admit it), or `None` when it is: the same argument-independent check discovery uses.
     pub fn hidden_because(&self, spec: &ToolSpec, principal: &Principal) -> Option<String> {
         self.static_check(spec, principal).err().map(|r| r.reason)
+    }
+
+    /// The grant that decides the calls of `tool` for `principal` (the first that names the
+    /// tool and applies to the principal), whatever the call's arguments: a tool that runs a
+    /// call in its grant's sandbox profile asks this.
+    pub fn grant_for(&self, tool: &str, principal: &Principal) -> Option<&Grant> {
+        self.config
+            .grants
+            .iter()
+            .find(|g| g.names(tool) && g.applies_to(principal))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -628,6 +675,7 @@ impl Policy {
         if !grant.shell {
             self.check_no_command_string(grant, request)?;
         }
+        self.check_profile(grant, request)?;
         self.check_rules(grant, request)?;
         self.check_rates(index, grant, request)
     }
@@ -669,6 +717,36 @@ impl Policy {
             }
         }
         Ok(())
+    }
+
+    /// The sandbox profile a call asks for, if its tool takes one and it names one.
+    fn asked_profile<'r>(&self, request: &'r AuthRequest<'_>) -> Option<&'r Value> {
+        self.config
+            .profile_args
+            .iter()
+            .filter(|a| a.tool == request.spec.name)
+            .find_map(|a| request.args.get(&a.field))
+    }
+
+    /// Step 3b: a sandbox profile a call asks for must be its grant's `sandbox_wider`.
+    fn check_profile(&self, grant: &Grant, request: &AuthRequest<'_>) -> Result<(), Refusal> {
+        let Some(asked) = self.asked_profile(request) else {
+            return Ok(());
+        };
+        if asked.as_str().is_some() && asked.as_str() == grant.sandbox_wider.as_deref() {
+            return Ok(());
+        }
+        let offered = match &grant.sandbox_wider {
+            Some(wider) => format!("only {wider:?}, with a person's approval"),
+            None => "none".to_string(),
+        };
+        Err(refuse(
+            format!("sandbox:{}", grant.name),
+            format!(
+                "the call asks for sandbox profile {asked}, which grant {:?} does not offer (it offers {offered})",
+                grant.name
+            ),
+        ))
     }
 
     /// Step 4: every CEL rule of the grant holds.
@@ -812,10 +890,23 @@ impl Policy {
 
     /// Why the call is held, and the rule that holds it.
     fn hold_reason(
+        &self,
         request: &AuthRequest<'_>,
         grant: &Grant,
         authority: Authority,
     ) -> (String, String) {
+        if let (Some(wider), Some(_)) = (&grant.sandbox_wider, self.asked_profile(request))
+            && authority != Authority::A3
+            && !grant.approval
+        {
+            return (
+                format!("sandbox_wider:{}", grant.name),
+                format!(
+                    "the call asks to run in the wider sandbox profile {wider:?}, which grant {:?} allows only with a person's approval",
+                    grant.name
+                ),
+            );
+        }
         if authority == Authority::A3 {
             (
                 "a3_approval".to_string(),
@@ -885,7 +976,7 @@ impl Policy {
                 },
             );
         }
-        let (rule, reason) = Self::hold_reason(request, grant, authority);
+        let (rule, reason) = self.hold_reason(request, grant, authority);
         let Some(approver) = self.config.approver.clone() else {
             return self.deny(
                 request,
@@ -972,10 +1063,12 @@ impl Policy {
         let (index, grant) = self.static_check(request.spec, &request.session.principal)?;
         self.check_arguments(index, grant, request)?;
         let authority = self.effective_authority(request.spec);
+        // A call that asks for a wider sandbox profile passed `check_profile`: it is held.
+        let wider = self.asked_profile(request).is_some();
         Ok((
             grant,
             authority,
-            authority == Authority::A3 || grant.approval,
+            authority == Authority::A3 || grant.approval || wider,
         ))
     }
 }
@@ -1042,7 +1135,7 @@ impl Authorizer for Policy {
             Err(refusal) => return self.deny(request, refusal),
         };
         if held {
-            let (rule, reason) = Self::hold_reason(request, grant, authority);
+            let (rule, reason) = self.hold_reason(request, grant, authority);
             return self.deny(
                 request,
                 refuse(

@@ -757,3 +757,92 @@ async fn directory_approver_picks_up_a_decision_written_by_another_process() {
         "the request file is removed once decided"
     );
 }
+
+// ---- Sandbox profiles per grant ----
+
+/// A tool that takes the name of a sandbox profile to run in, as `shell` does.
+fn profiled_spec() -> ToolSpec {
+    ToolSpec::read(
+        "runner",
+        "runs",
+        json!({"type": "object", "properties": {
+            "argv": {"type": "array", "items": {"type": "string"}},
+            "sandbox_profile": {"type": "string"}
+        }}),
+    )
+}
+
+fn profiled_policy(grant: Grant) -> ring0_policy::PolicyBuilder {
+    Policy::builder()
+        .profile_arg("runner", "sandbox_profile")
+        .grant(grant)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_call_without_a_profile_runs_under_a_grant_that_offers_a_wider_one() {
+    let grant = Grant::new("run", &["runner"], Authority::A0).sandbox_wider("net");
+    let h = harness(vec![profiled_spec()], profiled_policy(grant));
+    let r = call(&h, "runner", json!({"argv": ["true"]})).await;
+    assert_eq!(status(&r), "ran", "{r}");
+}
+
+#[tokio::test]
+async fn a_profile_the_grant_does_not_offer_is_denied_naming_the_grant() {
+    let grant = Grant::new("run", &["runner"], Authority::A0).sandbox_wider("net");
+    let h = harness(vec![profiled_spec()], profiled_policy(grant));
+    let r = call(
+        &h,
+        "runner",
+        json!({"argv": ["true"], "sandbox_profile": "everything"}),
+    )
+    .await;
+    assert_eq!(status(&r), "policy_denied", "{r}");
+    assert!(r.to_string().contains("sandbox:run"), "{r}");
+    assert_eq!(h.runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn the_wider_profile_is_held_for_a_person_and_refused_without_one() {
+    let grant = Grant::new("run", &["runner"], Authority::A0).sandbox_wider("net");
+    let h = harness(vec![profiled_spec()], profiled_policy(grant));
+    let r = call(
+        &h,
+        "runner",
+        json!({"argv": ["true"], "sandbox_profile": "net"}),
+    )
+    .await;
+    assert_ne!(status(&r), "ran", "{r}");
+    assert!(r.to_string().contains("sandbox_wider:run"), "{r}");
+    assert!(r.to_string().contains("no approval channel"), "{r}");
+    assert_eq!(h.runs.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn grant_for_answers_the_grant_that_decides_a_principals_calls() {
+    let policy = Policy::builder()
+        .grant(
+            Grant::new("ops", &["runner"], Authority::A0)
+                .principals(["ops"])
+                .sandbox("wide"),
+        )
+        .unwrap()
+        .grant(Grant::new("everyone", &["runner"], Authority::A0))
+        .unwrap()
+        .build();
+    let ops = ring0_core::Principal::local();
+    let ops = ring0_core::Principal {
+        id: "ops".into(),
+        ..ops
+    };
+    assert_eq!(
+        policy.grant_for("runner", &ops).map(|g| g.sandbox.clone()),
+        Some(Some("wide".into()))
+    );
+    let local = ring0_core::Principal::local();
+    assert_eq!(
+        policy.grant_for("runner", &local).map(|g| g.name.as_str()),
+        Some("everyone")
+    );
+    assert!(policy.grant_for("other", &local).is_none());
+}

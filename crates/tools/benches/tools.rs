@@ -100,6 +100,7 @@ fn ctx() -> CallContext {
         intent_id: None,
         idempotency_key: None,
         scope: Arc::from("bench"),
+        session: Arc::new(ring0_kernel::SessionInfo::detached("bench")),
         cancel: Default::default(),
         timeout_ms: 60_000,
         events: ring0_kernel::EventSink::detached(),

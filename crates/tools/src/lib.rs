@@ -75,7 +75,10 @@ use std::sync::Arc;
 pub use files::{Glob, ListDir, ReadFile, WriteFile};
 pub use patch::ApplyPatch;
 pub use search::Search;
-pub use shell::{EGRESS_SCOPE_JOBS, EgressProxyFor, JobOp, JobTool, Shell, ShellConfig};
+pub use shell::{
+    EgressOrigin, EgressProxyFor, GrantProfiles, JobOp, JobTool, ProfileFor, SANDBOX_PROFILE_ARG,
+    Shell, ShellConfig,
+};
 pub use spill::ReadSpill;
 
 /// Tools whose every effect stays inside the workspace sandbox (the policy may run these at A1).
@@ -144,6 +147,8 @@ impl ToolsConfig {
                 jobs_dir: state_dir.join("jobs"),
                 sandbox: Some(ring0_exec::SandboxProfile::workspace()),
                 egress_proxy: None,
+                profiles: std::collections::BTreeMap::new(),
+                profile_for: None,
             },
         }
     }
@@ -255,6 +260,15 @@ impl JobSessions {
     pub async fn end(&self, scope: &str) {
         self.jobs.end_scope(scope).await;
     }
+
+    /// Opens the job table now, which settles what an earlier ring0 left in it (a job recorded
+    /// running is killed, by its supervision token, and recorded KILLED): a front end that
+    /// serves for long calls this at start instead of leaving it to the first job call. The
+    /// error says why the table could not be opened (another ring0 holds it), as the first
+    /// job call would.
+    pub async fn settle_leftovers(&self) -> Result<(), String> {
+        self.jobs.manager().await.map(|_| ()).map_err(|e| e.message)
+    }
 }
 
 /// Every built-in tool: its spec and executor, ready for `KernelBuilder::tool`.
@@ -280,10 +294,10 @@ pub fn builtin_tools_with_jobs(
         None => None,
     };
     policy.shape.spill = spill.clone();
-    let jobs = Arc::new(shell::Jobs::new(JobsConfig::new(
-        &config.shell.jobs_dir,
-        policy.clone(),
-    )));
+    let jobs = Arc::new(shell::Jobs::new(
+        JobsConfig::new(&config.shell.jobs_dir, policy.clone()),
+        ws.checkpoints().cloned(),
+    ));
     let mut out: Vec<ToolEntry> = Vec::new();
     let read = ReadFile { ws: ws.clone() };
     out.push((read.spec(), Arc::new(read)));
@@ -306,6 +320,8 @@ pub fn builtin_tools_with_jobs(
         authority: config.shell.shell_authority(),
         jobs: jobs.clone(),
         egress: config.shell.egress_proxy.clone(),
+        profiles: config.shell.profiles.clone(),
+        profile_for: config.shell.profile_for.clone(),
     };
     out.push((shell.spec(), Arc::new(shell)));
     for op in [JobOp::Inspect, JobOp::SendInput, JobOp::Cancel, JobOp::Wait] {

@@ -18,7 +18,7 @@ use ring0_kernel::{CallContext, EventSink, OnCancel, ProbeFinding, Tool, ToolErr
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -48,22 +48,49 @@ pub struct ShellConfig {
     /// `shell` declares `authority`, otherwise it is a sandboxed A1 tool). Default: the
     /// `workspace` profile.
     pub sandbox: Option<SandboxProfile>,
-    /// The egress proxy for profiles that allow network access through it, made for the scope
-    /// of the call whose processes it serves (its decisions are audited under that scope).
+    /// The egress proxy for profiles that allow network access through it, made for the call
+    /// whose processes it serves (its decisions are audited under the call's principal, session
+    /// and scope).
     pub egress_proxy: Option<EgressProxyFor>,
+    /// Profiles a call may run in instead of `sandbox`, by name: those grants name
+    /// ([`GrantProfiles`]). A name not here is never run.
+    pub profiles: BTreeMap<String, SandboxProfile>,
+    /// The profiles of the grant that decides a principal's `shell` calls; `None`: every call
+    /// runs in `sandbox` and none may ask for another.
+    pub profile_for: Option<ProfileFor>,
 }
 
-/// Makes the egress proxy that serves the processes of one scope's calls.
+/// The call whose processes an egress proxy serves: who it acts for, in which session and
+/// scope (empty for a process no call started).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EgressOrigin {
+    pub principal: String,
+    pub session: String,
+    pub scope: String,
+}
+
+impl EgressOrigin {
+    /// The origin of the call `ctx` describes.
+    pub fn of(ctx: &CallContext) -> Self {
+        Self {
+            principal: ctx.session.principal.id.clone(),
+            session: ctx.session.session_id.clone(),
+            scope: ctx.scope.to_string(),
+        }
+    }
+}
+
+/// Makes the egress proxy that serves the processes of one call.
 #[derive(Clone)]
 pub struct EgressProxyFor(pub Arc<MakeEgressProxy>);
 
-/// What an [`EgressProxyFor`] calls: the scope of a call → the proxy of its processes.
-pub type MakeEgressProxy = dyn Fn(&str) -> Arc<dyn EgressProxy> + Send + Sync;
+/// What an [`EgressProxyFor`] calls: a call's origin → the proxy of its processes.
+pub type MakeEgressProxy = dyn Fn(&EgressOrigin) -> Arc<dyn EgressProxy> + Send + Sync;
 
 impl EgressProxyFor {
-    /// The proxy for the processes of `scope`'s calls.
-    pub fn scope(&self, scope: &str) -> Arc<dyn EgressProxy> {
-        (self.0)(scope)
+    /// The proxy for the processes of the call `origin` names.
+    pub fn origin(&self, origin: &EgressOrigin) -> Arc<dyn EgressProxy> {
+        (self.0)(origin)
     }
 }
 
@@ -73,8 +100,28 @@ impl std::fmt::Debug for EgressProxyFor {
     }
 }
 
-/// The scope under which processes that no one call started (background jobs) are served.
-pub const EGRESS_SCOPE_JOBS: &str = "";
+/// The sandbox profiles of the grant that decides a principal's `shell` calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GrantProfiles {
+    /// The profile its calls run in; `None`: [`ShellConfig::sandbox`].
+    pub sandbox: Option<String>,
+    /// The wider profile a call may ask for in [`SANDBOX_PROFILE_ARG`] (the policy holds such a
+    /// call for a person's approval).
+    pub wider: Option<String>,
+}
+
+/// Answers, for a principal, the profiles of the grant that decides its `shell` calls.
+#[derive(Clone)]
+pub struct ProfileFor(pub Arc<dyn Fn(&ring0_core::Principal) -> GrantProfiles + Send + Sync>);
+
+impl std::fmt::Debug for ProfileFor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProfileFor")
+    }
+}
+
+/// The `shell` argument that asks for the grant's wider sandbox profile by name.
+pub const SANDBOX_PROFILE_ARG: &str = "sandbox_profile";
 
 impl ShellConfig {
     /// The authority `shell` declares: A1 inside the sandbox, the configured one outside.
@@ -86,18 +133,24 @@ impl ShellConfig {
         }
     }
 
-    /// The sandbox over `workspace` with ring0's `protected` paths masked.
+    /// The sandbox over `workspace` with ring0's `protected` paths masked. Each call's processes
+    /// get an egress proxy of their own (for the call's origin); this one serves a process no
+    /// call started, under an empty origin.
     pub fn bind_sandbox(&self, workspace: &std::path::Path, protected: Vec<PathBuf>) -> Sandbox {
         let Some(profile) = &self.sandbox else {
             return Sandbox::off();
         };
         let sandbox = Sandbox::new(profile.clone(), workspace, protected);
         match &self.egress_proxy {
-            Some(proxy_for) => sandbox.egress_proxy(proxy_for.scope(EGRESS_SCOPE_JOBS)),
+            Some(proxy_for) => sandbox.egress_proxy(proxy_for.origin(&EgressOrigin::default())),
             None => sandbox,
         }
     }
 }
+
+/// Most scopes whose background jobs' trees are recorded when they finish (the oldest is
+/// forgotten first; as many as the kernel keeps scopes).
+pub const JOB_TREE_SCOPES_MAX: usize = ring0_kernel::scope::SCOPES_MAX;
 
 /// Most lines of a command's output quoted as evidence in a `sandbox_denied` failure.
 pub const SANDBOX_DENIED_LINES_MAX: usize = 4;
@@ -166,6 +219,12 @@ pub(crate) struct Jobs {
     routes: Arc<Mutex<HashMap<String, Route>>>,
     /// Jobs started with `detached: true`: they outlive the end of their session.
     detached: Mutex<HashSet<String>>,
+    /// The workspace's checkpoint store: a contained job's tree is recorded before it starts
+    /// and again when it finishes.
+    checkpoints: Option<Arc<ring0_checkpoint::Checkpoints>>,
+    /// Scopes with a job whose tree was recorded before it started, oldest first (at most
+    /// [`JOB_TREE_SCOPES_MAX`]): each job of theirs that finishes records the tree it left.
+    tree_scopes: Arc<Mutex<VecDeque<String>>>,
 }
 
 enum Route {
@@ -192,14 +251,42 @@ fn route(routes: &Mutex<HashMap<String, Route>>, job: String, state: String, det
 }
 
 impl Jobs {
-    pub(crate) fn new(config: JobsConfig) -> Self {
+    pub(crate) fn new(
+        config: JobsConfig,
+        checkpoints: Option<Arc<ring0_checkpoint::Checkpoints>>,
+    ) -> Self {
         Self {
             config,
             manager: OnceCell::new(),
             sessions: Mutex::new(HashSet::new()),
             routes: Arc::new(Mutex::new(HashMap::new())),
             detached: Mutex::new(HashSet::new()),
+            checkpoints,
+            tree_scopes: Arc::new(Mutex::new(VecDeque::new())),
         }
+    }
+
+    /// What records the tree the jobs of `scope` left.
+    fn tree_after(&self, scope: &str) -> JobTreeAfter {
+        JobTreeAfter {
+            checkpoints: self.checkpoints.clone(),
+            tree_scopes: self.tree_scopes.clone(),
+            scope: scope.to_owned(),
+        }
+    }
+
+    /// Marks `scope` as having a job whose tree was recorded before it started.
+    fn tree_recorded(&self, scope: &str) {
+        let mut scopes = self.tree_scopes.lock().unwrap_or_else(|p| p.into_inner());
+        if scopes.iter().any(|s| s == scope) {
+            return;
+        }
+        // A scope forgotten here only means its later jobs leave no "after" record: a restore
+        // over what they changed asks for --force.
+        if scopes.len() >= JOB_TREE_SCOPES_MAX {
+            scopes.pop_front();
+        }
+        scopes.push_back(scope.to_owned());
     }
 
     /// The end of the client session of `scope`: its background jobs are cancelled (their whole
@@ -230,7 +317,7 @@ impl Jobs {
         }
     }
 
-    async fn manager(&self) -> Result<&JobManager, ToolError> {
+    pub(crate) async fn manager(&self) -> Result<&JobManager, ToolError> {
         let m = self
             .manager
             .get_or_init(|| async {
@@ -276,15 +363,21 @@ impl Jobs {
                     // Drained at once so a job never waits on a full channel; each event goes
                     // to the session that started the job, the moment it happens.
                     let routes = self.routes.clone();
+                    let after = self.tree_after(scope);
                     tokio::spawn(async move {
                         while let Some(event) = events.recv().await {
                             match event {
-                                JobEvent::Finished { status } => route(
-                                    &routes,
-                                    status.job.to_string(),
-                                    status.state.to_string(),
-                                    serde_json::to_value(&*status).unwrap_or(Value::Null),
-                                ),
+                                JobEvent::Finished { status } => {
+                                    // Recorded before the news goes out, so a restore asked
+                                    // for after it sees what the job left.
+                                    after.record().await;
+                                    route(
+                                        &routes,
+                                        status.job.to_string(),
+                                        status.state.to_string(),
+                                        serde_json::to_value(&*status).unwrap_or(Value::Null),
+                                    )
+                                }
                                 JobEvent::InputRequested { job, tail } => route(
                                     &routes,
                                     job.to_string(),
@@ -303,6 +396,32 @@ impl Jobs {
     }
 }
 
+/// Records the tree a finished job left, for the scope's tree checkpoint.
+struct JobTreeAfter {
+    checkpoints: Option<Arc<ring0_checkpoint::Checkpoints>>,
+    tree_scopes: Arc<Mutex<VecDeque<String>>>,
+    scope: String,
+}
+
+impl JobTreeAfter {
+    /// A failure only means a later restore sees the paths as changed outside ring0 and asks
+    /// for `--force`.
+    async fn record(&self) {
+        let Some(store) = self.checkpoints.clone() else {
+            return;
+        };
+        let recorded = self
+            .tree_scopes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&self.scope);
+        if recorded {
+            let scope = self.scope.clone();
+            let _ = tokio::task::spawn_blocking(move || store.after_tree(&scope)).await;
+        }
+    }
+}
+
 /// The job session id of a scope (scopes are free text; job session ids are not).
 fn scope_id(scope: &str) -> String {
     let digest = Sha256::digest(scope.as_bytes());
@@ -318,8 +437,12 @@ pub struct Shell {
     pub(crate) policy: ExecPolicy,
     pub(crate) authority: Authority,
     pub(crate) jobs: Arc<Jobs>,
-    /// Makes the egress proxy of each foreground call's process (see [`ShellConfig`]).
+    /// Makes the egress proxy of each call's processes (see [`ShellConfig`]).
     pub(crate) egress: Option<EgressProxyFor>,
+    /// See [`ShellConfig::profiles`].
+    pub(crate) profiles: BTreeMap<String, SandboxProfile>,
+    /// See [`ShellConfig::profile_for`].
+    pub(crate) profile_for: Option<ProfileFor>,
 }
 
 #[derive(Deserialize)]
@@ -341,6 +464,8 @@ struct ShellArgs {
     detached: bool,
     #[serde(default)]
     stdin: Option<String>,
+    #[serde(default)]
+    sandbox_profile: Option<String>,
 }
 
 impl Shell {
@@ -362,7 +487,8 @@ impl Shell {
                     "timeout_ms": {"type": "integer", "minimum": 1, "maximum": SHELL_TIMEOUT_MS_MAX},
                     "background": {"type": "boolean", "default": false},
                     "detached": {"type": "boolean", "default": false, "description": "With background: the job outlives the client's session."},
-                    "stdin": {"type": "string", "enum": ["null", "pipe", "tty"], "description": "For background jobs that read input."}
+                    "stdin": {"type": "string", "enum": ["null", "pipe", "tty"], "description": "For background jobs that read input."},
+                    SANDBOX_PROFILE_ARG: {"type": "string", "description": "Run in this wider sandbox profile: only the one a sandbox_denied result offers, and only after a person approves."}
                 }
             }),
         )
@@ -455,8 +581,73 @@ impl TreeCheckpoint {
     }
 }
 
+/// The sandbox one call's processes run in, and the wider profile its grant offers it.
+struct CallSandbox {
+    sandbox: Sandbox,
+    /// The grant's wider profile, when the call did not ask for it already.
+    wider: Option<String>,
+}
+
 impl Shell {
-    /// Records the workspace tree before a contained foreground command runs.
+    /// The sandbox of the call `ctx` describes: its grant's profile (or the one it asked for,
+    /// which must be its grant's wider profile; the policy held the call for a person), with an
+    /// egress proxy of its own that records the call's origin.
+    fn call_sandbox(
+        &self,
+        ctx: &CallContext,
+        asked: Option<&str>,
+    ) -> Result<CallSandbox, ToolError> {
+        let base = &self.policy.sandbox;
+        if !base.is_on() {
+            return match asked {
+                Some(name) => Err(ToolError::not_applied(format!(
+                    "sandbox profile {name:?} was asked for, but shell runs with its sandbox off"
+                ))),
+                None => Ok(CallSandbox {
+                    sandbox: base.clone(),
+                    wider: None,
+                }),
+            };
+        }
+        let grant = self
+            .profile_for
+            .as_ref()
+            .map(|f| (f.0)(&ctx.session.principal))
+            .unwrap_or_default();
+        let chosen = match asked {
+            Some(name) if grant.wider.as_deref() == Some(name) => Some(name),
+            Some(name) => {
+                return Err(ToolError::not_applied(format!(
+                    "sandbox profile {name:?} is not offered to this call (its grant offers {})",
+                    grant
+                        .wider
+                        .as_deref()
+                        .map_or("none".to_owned(), |w| format!("{w:?}"))
+                )));
+            }
+            None => grant.sandbox.as_deref(),
+        };
+        let mut sandbox = match chosen {
+            Some(name) => {
+                let profile = self.profiles.get(name).ok_or_else(|| {
+                    ToolError::not_applied(format!(
+                        "sandbox profile {name:?} is not configured, so the command did not run"
+                    ))
+                })?;
+                base.with_profile(profile.clone())
+            }
+            None => base.clone(),
+        };
+        if let Some(proxy_for) = &self.egress {
+            sandbox = sandbox.egress_proxy(proxy_for.origin(&EgressOrigin::of(ctx)));
+        }
+        Ok(CallSandbox {
+            sandbox,
+            wider: grant.wider.filter(|_| asked.is_none()),
+        })
+    }
+
+    /// Records the workspace tree before a contained command runs (foreground or background).
     async fn checkpoint_before(&self, scope: &str) -> Result<TreeCheckpoint, ToolError> {
         let Some(store) = self
             .ws
@@ -506,9 +697,17 @@ impl Tool for Shell {
         let a: ShellArgs = args_of(args)?;
         // Spill handles of this run are sealed for the calling session.
         let spec = self.command_spec(&a)?.spill_owner(&*ctx.scope);
+        let confined = self.call_sandbox(&ctx, a.sandbox_profile.as_deref())?;
         if a.background {
             let (manager, session) = self.jobs.session(&ctx.scope).await?;
-            let receipt = manager.start(&session, &spec).await.map_err(job_error)?;
+            let checkpoint = self.checkpoint_before(&ctx.scope).await?;
+            if matches!(checkpoint, TreeCheckpoint::Recorded(_)) {
+                self.jobs.tree_recorded(&ctx.scope);
+            }
+            let receipt = manager
+                .start_in(&session, &spec, Some(confined.sandbox))
+                .await
+                .map_err(job_error)?;
             if a.detached {
                 self.jobs
                     .detached
@@ -518,22 +717,18 @@ impl Tool for Shell {
             }
             self.jobs
                 .route_to(receipt.job.to_string(), ctx.events.clone());
-            return Ok(Observation::json(json!({
+            let mut obs = Observation::json(json!({
                 "job": receipt.job,
                 "state": receipt.state,
                 "execution_mode": receipt.execution_mode,
                 "started_at_ms": receipt.started_at_ms,
                 "note": "running in the background: use job_wait or job_inspect with this handle",
-            })));
+            }));
+            checkpoint.annotate(&mut obs);
+            return Ok(obs);
         }
-        let policy = match &self.egress {
-            Some(proxy_for) if self.policy.sandbox.is_on() => {
-                let mut policy = self.policy.clone();
-                policy.sandbox = policy.sandbox.egress_proxy(proxy_for.scope(&ctx.scope));
-                policy
-            }
-            _ => self.policy.clone(),
-        };
+        let mut policy = self.policy.clone();
+        policy.sandbox = confined.sandbox;
         let checkpoint = self.checkpoint_before(&ctx.scope).await?;
         let cancel = ctx.cancel.clone();
         let ran = run_command(&policy, &spec, async move { cancel.cancelled().await }).await;
@@ -558,13 +753,19 @@ impl Tool for Shell {
             obs.structured = serde_json::to_value(&report.summary).ok();
         }
         checkpoint.annotate(&mut obs);
-        if let Some(profile) = self.policy.sandbox.profile_name().filter(|_| failed)
+        if let Some(profile) = policy.sandbox.profile_name().filter(|_| failed)
             && let Some((blocked, evidence)) = sandbox_denial(&obs.text)
         {
+            let next = match &confined.wider {
+                Some(wider) => format!(
+                    "To run it in the wider profile {wider:?}, make the same call again with \
+                     `\"{SANDBOX_PROFILE_ARG}\": \"{wider}\"`: a person will be asked to approve it."
+                ),
+                None => "A grant with a wider profile (held for approval) can run it.".to_owned(),
+            };
             let message = format!(
                 "sandbox_denied: the command was stopped by sandbox profile {profile:?}, which blocked {}. \
-                 It may have changed files inside the workspace before that. A grant with a wider \
-                 profile (held for approval) can run it.",
+                 It may have changed files inside the workspace before that. {next}",
                 blocked.join("; ")
             );
             obs.structured = Some(json!({
@@ -572,6 +773,7 @@ impl Tool for Shell {
                 "profile": profile,
                 "blocked": blocked,
                 "evidence": evidence,
+                "wider_profile": confined.wider,
                 "run": obs.structured.take(),
             }));
             return Err(ToolError::not_applied(message).with_observation(obs));
@@ -661,6 +863,17 @@ impl JobTool {
     }
 }
 
+impl JobTool {
+    /// A job this call saw finished has its tree recorded as it left it before the call
+    /// answers (the session's event task records it too, but may not have yet), so a restore
+    /// asked for next sees what the job did as ring0's.
+    async fn after_finished(&self, scope: &str, status: &ring0_exec::JobStatus) {
+        if status.state.is_terminal() {
+            self.jobs.tree_after(scope).record().await;
+        }
+    }
+}
+
 #[async_trait]
 impl Tool for JobTool {
     async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
@@ -672,16 +885,18 @@ impl Tool for JobTool {
                     .inspect(&session, &a.job, a.tail_lines.unwrap_or(50))
                     .map_err(job_error)?,
             ),
-            JobOp::Wait => serde_json::to_value(
-                manager
+            JobOp::Wait => {
+                let status = manager
                     .wait(
                         &session,
                         &a.job,
                         Duration::from_millis(a.timeout_ms.unwrap_or(30_000).min(JOB_WAIT_MS_MAX)),
                     )
                     .await
-                    .map_err(job_error)?,
-            ),
+                    .map_err(job_error)?;
+                self.after_finished(&ctx.scope, &status).await;
+                serde_json::to_value(status)
+            }
             JobOp::SendInput => serde_json::to_value(
                 manager
                     .send_input(&session, &a.job, a.input.unwrap_or_default().as_bytes())
@@ -689,7 +904,9 @@ impl Tool for JobTool {
                     .map_err(job_error)?,
             ),
             JobOp::Cancel => {
-                serde_json::to_value(manager.cancel(&session, &a.job).await.map_err(job_error)?)
+                let status = manager.cancel(&session, &a.job).await.map_err(job_error)?;
+                self.after_finished(&ctx.scope, &status).await;
+                serde_json::to_value(status)
             }
         };
         value

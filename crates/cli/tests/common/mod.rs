@@ -271,3 +271,86 @@ pub fn spawn_stdio_json(
     });
     (child, stdin, rx)
 }
+
+/// A `ring0 serve` over stdio, initialized, answering one request at a time (killed on drop).
+pub struct Serve {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    rx: std::sync::mpsc::Receiver<Value>,
+    next_id: i64,
+}
+
+/// How long one request to `ring0 serve` may take.
+pub const SERVE_WAIT: Duration = Duration::from_secs(90);
+
+impl Serve {
+    /// Starts `cmd` (a `ring0 serve` over stdio) and initializes a session.
+    pub fn start(cmd: Command) -> Self {
+        let (child, stdin, rx) = spawn_stdio_json(cmd);
+        let mut serve = Self {
+            child,
+            stdin: Some(stdin),
+            rx,
+            next_id: 1,
+        };
+        serve.request(
+            "initialize",
+            serde_json::json!({"protocolVersion":"2025-06-18","capabilities":{},
+                   "clientInfo":{"name":"t","version":"1"}}),
+        );
+        serve.send(serde_json::json!({"jsonrpc":"2.0","method":"notifications/initialized"}));
+        serve
+    }
+
+    pub fn send(&mut self, v: Value) {
+        writeln!(self.stdin.as_mut().unwrap(), "{v}").unwrap();
+    }
+
+    pub fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(serde_json::json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}));
+        let deadline = std::time::Instant::now() + SERVE_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let m = self
+                .rx
+                .recv_timeout(left)
+                .expect("a response from ring0 serve");
+            if m["id"] == id {
+                return m;
+            }
+        }
+    }
+
+    pub fn call(&mut self, tool: &str, arguments: Value) -> Value {
+        self.request(
+            "tools/call",
+            serde_json::json!({"name": tool, "arguments": arguments}),
+        )
+    }
+
+    /// Polls `tools/list` until `tool` is listed (an upstream's tools appear once it is up).
+    pub fn wait_for_tool(&mut self, tool: &str) {
+        let deadline = std::time::Instant::now() + SERVE_WAIT;
+        loop {
+            let listed = self.request("tools/list", serde_json::json!({}));
+            if listed.to_string().contains(tool) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{tool} never listed: {listed}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

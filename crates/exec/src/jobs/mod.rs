@@ -422,12 +422,34 @@ impl JobManager {
         session: &SessionId,
         spec: &CommandSpec,
     ) -> Result<JobReceipt, JobError> {
+        self.start_in(session, spec, None).await
+    }
+
+    /// [`JobManager::start`], the job confined by `sandbox` instead of the policy's when given
+    /// (the profile and egress of the call that starts it). A sandbox that is off is refused
+    /// when the policy's is on: a job is never started less confined than the policy says.
+    pub async fn start_in(
+        &self,
+        session: &SessionId,
+        spec: &CommandSpec,
+        sandbox: Option<crate::Sandbox>,
+    ) -> Result<JobReceipt, JobError> {
         let inner = &self.inner;
         let mut spec = spec.clone();
         if spec.timeout_ms.is_none() {
             spec = spec.timeout(JOB_TIMEOUT_DEFAULT);
         }
-        let prepared = PreparedCommand::prepare(&inner.config.policy, &spec)?;
+        let mut prepared = PreparedCommand::prepare(&inner.config.policy, &spec)?;
+        if let Some(sandbox) = sandbox {
+            if inner.config.policy.sandbox.is_on() && !sandbox.is_on() {
+                return Err(JobError::Exec(ExecError::Sandbox(
+                    crate::SandboxError::Setup(
+                        "a job may not run unconfined where the policy confines it".into(),
+                    ),
+                )));
+            }
+            prepared.sandbox = sandbox;
+        }
 
         let events = {
             let mut table = lock(&inner.table);

@@ -212,6 +212,22 @@ impl Sandbox {
         }
     }
 
+    /// The same binding (workspace, protected paths, egress proxy) with another profile: what a
+    /// call that runs in its grant's profile gets. A sandbox that is off stays off.
+    pub fn with_profile(&self, profile: SandboxProfile) -> Self {
+        let Some(bound) = &self.inner else {
+            return self.clone();
+        };
+        Self {
+            inner: Some(Arc::new(Bound {
+                profile,
+                workspace: bound.workspace.clone(),
+                protected: bound.protected.clone(),
+                egress: bound.egress.clone(),
+            })),
+        }
+    }
+
     /// The same sandbox, with the *homes* of a program and of the files its arguments name added
     /// to what may be read and executed: the operator who configured a server named them. A home
     /// is the hidden directory of ring0's `HOME` the path is in (a toolchain manager's

@@ -121,6 +121,7 @@ pub fn ctx(scope: &str) -> CallContext {
         intent_id: None,
         idempotency_key: None,
         scope: Arc::from(scope),
+        session: Arc::new(ring0_kernel::SessionInfo::detached(scope)),
         cancel: Default::default(),
         timeout_ms: 30_000,
         events: ring0_kernel::EventSink::detached(),
