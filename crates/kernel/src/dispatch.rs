@@ -484,7 +484,7 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
             }
             (IntentState::Acked, CallOutcome::Completed { observation })
         }
-        Err((_, e)) => (
+        Err(e) => (
             IntentState::Failed,
             CallOutcome::Failed {
                 message: env.shape.message(&e.message),
