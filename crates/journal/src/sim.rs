@@ -1060,6 +1060,20 @@ impl World {
 
 /// Runs one world: `seed` draws the events, `model` picks the model's wording and call ids.
 pub fn run_world(seed: u64, model: u64, backend: &SimBackend) -> WorldRun {
+    remove_backend_files(backend);
+    let mut rng = XorShiftRng::seed_from_u64(seed);
+    let plan = WorldPlan::draw(&mut rng);
+    let mut model = Model::new(seed, model);
+    let mut world = World::start(backend, plan.context(rng));
+    for _ in 0..plan.steps {
+        world.step(&mut model, &plan);
+    }
+    world.quiesce(&mut model, &plan);
+    check(&world, plan.intents)
+}
+
+/// A SQLite world starts from an empty database.
+fn remove_backend_files(backend: &SimBackend) {
     if let SimBackend::Sqlite(path) = backend {
         for suffix in ["", "-wal", "-shm", ".lock"] {
             let mut p = path.as_os_str().to_owned();
@@ -1067,120 +1081,158 @@ pub fn run_world(seed: u64, model: u64, backend: &SimBackend) -> WorldRun {
             let _ = std::fs::remove_file(PathBuf::from(p));
         }
     }
-    let mut rng = XorShiftRng::seed_from_u64(seed);
-    let intents = rng.random_range(1..=3usize);
-    let honours_keys = rng.random_bool(0.5);
-    let settlement = match (honours_keys, rng.random_range(0..10u32)) {
-        (true, 0..=6) => Settlement::IdempotencyKey,
-        (true, _) => Settlement::Probe,
-        (false, 0..=6) => Settlement::Probe,
-        (false, _) => Settlement::None,
-    };
-    let host_ids: Option<Vec<IntentId>> = rng.random_bool(0.5).then(|| {
-        (0..intents)
-            .map(|_| uuid::Builder::from_random_bytes(rng.random()).into_uuid())
-            .collect()
-    });
-    let steps = rng.random_range(24..=48u32);
-    let ctx = Arc::new(Ctx {
-        inner: Mutex::new(Inner {
-            rng,
-            faults_on: true,
-            crashed: false,
-            yielded: false,
-            service: Service {
-                honours_keys,
-                resources: vec![Resource::default(); intents],
-                ..Service::default()
-            },
-            settlement,
-            faults: BTreeMap::new(),
-            states: BTreeMap::new(),
-            violations: Vec::new(),
-            trace: Vec::new(),
-            cancelled: Vec::new(),
-            proposals: 0,
-        }),
-    });
-    let mut model = Model {
-        rng: XorShiftRng::seed_from_u64(
-            seed ^ 0x9e37_79b9_7f4a_7c15 ^ model.wrapping_mul(0x1234_5678_9abc_def1),
-        ),
-        used: Vec::new(),
-        style: model,
-    };
-    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
-    let journal = World::open(backend, &ctx, &clock, Vec::new());
-    let mut world = World {
-        exec: Arc::new(SimExec { ctx: ctx.clone() }),
-        ctx: ctx.clone(),
-        clock: clock.clone(),
-        backend: backend.clone(),
-        journal,
-        tasks: Vec::new(),
-        waker: Waker::from(Arc::new(ThreadWaker(std::thread::current()))),
-        crashes: 0,
-    };
+}
 
-    let propose = |world: &mut World, model: &mut Model, intent: usize, mut tags: Tags| {
+/// What a seed draws before the first event: the user's intents, the service and the tool's
+/// settlement, whether the host names intents, and how many events happen.
+struct WorldPlan {
+    intents: usize,
+    honours_keys: bool,
+    settlement: Settlement,
+    host_ids: Option<Vec<IntentId>>,
+    steps: u32,
+}
+
+impl WorldPlan {
+    fn draw(rng: &mut XorShiftRng) -> Self {
+        let intents = rng.random_range(1..=3usize);
+        let honours_keys = rng.random_bool(0.5);
+        let settlement = match (honours_keys, rng.random_range(0..10u32)) {
+            (true, 0..=6) => Settlement::IdempotencyKey,
+            (true, _) => Settlement::Probe,
+            (false, 0..=6) => Settlement::Probe,
+            (false, _) => Settlement::None,
+        };
+        let host_ids: Option<Vec<IntentId>> = rng.random_bool(0.5).then(|| {
+            (0..intents)
+                .map(|_| uuid::Builder::from_random_bytes(rng.random()).into_uuid())
+                .collect()
+        });
+        let steps = rng.random_range(24..=48u32);
+        Self {
+            intents,
+            honours_keys,
+            settlement,
+            host_ids,
+            steps,
+        }
+    }
+
+    /// The world's shared state, drawing every later event from `rng`.
+    fn context(&self, rng: XorShiftRng) -> Arc<Ctx> {
+        Arc::new(Ctx {
+            inner: Mutex::new(Inner {
+                rng,
+                faults_on: true,
+                crashed: false,
+                yielded: false,
+                service: Service {
+                    honours_keys: self.honours_keys,
+                    resources: vec![Resource::default(); self.intents],
+                    ..Service::default()
+                },
+                settlement: self.settlement,
+                faults: BTreeMap::new(),
+                states: BTreeMap::new(),
+                violations: Vec::new(),
+                trace: Vec::new(),
+                cancelled: Vec::new(),
+                proposals: 0,
+            }),
+        })
+    }
+}
+
+impl Model {
+    fn new(seed: u64, style: u64) -> Self {
+        Self {
+            rng: XorShiftRng::seed_from_u64(
+                seed ^ 0x9e37_79b9_7f4a_7c15 ^ style.wrapping_mul(0x1234_5678_9abc_def1),
+            ),
+            used: Vec::new(),
+            style,
+        }
+    }
+}
+
+impl World {
+    fn start(backend: &SimBackend, ctx: Arc<Ctx>) -> Self {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let journal = World::open(backend, &ctx, &clock, Vec::new());
+        World {
+            exec: Arc::new(SimExec { ctx: ctx.clone() }),
+            ctx,
+            clock,
+            backend: backend.clone(),
+            journal,
+            tasks: Vec::new(),
+            waker: Waker::from(Arc::new(ThreadWaker(std::thread::current()))),
+            crashes: 0,
+        }
+    }
+
+    /// The model proposes refunding order `intent`, worded its own way, through a host.
+    fn propose(&mut self, model: &mut Model, plan: &WorldPlan, intent: usize, mut tags: Tags) {
         let text = model.args_text(intent);
         let call_id = model.call_id(intent, &mut tags);
         let canonical = format!("{{\"amount\":{},\"order\":\"o-{intent}\"}}", 10 + intent);
         tags.reworded = text != canonical;
-        let host_id = host_ids.as_ref().map(|ids| ids[intent]);
+        let host_id = plan.host_ids.as_ref().map(|ids| ids[intent]);
         let p = prepare(&text, call_id, host_id, tags.revised);
-        let (j, e) = (world.journal.clone(), world.exec.clone());
-        world.spawn(host_call(j, e, p, tags));
-    };
+        let (j, e) = (self.journal.clone(), self.exec.clone());
+        self.spawn(host_call(j, e, p, tags));
+    }
 
-    for _ in 0..steps {
+    /// One drawn event, then a few drawn polls of the hosts' futures.
+    fn step(&mut self, model: &mut Model, plan: &WorldPlan) {
+        let ctx = self.ctx.clone();
         let (event, intent, advance) = {
             let mut st = ctx.lock();
             (
                 st.rng.random_range(0..100u32),
-                st.rng.random_range(0..intents),
+                st.rng.random_range(0..plan.intents),
                 st.rng.random_range(1..50u64),
             )
         };
-        clock.advance_ms(advance);
+        self.clock.advance_ms(advance);
         match event {
-            0..=29 => propose(&mut world, &mut model, intent, Tags::default()),
+            0..=29 => self.propose(model, plan, intent, Tags::default()),
             30..=37 => {
                 let race = Tags {
                     race: true,
                     ..Tags::default()
                 };
-                propose(&mut world, &mut model, intent, race);
-                propose(&mut world, &mut model, intent, race);
+                self.propose(model, plan, intent, race);
+                self.propose(model, plan, intent, race);
             }
             38..=41 => {
                 let revised = Tags {
                     revised: true,
                     ..Tags::default()
                 };
-                propose(&mut world, &mut model, intent, revised);
+                self.propose(model, plan, intent, revised);
             }
             42..=49 => {
-                let j = world.journal.clone();
-                world.spawn(host_cancel(j));
+                let j = self.journal.clone();
+                self.spawn(host_cancel(j));
             }
             50..=52 => {
                 ctx.lock().crashed = true;
-                world.crash_and_restart();
+                self.crash_and_restart();
             }
-            53..=56 if !world.tasks.is_empty() => {
+            53..=56 if !self.tasks.is_empty() => {
                 // The model's stream aborted: the host drops one call's future mid-protocol.
-                let i = ctx.lock().rng.random_range(0..world.tasks.len());
-                drop(world.tasks.swap_remove(i));
+                let i = ctx.lock().rng.random_range(0..self.tasks.len());
+                drop(self.tasks.swap_remove(i));
                 ctx.lock().hit(Fault::StreamAbort);
             }
             57..=59 => {
-                let j = world.journal.clone();
-                world.spawn(person_settles(j, false));
+                let j = self.journal.clone();
+                self.spawn(person_settles(j, false));
             }
             60..=61 => {
-                let j = world.journal.clone();
-                world.spawn(host_compensates(j));
+                let j = self.journal.clone();
+                self.spawn(host_compensates(j));
             }
             62..=63 => {
                 let mut st = ctx.lock();
@@ -1190,82 +1242,37 @@ pub fn run_world(seed: u64, model: u64, backend: &SimBackend) -> WorldRun {
         }
         let polls = ctx.lock().rng.random_range(1..6u32);
         for _ in 0..polls {
-            world.poll_one();
+            self.poll_one();
         }
     }
 
-    // Quiesce: no more faults; restart, recover, let a person settle, propose everything again.
-    ctx.lock().faults_on = false;
-    ctx.lock().crashed = true;
-    world.crash_and_restart();
-    world.run_all();
-    let j = world.journal.clone();
-    world.spawn(person_settles(j, true));
-    world.run_all();
-    for intent in 0..intents {
-        propose(&mut world, &mut model, intent, Tags::default());
-        world.run_all();
+    /// No more faults; restart, recover, let a person settle, propose everything again.
+    fn quiesce(&mut self, model: &mut Model, plan: &WorldPlan) {
+        self.ctx.lock().faults_on = false;
+        self.ctx.lock().crashed = true;
+        self.crash_and_restart();
+        self.run_all();
+        let j = self.journal.clone();
+        self.spawn(person_settles(j, true));
+        self.run_all();
+        for intent in 0..plan.intents {
+            self.propose(model, plan, intent, Tags::default());
+            self.run_all();
+        }
     }
-
-    check(&world, intents, host_ids.is_some())
 }
 
-fn check(world: &World, intents: usize, _host_ids: bool) -> WorldRun {
+/// The world after quiescence: every property checked, and what it leaves.
+fn check(world: &World, intents: usize) -> WorldRun {
     let records = world
         .block_on_inner(world.journal.inner.recent(usize::MAX))
         .unwrap_or_default();
     let mut st = world.ctx.lock();
     for r in &records {
-        if matches!(
-            r.state,
-            IntentState::Unknown
-                | IntentState::Reconciling
-                | IntentState::Dispatched
-                | IntentState::Recorded
-                | IntentState::Proposed
-        ) {
-            st.violation(
-                Property::Settled,
-                format!("intent {} left {} after quiescence", r.id, r.state),
-            );
-        }
-        for pair in r.timeline.windows(2) {
-            let (from, to) = (pair[0].state, pair[1].state);
-            if from == IntentState::Unknown
-                && !matches!(
-                    to,
-                    IntentState::Reconciling | IntentState::Compensated | IntentState::DeadLetter
-                )
-            {
-                st.violation(Property::P2, format!("intent {}: UNKNOWN → {to}", r.id));
-            }
-            if !machine::is_allowed(from, to) {
-                st.violation(
-                    Property::P2,
-                    format!("intent {}: illegal {from} → {to}", r.id),
-                );
-            }
-        }
+        check_settled_and_legal(&mut st, r);
     }
-    for (i, res) in st.service.resources.clone().iter().enumerate() {
-        if res.applied > 1 {
-            st.violation(
-                Property::P1,
-                format!("order o-{i} was refunded {} times", res.applied),
-            );
-        }
-    }
-    for (id, seen, dispatched_before) in st.cancelled.clone() {
-        let requests = &st.service.requests;
-        let ever = requests.iter().any(|(r, _)| *r == id);
-        let after = requests[seen..].iter().any(|(r, _)| *r == id);
-        if after || (ever && !dispatched_before) {
-            st.violation(
-                Property::P3,
-                format!("intent {id} was cancelled before dispatch yet reached the service"),
-            );
-        }
-    }
+    check_one_effect_per_intent(&mut st);
+    check_cancelled_never_reached(&mut st);
     let outcome = (0..intents)
         .map(|i| {
             let text = format!("{{\"amount\":{},\"order\":\"o-{i}\"}}", 10 + i);
@@ -1293,6 +1300,68 @@ fn check(world: &World, intents: usize, _host_ids: bool) -> WorldRun {
             .sum(),
         proposals: st.proposals,
         crashes: world.crashes,
+    }
+}
+
+/// `Settled`: nothing is left open after quiescence; P2: after UNKNOWN only RECONCILING,
+/// COMPENSATED or DEAD_LETTER, and every step of the timeline is legal.
+fn check_settled_and_legal(st: &mut Inner, r: &IntentRecord) {
+    if matches!(
+        r.state,
+        IntentState::Unknown
+            | IntentState::Reconciling
+            | IntentState::Dispatched
+            | IntentState::Recorded
+            | IntentState::Proposed
+    ) {
+        st.violation(
+            Property::Settled,
+            format!("intent {} left {} after quiescence", r.id, r.state),
+        );
+    }
+    for pair in r.timeline.windows(2) {
+        let (from, to) = (pair[0].state, pair[1].state);
+        if from == IntentState::Unknown
+            && !matches!(
+                to,
+                IntentState::Reconciling | IntentState::Compensated | IntentState::DeadLetter
+            )
+        {
+            st.violation(Property::P2, format!("intent {}: UNKNOWN → {to}", r.id));
+        }
+        if !machine::is_allowed(from, to) {
+            st.violation(
+                Property::P2,
+                format!("intent {}: illegal {from} → {to}", r.id),
+            );
+        }
+    }
+}
+
+/// P1: at most one external effect per user intent.
+fn check_one_effect_per_intent(st: &mut Inner) {
+    for (i, res) in st.service.resources.clone().iter().enumerate() {
+        if res.applied > 1 {
+            st.violation(
+                Property::P1,
+                format!("order o-{i} was refunded {} times", res.applied),
+            );
+        }
+    }
+}
+
+/// P3: an intent cancelled before dispatch never reached the service.
+fn check_cancelled_never_reached(st: &mut Inner) {
+    for (id, seen, dispatched_before) in st.cancelled.clone() {
+        let requests = &st.service.requests;
+        let ever = requests.iter().any(|(r, _)| *r == id);
+        let after = requests[seen..].iter().any(|(r, _)| *r == id);
+        if after || (ever && !dispatched_before) {
+            st.violation(
+                Property::P3,
+                format!("intent {id} was cancelled before dispatch yet reached the service"),
+            );
+        }
     }
 }
 
