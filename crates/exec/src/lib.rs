@@ -50,8 +50,8 @@ mod teardown;
 
 pub use error::{ExecError, JobError};
 pub use jobs::{
-    ExecutionMode, InputReceipt, JOB_TIMEOUT_DEFAULT, JobEvent, JobEvents, JobHandle, JobManager,
-    JobReceipt, JobSnapshot, JobState, JobStatus, JobUsage, JobsConfig, Recovery, SessionId,
+    InputReceipt, JOB_TIMEOUT_DEFAULT, JobEvent, JobEvents, JobHandle, JobManager, JobReceipt,
+    JobSnapshot, JobState, JobStatus, JobUsage, JobsConfig, Recovery, RunMode, SessionId,
 };
 pub use ring0_core::Observation;
 pub use ring0_shape::{ShapeConfig, Stream};

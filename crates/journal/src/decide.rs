@@ -375,7 +375,9 @@ fn decide_found(
 
 /// The decision the records found make about a proposal, or [`Planned::Fresh`] when they leave
 /// it to a new record (the next attempt, when the identical call before it was delivered). A
-/// plan from here never inserts: it answers, or updates the record found.
+/// plan from here never inserts: it answers, or updates the record found. In order: the record
+/// the host's intent id names, the caller's explicit key, the record holding the semantic key
+/// (and the same intent under another canonicalizer version), a rejected record under the id.
 pub(crate) fn plan_existing(
     p: &Proposal,
     found: Found<'_>,
@@ -383,28 +385,10 @@ pub(crate) fn plan_existing(
     incarnation: u64,
 ) -> Result<Planned, JournalError> {
     validate_proposal(p)?;
-    let no_write = |decision| {
-        Ok(Planned::Decided(ProposePlan {
-            decision,
-            write: None,
-        }))
-    };
-    if let Some(bound) = found.by_id {
-        if bound.semantic_key != p.semantic_key {
-            return no_write(ProposeDecision::Conflict {
-                reason: describe_difference(bound, p),
-                existing: Some(bound.clone()),
-            });
-        }
-        if !p.mutating || !bound.mutating {
-            return no_write(ProposeDecision::Conflict {
-                reason: format!(
-                    "intent id {} is already recorded; a read is proposed under a new id",
-                    bound.id
-                ),
-                existing: Some(bound.clone()),
-            });
-        }
+    if let Some(bound) = found.by_id
+        && let Some(conflict) = conflict_with_bound_id(bound, p)
+    {
+        return answered(conflict);
     }
     if p.mutating
         && let Some(ck) = &p.client_key
@@ -412,44 +396,14 @@ pub(crate) fn plan_existing(
     {
         return plan_keyed(p, found, now_ms, incarnation, ck.retention_ms);
     }
-    if p.mutating {
-        if let Some(existing) = found.by_key {
-            if existing.state == IntentState::Acked
-                && existing.delivered
-                && existing.client_key.is_none()
-                && existing.semantic_key.version == p.semantic_key.version
-            {
-                // The caller received the result and asks again: a genuine repeat.
-                return Ok(Planned::Fresh {
-                    attempt: existing.attempt.saturating_add(1),
-                });
-            }
-            if let Some(plan) = decide_found(existing, p, now_ms, incarnation)? {
-                return Ok(Planned::Decided(plan));
-            }
-            // A rejected record does not stand in the way: a new record replaces it,
-            // unless the same intent is live under another canonicalizer version.
-        }
-        if let Some(other) = found.by_content
-            && other.semantic_key.version != p.semantic_key.version
-            && !matches!(
-                other.state,
-                IntentState::RejectedConflict | IntentState::RejectedDuplicate
-            )
-        {
-            return no_write(ProposeDecision::Conflict {
-                reason: format!(
-                    "the same intent is recorded under canonicalizer version {}; this proposal \
-                     uses version {}, and keys of different versions are never merged",
-                    other.semantic_key.version, p.semantic_key.version
-                ),
-                existing: Some(other.clone()),
-            });
-        }
+    if p.mutating
+        && let Some(planned) = plan_unkeyed_write(p, found, now_ms, incarnation)?
+    {
+        return Ok(planned);
     }
     if let Some(bound) = found.by_id {
         // The host's id names a record that was rejected (cancelled); ids are never reused.
-        return no_write(ProposeDecision::Conflict {
+        return answered(ProposeDecision::Conflict {
             reason: format!(
                 "intent id {} ended {}; propose the intent again under a new id",
                 bound.id, bound.state
@@ -458,6 +412,81 @@ pub(crate) fn plan_existing(
         });
     }
     Ok(Planned::Fresh { attempt: 0 })
+}
+
+/// A plan that answers the proposal and writes nothing.
+fn answered(decision: ProposeDecision) -> Result<Planned, JournalError> {
+    Ok(Planned::Decided(ProposePlan {
+        decision,
+        write: None,
+    }))
+}
+
+/// The conflict a proposal makes with the record its host-supplied intent id names: another
+/// intent under that id, or a read (reads are never bound to an id that is already recorded).
+fn conflict_with_bound_id(bound: &IntentRecord, p: &Proposal) -> Option<ProposeDecision> {
+    if bound.semantic_key != p.semantic_key {
+        return Some(ProposeDecision::Conflict {
+            reason: describe_difference(bound, p),
+            existing: Some(bound.clone()),
+        });
+    }
+    if !p.mutating || !bound.mutating {
+        return Some(ProposeDecision::Conflict {
+            reason: format!(
+                "intent id {} is already recorded; a read is proposed under a new id",
+                bound.id
+            ),
+            existing: Some(bound.clone()),
+        });
+    }
+    None
+}
+
+/// A mutating proposal without an explicit key, against the record holding its semantic key:
+/// a delivered result makes it the next attempt, anything else live decides it; the same intent
+/// live under another canonicalizer version is a conflict. `None` leaves it undecided here.
+fn plan_unkeyed_write(
+    p: &Proposal,
+    found: Found<'_>,
+    now_ms: u64,
+    incarnation: u64,
+) -> Result<Option<Planned>, JournalError> {
+    if let Some(existing) = found.by_key {
+        if existing.state == IntentState::Acked
+            && existing.delivered
+            && existing.client_key.is_none()
+            && existing.semantic_key.version == p.semantic_key.version
+        {
+            // The caller received the result and asks again: a genuine repeat.
+            return Ok(Some(Planned::Fresh {
+                attempt: existing.attempt.saturating_add(1),
+            }));
+        }
+        if let Some(plan) = decide_found(existing, p, now_ms, incarnation)? {
+            return Ok(Some(Planned::Decided(plan)));
+        }
+        // A rejected record does not stand in the way: a new record replaces it, unless the
+        // same intent is live under another canonicalizer version.
+    }
+    if let Some(other) = found.by_content
+        && other.semantic_key.version != p.semantic_key.version
+        && !matches!(
+            other.state,
+            IntentState::RejectedConflict | IntentState::RejectedDuplicate
+        )
+    {
+        return answered(ProposeDecision::Conflict {
+            reason: format!(
+                "the same intent is recorded under canonicalizer version {}; this proposal \
+                 uses version {}, and keys of different versions are never merged",
+                other.semantic_key.version, p.semantic_key.version
+            ),
+            existing: Some(other.clone()),
+        })
+        .map(Some);
+    }
+    Ok(None)
 }
 
 /// The record a proposal creates when nothing recorded decides it: RECORDED under `id` (the

@@ -57,7 +57,7 @@ pub use postgres::{PostgresJournal, PostgresOptions, is_postgres_url};
 pub use record::{ClientKey, IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 pub use recovery::{Executor, RecoveryPolicy, RecoveryReport, drive, drive_bounded, recover};
 pub use settle::{
-    DispatchOutcome, ErrorClass, ProbeVerdict, Settled, begin_dispatch, begin_reconcile,
+    DispatchOutcome, FailureClass, ProbeFinding, Settled, begin_dispatch, begin_reconcile,
     cancel_before_dispatch, compensate, record_outcome, settle,
 };
 pub use sim::{SimReport, run_simulation};

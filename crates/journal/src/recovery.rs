@@ -11,11 +11,11 @@
 use crate::limits::ATTEMPTS_MAX;
 use crate::record::{IntentId, IntentRecord, Transition};
 use crate::settle::{
-    DispatchOutcome, ProbeVerdict, Settled, begin_dispatch, begin_reconcile, record_outcome, settle,
+    DispatchOutcome, Settled, begin_dispatch, begin_reconcile, record_outcome, settle,
 };
 use crate::{Journal, JournalError};
 use async_trait::async_trait;
-use ring0_core::{IntentState, Settlement};
+use ring0_core::{IntentState, ProbeFinding, Settlement};
 use serde_json::Value;
 
 /// What the protocol needs from the world: the tool registry's settlement kind, the executor
@@ -42,7 +42,7 @@ pub trait Executor: Send + Sync {
     async fn dispatch(&self, record: &IntentRecord) -> DispatchOutcome;
 
     /// The tool's nullipotent reconciliation probe. Called only for `Settlement::Probe`.
-    async fn probe(&self, record: &IntentRecord) -> ProbeVerdict;
+    async fn probe(&self, record: &IntentRecord) -> ProbeFinding;
 }
 
 /// Most protocol steps [`drive`] takes for one record. Each dispatch costs at most four steps
@@ -95,14 +95,14 @@ pub async fn drive_bounded(
                 if spent && kind == Settlement::IdempotencyKey {
                     return budget_spent(journal, &reconciling).await;
                 }
-                let verdict = match kind {
+                let finding = match kind {
                     Settlement::Probe => Some(exec.probe(&reconciling).await),
                     _ => None,
                 };
-                if spent && verdict == Some(ProbeVerdict::Unchanged) {
+                if spent && finding == Some(ProbeFinding::Unchanged) {
                     return budget_spent(journal, &reconciling).await;
                 }
-                match settle(journal, &reconciling, kind, verdict).await? {
+                match settle(journal, &reconciling, kind, finding).await? {
                     Settled::Redispatch(d) => {
                         dispatches += 1;
                         dispatch_once(journal, exec, d).await?

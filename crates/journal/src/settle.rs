@@ -6,11 +6,11 @@
 //!
 //! - [`begin_dispatch`]: RECORDED → DISPATCHED, storing the pre-dispatch snapshot.
 //! - [`record_outcome`]: DISPATCHED → ACKED on success; FAILED only for the errors on the
-//!   "definitely not applied" allow-list ([`ErrorClass::definitely_not_applied`]); UNKNOWN for
+//!   "definitely not applied" allow-list ([`FailureClass::definitely_not_applied`]); UNKNOWN for
 //!   everything else (timeouts, connection loss after send, stream aborts, unknown errors).
 //! - [`settle`]: UNKNOWN → RECONCILING → by the tool's [`Settlement`]:
 //!   `IdempotencyKey` → DISPATCHED again with the *same* stored key (the provider deduplicates);
-//!   `Probe` → the nullipotent probe's verdict decides: postcondition holds → ACKED with a
+//!   `Probe` → the nullipotent probe's [`ProbeFinding`] decides: postcondition holds → ACKED with a
 //!   synthetic receipt; unchanged since the snapshot → RECORDED (safe to dispatch); anything
 //!   else → DEAD_LETTER; `None` → DEAD_LETTER for a person.
 //! - [`compensate`]: a declared compensating action undid an effect → COMPENSATED.
@@ -18,7 +18,7 @@
 //! There is no path from UNKNOWN to a fresh dispatch: the state machine refuses it, and nothing
 //! here takes a model's proposal as input.
 //!
-//! A probe's "unchanged" verdict is only sound once the original request can no longer land (the
+//! A probe's "unchanged" finding is only sound once the original request can no longer land (the
 //! executor's timeout cancelled it, or the connection closed before the provider acted). Tools
 //! whose providers may apply a request late must not declare `Probe`.
 
@@ -26,38 +26,9 @@ use crate::limits::ATTEMPTS_MAX;
 use crate::record::{IntentRecord, Transition};
 use crate::{Journal, JournalError};
 use ring0_core::receipt::{CallOutcome, Disposition};
+pub use ring0_core::{FailureClass, ProbeFinding};
 use ring0_core::{IntentState, Observation, Receipt, Settlement};
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-
-/// How a dispatch failed, as far as the executor can tell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorClass {
-    /// The connection was refused before a byte of the request was sent.
-    ConnectionRefused,
-    /// The upstream rejected the request as invalid before acting on it (a validation error).
-    RejectedUpstream,
-    /// No answer within the deadline; the request may or may not have been applied.
-    Timeout,
-    /// The connection broke after the request was sent.
-    ConnectionLost,
-    /// The response stream ended early.
-    StreamAborted,
-    /// Anything the executor cannot classify.
-    Other,
-}
-
-impl ErrorClass {
-    /// The allow-list of errors after which the effect is known not to have happened.
-    pub const DEFINITELY_NOT_APPLIED: [ErrorClass; 2] =
-        [ErrorClass::ConnectionRefused, ErrorClass::RejectedUpstream];
-
-    /// Whether this error is on the "definitely not applied" allow-list.
-    pub fn definitely_not_applied(self) -> bool {
-        Self::DEFINITELY_NOT_APPLIED.contains(&self)
-    }
-}
 
 /// What an executor reports for one dispatch.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,7 +36,10 @@ pub enum DispatchOutcome {
     /// The tool answered: the effect (if any) is applied.
     Applied(Receipt),
     /// The tool failed; `class` decides between FAILED and UNKNOWN.
-    Failed { class: ErrorClass, receipt: Receipt },
+    Failed {
+        class: FailureClass,
+        receipt: Receipt,
+    },
 }
 
 impl DispatchOutcome {
@@ -77,21 +51,6 @@ impl DispatchOutcome {
             Self::Failed { .. } => IntentState::Unknown,
         }
     }
-}
-
-/// A reconciliation probe's verdict about one UNKNOWN intent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "verdict", rename_all = "snake_case")]
-pub enum ProbeVerdict {
-    /// The intended effect is visible: it happened.
-    PostconditionHolds {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        evidence: Option<Value>,
-    },
-    /// The world is as the pre-dispatch snapshot recorded it: the effect did not happen.
-    Unchanged,
-    /// Anything else (partly applied, changed by someone else, probe failed): a person decides.
-    Diverged { detail: String },
 }
 
 /// Where settlement left an UNKNOWN record.
@@ -186,12 +145,13 @@ pub async fn begin_reconcile(
 }
 
 /// Settles an UNKNOWN (or RECONCILING) record by the tool's settlement kind and, for `Probe`,
-/// the probe's verdict (run the probe after [`begin_reconcile`], never before dispatch is over).
+/// the probe's finding (run the probe after [`begin_reconcile`], never before dispatch is over).
+/// The observation of a probe that found the effect is the evidence of the synthetic receipt.
 pub async fn settle(
     journal: &dyn Journal,
     record: &IntentRecord,
     kind: Settlement,
-    verdict: Option<ProbeVerdict>,
+    finding: Option<ProbeFinding>,
 ) -> Result<Settled, JournalError> {
     let r = begin_reconcile(journal, record).await?;
     let to = |state| Transition::to(&r, state);
@@ -214,8 +174,9 @@ pub async fn settle(
                 .await?;
             Ok(Settled::Redispatch(d))
         }
-        Settlement::Probe => match verdict {
-            Some(ProbeVerdict::PostconditionHolds { evidence }) => {
+        Settlement::Probe => match finding {
+            Some(ProbeFinding::Applied(observation)) => {
+                let evidence = serde_json::to_value(&*observation).ok();
                 let mut receipt = synthetic_receipt(&r, evidence);
                 stamp(&mut receipt, &r, IntentState::Acked);
                 let t = to(IntentState::Acked)
@@ -223,18 +184,18 @@ pub async fn settle(
                     .receipt(receipt);
                 journal.transition(t).await.map(Settled::Acked)
             }
-            Some(ProbeVerdict::Unchanged) if r.snapshot.is_none() => {
+            Some(ProbeFinding::Unchanged) if r.snapshot.is_none() => {
                 dead("probe said unchanged, but no pre-dispatch snapshot was recorded".into()).await
             }
-            Some(ProbeVerdict::Unchanged) if exhausted => {
+            Some(ProbeFinding::Unchanged) if exhausted => {
                 dead(format!("dispatched {} times, the most allowed", r.attempts)).await
             }
-            Some(ProbeVerdict::Unchanged) => {
+            Some(ProbeFinding::Unchanged) => {
                 let t = to(IntentState::Recorded).note("probe: unchanged since the snapshot");
                 journal.transition(t).await.map(Settled::Resumable)
             }
-            Some(ProbeVerdict::Diverged { detail }) => dead(format!("probe: {detail}")).await,
-            None => dead("settlement = probe, but no probe verdict was given".into()).await,
+            Some(ProbeFinding::Indeterminate(detail)) => dead(format!("probe: {detail}")).await,
+            None => dead("settlement = probe, but no probe finding was given".into()).await,
         },
         Settlement::None => dead("settlement = none: a person decides".into()).await,
     }
@@ -298,20 +259,4 @@ fn stamp(receipt: &mut Receipt, record: &IntentRecord, state: IntentState) {
     receipt.idempotency_key = Some(record.idempotency_key.clone());
     receipt.state = Some(state);
     receipt.revision = record.fence + 1;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_allow_listed_errors_mean_not_applied() {
-        use ErrorClass::*;
-        for class in [ConnectionRefused, RejectedUpstream] {
-            assert!(class.definitely_not_applied());
-        }
-        for class in [Timeout, ConnectionLost, StreamAborted, Other] {
-            assert!(!class.definitely_not_applied());
-        }
-    }
 }

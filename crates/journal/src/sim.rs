@@ -14,7 +14,7 @@
 //! drops every future mid-step (all in-memory state is lost) and reopens the journal from its
 //! log; a stream abort drops one future.
 //!
-//! Injected failure classes ([`FailureClass`]): ack loss, crash before dispatch, crash after
+//! Injected faults ([`Fault`]): ack loss, crash before dispatch, crash after
 //! dispatch before ack, reorder (two equivalent proposals racing), provider not idempotent,
 //! prompt revision (rewording, and a new canonicalizer version), duplicate and recycled call ids,
 //! stream abort, timeout, cancellation before dispatch.
@@ -34,10 +34,7 @@ use crate::clock::ManualClock;
 use crate::memory::MemoryJournal;
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 use crate::recovery::{Executor, RecoveryPolicy, drive, recover};
-use crate::settle::{
-    DispatchOutcome, ErrorClass, ProbeVerdict, cancel_before_dispatch, compensate,
-    synthetic_receipt,
-};
+use crate::settle::{DispatchOutcome, cancel_before_dispatch, compensate, synthetic_receipt};
 use crate::sqlite::{SqliteJournal, SqliteOptions};
 use crate::{Journal, JournalError, machine};
 use async_trait::async_trait;
@@ -45,7 +42,8 @@ use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
 use ring0_core::receipt::{CallOutcome, Disposition};
 use ring0_core::{
-    Fingerprint, IntentState, Observation, Receipt, SemanticKey, Settlement, canonical,
+    FailureClass, Fingerprint, IntentState, Observation, ProbeFinding, Receipt, SemanticKey,
+    Settlement, canonical,
 };
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -58,7 +56,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 /// The failures the simulation injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum FailureClass {
+pub enum Fault {
     AckLoss,
     CrashBeforeDispatch,
     CrashAfterDispatch,
@@ -73,8 +71,8 @@ pub enum FailureClass {
     CancelBeforeDispatch,
 }
 
-impl FailureClass {
-    pub const ALL: [FailureClass; 12] = [
+impl Fault {
+    pub const ALL: [Fault; 12] = [
         Self::AckLoss,
         Self::CrashBeforeDispatch,
         Self::CrashAfterDispatch,
@@ -131,8 +129,8 @@ pub struct SimReport {
     /// Seeds with at least one violated property.
     pub violations: u64,
     pub by_property: BTreeMap<Property, u64>,
-    /// How often each failure class was actually exercised.
-    pub classes: BTreeMap<FailureClass, u64>,
+    /// How often each fault was actually injected.
+    pub faults: BTreeMap<Fault, u64>,
     /// How often each state was entered (REJECTED_* counting refused proposals).
     pub states: BTreeMap<&'static str, u64>,
     /// The first few violations, with their seeds, to replay.
@@ -153,8 +151,8 @@ impl SimReport {
         for (k, v) in other.by_property {
             *self.by_property.entry(k).or_default() += v;
         }
-        for (k, v) in other.classes {
-            *self.classes.entry(k).or_default() += v;
+        for (k, v) in other.faults {
+            *self.faults.entry(k).or_default() += v;
         }
         for (k, v) in other.states {
             *self.states.entry(k).or_default() += v;
@@ -169,11 +167,11 @@ impl SimReport {
         self.crashes += other.crashes;
     }
 
-    /// Failure classes never exercised.
-    pub fn unreached_classes(&self) -> Vec<FailureClass> {
-        FailureClass::ALL
+    /// Faults never injected.
+    pub fn unreached_faults(&self) -> Vec<Fault> {
+        Fault::ALL
             .into_iter()
-            .filter(|c| self.classes.get(c).copied().unwrap_or(0) == 0)
+            .filter(|c| self.faults.get(c).copied().unwrap_or(0) == 0)
             .collect()
     }
 
@@ -200,9 +198,9 @@ impl fmt::Display for SimReport {
             let n = self.by_property.get(&p).copied().unwrap_or(0);
             writeln!(f, "  {p:?}: {n}")?;
         }
-        writeln!(f, "failure classes:")?;
-        for c in FailureClass::ALL {
-            let n = self.classes.get(&c).copied().unwrap_or(0);
+        writeln!(f, "faults:")?;
+        for c in Fault::ALL {
+            let n = self.faults.get(&c).copied().unwrap_or(0);
             writeln!(f, "  {}: {n}", c.name())?;
         }
         writeln!(f, "states:")?;
@@ -272,8 +270,8 @@ pub fn run_seed(seed: u64) -> SimReport {
     }
     report.violations = u64::from(!violated.is_empty());
     for run in [a, b] {
-        for (k, v) in run.classes {
-            *report.classes.entry(k).or_default() += v;
+        for (k, v) in run.faults {
+            *report.faults.entry(k).or_default() += v;
         }
         for (k, v) in run.states {
             *report.states.entry(k).or_default() += v;
@@ -293,7 +291,7 @@ pub struct WorldRun {
     /// Every decision and transition result, in order (for comparing backends).
     pub trace: Vec<String>,
     pub violations: Vec<(Property, String)>,
-    pub classes: BTreeMap<FailureClass, u64>,
+    pub faults: BTreeMap<Fault, u64>,
     pub states: BTreeMap<&'static str, u64>,
     pub effects: u64,
     pub proposals: u64,
@@ -337,12 +335,12 @@ impl Service {
 
 struct Inner {
     rng: XorShiftRng,
-    faults: bool,
+    faults_on: bool,
     crashed: bool,
     yielded: bool,
     service: Service,
     settlement: Settlement,
-    classes: BTreeMap<FailureClass, u64>,
+    faults: BTreeMap<Fault, u64>,
     states: BTreeMap<&'static str, u64>,
     violations: Vec<(Property, String)>,
     trace: Vec<String>,
@@ -353,12 +351,12 @@ struct Inner {
 }
 
 impl Inner {
-    fn hit(&mut self, class: FailureClass) {
-        *self.classes.entry(class).or_default() += 1;
+    fn hit(&mut self, fault: Fault) {
+        *self.faults.entry(fault).or_default() += 1;
     }
 
     fn chance(&mut self, p: f64) -> bool {
-        self.faults && self.rng.random_bool(p)
+        self.faults_on && self.rng.random_bool(p)
     }
 
     fn violation(&mut self, p: Property, why: String) {
@@ -579,8 +577,9 @@ fn sim_receipt(record: &IntentRecord, text: &str) -> Receipt {
     )
 }
 
+/// What goes wrong with one simulated dispatch.
 #[derive(Clone, Copy)]
-enum Fault {
+enum DispatchFault {
     None,
     AckLoss,
     Timeout,
@@ -606,17 +605,17 @@ impl Executor for SimExec {
         yield_now(&self.ctx).await;
         let (fault, applied_if_ambiguous) = {
             let mut st = self.ctx.lock();
-            let fault = if st.faults {
+            let fault = if st.faults_on {
                 match st.rng.random_range(0..100u32) {
-                    0..=49 => Fault::None,
-                    50..=59 => Fault::AckLoss,
-                    60..=69 => Fault::Timeout,
-                    70..=77 => Fault::StreamAbort,
-                    78..=87 => Fault::CrashMidFlight,
-                    _ => Fault::Refused,
+                    0..=49 => DispatchFault::None,
+                    50..=59 => DispatchFault::AckLoss,
+                    60..=69 => DispatchFault::Timeout,
+                    70..=77 => DispatchFault::StreamAbort,
+                    78..=87 => DispatchFault::CrashMidFlight,
+                    _ => DispatchFault::Refused,
                 }
             } else {
-                Fault::None
+                DispatchFault::None
             };
             let coin = st.rng.random_bool(0.5);
             (fault, coin)
@@ -624,36 +623,36 @@ impl Executor for SimExec {
         let intent = intent_of(record).expect("simulated intents name their order");
         let class = {
             let mut st = self.ctx.lock();
-            let ambiguous = !matches!(fault, Fault::None | Fault::Refused);
+            let ambiguous = !matches!(fault, DispatchFault::None | DispatchFault::Refused);
             if ambiguous && !st.service.honours_keys {
-                st.hit(FailureClass::ProviderNotIdempotent);
+                st.hit(Fault::ProviderNotIdempotent);
             }
             match fault {
-                Fault::None => {
+                DispatchFault::None => {
                     st.service.apply(intent, record);
                     return DispatchOutcome::Applied(sim_receipt(record, "refunded"));
                 }
-                Fault::Refused => Some(ErrorClass::ConnectionRefused),
-                Fault::AckLoss => {
-                    st.hit(FailureClass::AckLoss);
+                DispatchFault::Refused => Some(FailureClass::ConnectionRefused),
+                DispatchFault::AckLoss => {
+                    st.hit(Fault::AckLoss);
                     st.service.apply(intent, record);
-                    Some(ErrorClass::ConnectionLost)
+                    Some(FailureClass::ConnectionLost)
                 }
-                Fault::Timeout => {
-                    st.hit(FailureClass::Timeout);
+                DispatchFault::Timeout => {
+                    st.hit(Fault::Timeout);
                     if applied_if_ambiguous {
                         st.service.apply(intent, record);
                     }
-                    Some(ErrorClass::Timeout)
+                    Some(FailureClass::Timeout)
                 }
-                Fault::StreamAbort => {
-                    st.hit(FailureClass::StreamAbort);
+                DispatchFault::StreamAbort => {
+                    st.hit(Fault::StreamAbort);
                     if applied_if_ambiguous {
                         st.service.apply(intent, record);
                     }
-                    Some(ErrorClass::StreamAborted)
+                    Some(FailureClass::StreamAborted)
                 }
-                Fault::CrashMidFlight => {
+                DispatchFault::CrashMidFlight => {
                     if applied_if_ambiguous {
                         st.service.apply(intent, record);
                     }
@@ -670,25 +669,22 @@ impl Executor for SimExec {
         }
     }
 
-    async fn probe(&self, record: &IntentRecord) -> ProbeVerdict {
+    async fn probe(&self, record: &IntentRecord) -> ProbeFinding {
         yield_now(&self.ctx).await;
         let st = self.ctx.lock();
         let Some(intent) = intent_of(record) else {
-            return ProbeVerdict::Diverged {
-                detail: "unknown order".into(),
-            };
+            return ProbeFinding::Indeterminate("unknown order".into());
         };
         let r = &st.service.resources[intent];
         if r.applied > 0 {
-            ProbeVerdict::PostconditionHolds {
-                evidence: Some(json!({"order": intent, "applied": r.applied})),
-            }
+            ProbeFinding::Applied(Box::new(Observation {
+                structured: Some(json!({"order": intent, "applied": r.applied})),
+                ..Observation::text("the refund is there")
+            }))
         } else if record.snapshot == Some(json!(r.version)) {
-            ProbeVerdict::Unchanged
+            ProbeFinding::Unchanged
         } else {
-            ProbeVerdict::Diverged {
-                detail: "the order changed, but not by this refund".into(),
-            }
+            ProbeFinding::Indeterminate("the order changed, but not by this refund".into())
         }
     }
 }
@@ -696,7 +692,7 @@ impl Executor for SimExec {
 // ---------------------------------------------------------------------------------------------
 // The model: no memory, only the user's goals
 
-/// How one proposal came about, so the classes it exercises can be counted once decided.
+/// How one proposal came about, so the faults it exercises can be counted once decided.
 #[derive(Debug, Clone, Copy, Default)]
 struct Tags {
     race: bool,
@@ -820,18 +816,18 @@ async fn host_call(j: Arc<SimJournal>, exec: Arc<SimExec>, p: Proposal, tags: Ta
                 );
             }
             if tags.duplicate_id {
-                st.hit(FailureClass::DuplicateCallId);
+                st.hit(Fault::DuplicateCallId);
             }
             if tags.recycled_id {
-                st.hit(FailureClass::RecycledCallId);
+                st.hit(Fault::RecycledCallId);
             }
             match d {
-                ProposeDecision::Duplicate(_) if tags.race => st.hit(FailureClass::Reorder),
+                ProposeDecision::Duplicate(_) if tags.race => st.hit(Fault::Reorder),
                 ProposeDecision::Duplicate(_) | ProposeDecision::Replay(_) if raw_differs => {
-                    st.hit(FailureClass::PromptRewording)
+                    st.hit(Fault::PromptRewording)
                 }
                 ProposeDecision::Conflict { .. } if tags.revised => {
-                    st.hit(FailureClass::CanonicalizerRevision)
+                    st.hit(Fault::CanonicalizerRevision)
                 }
                 _ => {}
             }
@@ -863,7 +859,7 @@ async fn host_cancel(j: Arc<SimJournal>) {
         .is_ok()
     {
         let mut st = j.ctx.lock();
-        st.hit(FailureClass::CancelBeforeDispatch);
+        st.hit(Fault::CancelBeforeDispatch);
         let seen = st.service.requests.len();
         st.cancelled.push((r.id, seen, r.attempts > 0));
     }
@@ -1013,14 +1009,14 @@ impl World {
             st.crashed = false;
             st.trace.push("crash".into());
         }
-        // Which classes this crash exercised, read from the log as the successor will.
+        // Which faults this crash exercised, read from the log as the successor will.
         let open = self.block_on_inner(self.journal.inner.open_records());
         {
             let mut st = self.ctx.lock();
             for r in open.unwrap_or_default() {
                 match r.state {
-                    IntentState::Recorded => st.hit(FailureClass::CrashBeforeDispatch),
-                    IntentState::Dispatched => st.hit(FailureClass::CrashAfterDispatch),
+                    IntentState::Recorded => st.hit(Fault::CrashBeforeDispatch),
+                    IntentState::Dispatched => st.hit(Fault::CrashAfterDispatch),
                     _ => {}
                 }
             }
@@ -1064,6 +1060,20 @@ impl World {
 
 /// Runs one world: `seed` draws the events, `model` picks the model's wording and call ids.
 pub fn run_world(seed: u64, model: u64, backend: &SimBackend) -> WorldRun {
+    remove_backend_files(backend);
+    let mut rng = XorShiftRng::seed_from_u64(seed);
+    let plan = WorldPlan::draw(&mut rng);
+    let mut model = Model::new(seed, model);
+    let mut world = World::start(backend, plan.context(rng));
+    for _ in 0..plan.steps {
+        world.step(&mut model, &plan);
+    }
+    world.quiesce(&mut model, &plan);
+    check(&world, plan.intents)
+}
+
+/// A SQLite world starts from an empty database.
+fn remove_backend_files(backend: &SimBackend) {
     if let SimBackend::Sqlite(path) = backend {
         for suffix in ["", "-wal", "-shm", ".lock"] {
             let mut p = path.as_os_str().to_owned();
@@ -1071,120 +1081,158 @@ pub fn run_world(seed: u64, model: u64, backend: &SimBackend) -> WorldRun {
             let _ = std::fs::remove_file(PathBuf::from(p));
         }
     }
-    let mut rng = XorShiftRng::seed_from_u64(seed);
-    let intents = rng.random_range(1..=3usize);
-    let honours_keys = rng.random_bool(0.5);
-    let settlement = match (honours_keys, rng.random_range(0..10u32)) {
-        (true, 0..=6) => Settlement::IdempotencyKey,
-        (true, _) => Settlement::Probe,
-        (false, 0..=6) => Settlement::Probe,
-        (false, _) => Settlement::None,
-    };
-    let host_ids: Option<Vec<IntentId>> = rng.random_bool(0.5).then(|| {
-        (0..intents)
-            .map(|_| uuid::Builder::from_random_bytes(rng.random()).into_uuid())
-            .collect()
-    });
-    let steps = rng.random_range(24..=48u32);
-    let ctx = Arc::new(Ctx {
-        inner: Mutex::new(Inner {
-            rng,
-            faults: true,
-            crashed: false,
-            yielded: false,
-            service: Service {
-                honours_keys,
-                resources: vec![Resource::default(); intents],
-                ..Service::default()
-            },
-            settlement,
-            classes: BTreeMap::new(),
-            states: BTreeMap::new(),
-            violations: Vec::new(),
-            trace: Vec::new(),
-            cancelled: Vec::new(),
-            proposals: 0,
-        }),
-    });
-    let mut model = Model {
-        rng: XorShiftRng::seed_from_u64(
-            seed ^ 0x9e37_79b9_7f4a_7c15 ^ model.wrapping_mul(0x1234_5678_9abc_def1),
-        ),
-        used: Vec::new(),
-        style: model,
-    };
-    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
-    let journal = World::open(backend, &ctx, &clock, Vec::new());
-    let mut world = World {
-        exec: Arc::new(SimExec { ctx: ctx.clone() }),
-        ctx: ctx.clone(),
-        clock: clock.clone(),
-        backend: backend.clone(),
-        journal,
-        tasks: Vec::new(),
-        waker: Waker::from(Arc::new(ThreadWaker(std::thread::current()))),
-        crashes: 0,
-    };
+}
 
-    let propose = |world: &mut World, model: &mut Model, intent: usize, mut tags: Tags| {
+/// What a seed draws before the first event: the user's intents, the service and the tool's
+/// settlement, whether the host names intents, and how many events happen.
+struct WorldPlan {
+    intents: usize,
+    honours_keys: bool,
+    settlement: Settlement,
+    host_ids: Option<Vec<IntentId>>,
+    steps: u32,
+}
+
+impl WorldPlan {
+    fn draw(rng: &mut XorShiftRng) -> Self {
+        let intents = rng.random_range(1..=3usize);
+        let honours_keys = rng.random_bool(0.5);
+        let settlement = match (honours_keys, rng.random_range(0..10u32)) {
+            (true, 0..=6) => Settlement::IdempotencyKey,
+            (true, _) => Settlement::Probe,
+            (false, 0..=6) => Settlement::Probe,
+            (false, _) => Settlement::None,
+        };
+        let host_ids: Option<Vec<IntentId>> = rng.random_bool(0.5).then(|| {
+            (0..intents)
+                .map(|_| uuid::Builder::from_random_bytes(rng.random()).into_uuid())
+                .collect()
+        });
+        let steps = rng.random_range(24..=48u32);
+        Self {
+            intents,
+            honours_keys,
+            settlement,
+            host_ids,
+            steps,
+        }
+    }
+
+    /// The world's shared state, drawing every later event from `rng`.
+    fn context(&self, rng: XorShiftRng) -> Arc<Ctx> {
+        Arc::new(Ctx {
+            inner: Mutex::new(Inner {
+                rng,
+                faults_on: true,
+                crashed: false,
+                yielded: false,
+                service: Service {
+                    honours_keys: self.honours_keys,
+                    resources: vec![Resource::default(); self.intents],
+                    ..Service::default()
+                },
+                settlement: self.settlement,
+                faults: BTreeMap::new(),
+                states: BTreeMap::new(),
+                violations: Vec::new(),
+                trace: Vec::new(),
+                cancelled: Vec::new(),
+                proposals: 0,
+            }),
+        })
+    }
+}
+
+impl Model {
+    fn new(seed: u64, style: u64) -> Self {
+        Self {
+            rng: XorShiftRng::seed_from_u64(
+                seed ^ 0x9e37_79b9_7f4a_7c15 ^ style.wrapping_mul(0x1234_5678_9abc_def1),
+            ),
+            used: Vec::new(),
+            style,
+        }
+    }
+}
+
+impl World {
+    fn start(backend: &SimBackend, ctx: Arc<Ctx>) -> Self {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let journal = World::open(backend, &ctx, &clock, Vec::new());
+        World {
+            exec: Arc::new(SimExec { ctx: ctx.clone() }),
+            ctx,
+            clock,
+            backend: backend.clone(),
+            journal,
+            tasks: Vec::new(),
+            waker: Waker::from(Arc::new(ThreadWaker(std::thread::current()))),
+            crashes: 0,
+        }
+    }
+
+    /// The model proposes refunding order `intent`, worded its own way, through a host.
+    fn propose(&mut self, model: &mut Model, plan: &WorldPlan, intent: usize, mut tags: Tags) {
         let text = model.args_text(intent);
         let call_id = model.call_id(intent, &mut tags);
         let canonical = format!("{{\"amount\":{},\"order\":\"o-{intent}\"}}", 10 + intent);
         tags.reworded = text != canonical;
-        let host_id = host_ids.as_ref().map(|ids| ids[intent]);
+        let host_id = plan.host_ids.as_ref().map(|ids| ids[intent]);
         let p = prepare(&text, call_id, host_id, tags.revised);
-        let (j, e) = (world.journal.clone(), world.exec.clone());
-        world.spawn(host_call(j, e, p, tags));
-    };
+        let (j, e) = (self.journal.clone(), self.exec.clone());
+        self.spawn(host_call(j, e, p, tags));
+    }
 
-    for _ in 0..steps {
+    /// One drawn event, then a few drawn polls of the hosts' futures.
+    fn step(&mut self, model: &mut Model, plan: &WorldPlan) {
+        let ctx = self.ctx.clone();
         let (event, intent, advance) = {
             let mut st = ctx.lock();
             (
                 st.rng.random_range(0..100u32),
-                st.rng.random_range(0..intents),
+                st.rng.random_range(0..plan.intents),
                 st.rng.random_range(1..50u64),
             )
         };
-        clock.advance_ms(advance);
+        self.clock.advance_ms(advance);
         match event {
-            0..=29 => propose(&mut world, &mut model, intent, Tags::default()),
+            0..=29 => self.propose(model, plan, intent, Tags::default()),
             30..=37 => {
                 let race = Tags {
                     race: true,
                     ..Tags::default()
                 };
-                propose(&mut world, &mut model, intent, race);
-                propose(&mut world, &mut model, intent, race);
+                self.propose(model, plan, intent, race);
+                self.propose(model, plan, intent, race);
             }
             38..=41 => {
                 let revised = Tags {
                     revised: true,
                     ..Tags::default()
                 };
-                propose(&mut world, &mut model, intent, revised);
+                self.propose(model, plan, intent, revised);
             }
             42..=49 => {
-                let j = world.journal.clone();
-                world.spawn(host_cancel(j));
+                let j = self.journal.clone();
+                self.spawn(host_cancel(j));
             }
             50..=52 => {
                 ctx.lock().crashed = true;
-                world.crash_and_restart();
+                self.crash_and_restart();
             }
-            53..=56 if !world.tasks.is_empty() => {
+            53..=56 if !self.tasks.is_empty() => {
                 // The model's stream aborted: the host drops one call's future mid-protocol.
-                let i = ctx.lock().rng.random_range(0..world.tasks.len());
-                drop(world.tasks.swap_remove(i));
-                ctx.lock().hit(FailureClass::StreamAbort);
+                let i = ctx.lock().rng.random_range(0..self.tasks.len());
+                drop(self.tasks.swap_remove(i));
+                ctx.lock().hit(Fault::StreamAbort);
             }
             57..=59 => {
-                let j = world.journal.clone();
-                world.spawn(person_settles(j, false));
+                let j = self.journal.clone();
+                self.spawn(person_settles(j, false));
             }
             60..=61 => {
-                let j = world.journal.clone();
-                world.spawn(host_compensates(j));
+                let j = self.journal.clone();
+                self.spawn(host_compensates(j));
             }
             62..=63 => {
                 let mut st = ctx.lock();
@@ -1194,82 +1242,37 @@ pub fn run_world(seed: u64, model: u64, backend: &SimBackend) -> WorldRun {
         }
         let polls = ctx.lock().rng.random_range(1..6u32);
         for _ in 0..polls {
-            world.poll_one();
+            self.poll_one();
         }
     }
 
-    // Quiesce: no more faults; restart, recover, let a person settle, propose everything again.
-    ctx.lock().faults = false;
-    ctx.lock().crashed = true;
-    world.crash_and_restart();
-    world.run_all();
-    let j = world.journal.clone();
-    world.spawn(person_settles(j, true));
-    world.run_all();
-    for intent in 0..intents {
-        propose(&mut world, &mut model, intent, Tags::default());
-        world.run_all();
+    /// No more faults; restart, recover, let a person settle, propose everything again.
+    fn quiesce(&mut self, model: &mut Model, plan: &WorldPlan) {
+        self.ctx.lock().faults_on = false;
+        self.ctx.lock().crashed = true;
+        self.crash_and_restart();
+        self.run_all();
+        let j = self.journal.clone();
+        self.spawn(person_settles(j, true));
+        self.run_all();
+        for intent in 0..plan.intents {
+            self.propose(model, plan, intent, Tags::default());
+            self.run_all();
+        }
     }
-
-    check(&world, intents, host_ids.is_some())
 }
 
-fn check(world: &World, intents: usize, _host_ids: bool) -> WorldRun {
+/// The world after quiescence: every property checked, and what it leaves.
+fn check(world: &World, intents: usize) -> WorldRun {
     let records = world
         .block_on_inner(world.journal.inner.recent(usize::MAX))
         .unwrap_or_default();
     let mut st = world.ctx.lock();
     for r in &records {
-        if matches!(
-            r.state,
-            IntentState::Unknown
-                | IntentState::Reconciling
-                | IntentState::Dispatched
-                | IntentState::Recorded
-                | IntentState::Proposed
-        ) {
-            st.violation(
-                Property::Settled,
-                format!("intent {} left {} after quiescence", r.id, r.state),
-            );
-        }
-        for pair in r.timeline.windows(2) {
-            let (from, to) = (pair[0].state, pair[1].state);
-            if from == IntentState::Unknown
-                && !matches!(
-                    to,
-                    IntentState::Reconciling | IntentState::Compensated | IntentState::DeadLetter
-                )
-            {
-                st.violation(Property::P2, format!("intent {}: UNKNOWN → {to}", r.id));
-            }
-            if !machine::is_allowed(from, to) {
-                st.violation(
-                    Property::P2,
-                    format!("intent {}: illegal {from} → {to}", r.id),
-                );
-            }
-        }
+        check_settled_and_legal(&mut st, r);
     }
-    for (i, res) in st.service.resources.clone().iter().enumerate() {
-        if res.applied > 1 {
-            st.violation(
-                Property::P1,
-                format!("order o-{i} was refunded {} times", res.applied),
-            );
-        }
-    }
-    for (id, seen, dispatched_before) in st.cancelled.clone() {
-        let requests = &st.service.requests;
-        let ever = requests.iter().any(|(r, _)| *r == id);
-        let after = requests[seen..].iter().any(|(r, _)| *r == id);
-        if after || (ever && !dispatched_before) {
-            st.violation(
-                Property::P3,
-                format!("intent {id} was cancelled before dispatch yet reached the service"),
-            );
-        }
-    }
+    check_one_effect_per_intent(&mut st);
+    check_cancelled_never_reached(&mut st);
     let outcome = (0..intents)
         .map(|i| {
             let text = format!("{{\"amount\":{},\"order\":\"o-{i}\"}}", 10 + i);
@@ -1287,7 +1290,7 @@ fn check(world: &World, intents: usize, _host_ids: bool) -> WorldRun {
         outcome,
         trace: std::mem::take(&mut st.trace),
         violations: std::mem::take(&mut st.violations),
-        classes: std::mem::take(&mut st.classes),
+        faults: std::mem::take(&mut st.faults),
         states: std::mem::take(&mut st.states),
         effects: st
             .service
@@ -1297,6 +1300,68 @@ fn check(world: &World, intents: usize, _host_ids: bool) -> WorldRun {
             .sum(),
         proposals: st.proposals,
         crashes: world.crashes,
+    }
+}
+
+/// `Settled`: nothing is left open after quiescence; P2: after UNKNOWN only RECONCILING,
+/// COMPENSATED or DEAD_LETTER, and every step of the timeline is legal.
+fn check_settled_and_legal(st: &mut Inner, r: &IntentRecord) {
+    if matches!(
+        r.state,
+        IntentState::Unknown
+            | IntentState::Reconciling
+            | IntentState::Dispatched
+            | IntentState::Recorded
+            | IntentState::Proposed
+    ) {
+        st.violation(
+            Property::Settled,
+            format!("intent {} left {} after quiescence", r.id, r.state),
+        );
+    }
+    for pair in r.timeline.windows(2) {
+        let (from, to) = (pair[0].state, pair[1].state);
+        if from == IntentState::Unknown
+            && !matches!(
+                to,
+                IntentState::Reconciling | IntentState::Compensated | IntentState::DeadLetter
+            )
+        {
+            st.violation(Property::P2, format!("intent {}: UNKNOWN → {to}", r.id));
+        }
+        if !machine::is_allowed(from, to) {
+            st.violation(
+                Property::P2,
+                format!("intent {}: illegal {from} → {to}", r.id),
+            );
+        }
+    }
+}
+
+/// P1: at most one external effect per user intent.
+fn check_one_effect_per_intent(st: &mut Inner) {
+    for (i, res) in st.service.resources.clone().iter().enumerate() {
+        if res.applied > 1 {
+            st.violation(
+                Property::P1,
+                format!("order o-{i} was refunded {} times", res.applied),
+            );
+        }
+    }
+}
+
+/// P3: an intent cancelled before dispatch never reached the service.
+fn check_cancelled_never_reached(st: &mut Inner) {
+    for (id, seen, dispatched_before) in st.cancelled.clone() {
+        let requests = &st.service.requests;
+        let ever = requests.iter().any(|(r, _)| *r == id);
+        let after = requests[seen..].iter().any(|(r, _)| *r == id);
+        if after || (ever && !dispatched_before) {
+            st.violation(
+                Property::P3,
+                format!("intent {id} was cancelled before dispatch yet reached the service"),
+            );
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use common::{Backend, proposal, refund};
 use ring0_core::receipt::{CallOutcome, Disposition};
 use ring0_core::{Fingerprint, IntentState, Observation, Receipt, SemanticKey, Settlement};
 use ring0_journal::{
-    DispatchOutcome, ErrorClass, Executor, IntentRecord, JournalError, ProbeVerdict,
+    DispatchOutcome, Executor, FailureClass, IntentRecord, JournalError, ProbeFinding,
     ProposeDecision, RecoveryPolicy, Settled, Transition, begin_dispatch, compensate, drive,
     drive_bounded, limits::ATTEMPTS_MAX, record_outcome, recover, settle,
 };
@@ -187,7 +187,7 @@ async fn a_definite_failure_may_be_recorded_again_by_a_new_proposal(b: &mut Back
         &*b.journal,
         &r,
         DispatchOutcome::Failed {
-            class: ErrorClass::ConnectionRefused,
+            class: FailureClass::ConnectionRefused,
             receipt: receipt("refused"),
         },
     )
@@ -200,10 +200,10 @@ async fn a_definite_failure_may_be_recorded_again_by_a_new_proposal(b: &mut Back
 
 async fn ambiguous_errors_settle_unknown_never_failed(b: &mut Backend) {
     for (i, class) in [
-        ErrorClass::Timeout,
-        ErrorClass::ConnectionLost,
-        ErrorClass::StreamAborted,
-        ErrorClass::Other,
+        FailureClass::Timeout,
+        FailureClass::ConnectionLost,
+        FailureClass::StreamAborted,
+        FailureClass::Unknown,
     ]
     .into_iter()
     .enumerate()
@@ -300,10 +300,11 @@ async fn idempotency_key_settlement_redispatches_with_the_same_key(b: &mut Backe
 
 async fn a_probe_that_sees_the_postcondition_acks_with_a_synthetic_receipt(b: &mut Backend) {
     let r = recorded_then(b, "t1", &[IntentState::Dispatched, IntentState::Unknown]).await;
-    let verdict = ProbeVerdict::PostconditionHolds {
-        evidence: Some(json!({"refund": "r-9"})),
-    };
-    let s = settle(&*b.journal, &r, Settlement::Probe, Some(verdict))
+    let finding = ProbeFinding::Applied(Box::new(Observation {
+        structured: Some(json!({"refund": "r-9"})),
+        ..Observation::text("the refund is there")
+    }));
+    let s = settle(&*b.journal, &r, Settlement::Probe, Some(finding))
         .await
         .unwrap();
     let Settled::Acked(acked) = s else {
@@ -314,7 +315,9 @@ async fn a_probe_that_sees_the_postcondition_acks_with_a_synthetic_receipt(b: &m
     let CallOutcome::Completed { observation } = receipt.outcome else {
         panic!("synthetic receipt is a completion")
     };
-    assert_eq!(observation.structured.unwrap()["evidence"]["refund"], "r-9");
+    let evidence = &observation.structured.unwrap()["evidence"];
+    assert_eq!(evidence["structured"]["refund"], "r-9");
+    assert_eq!(evidence["text"], "the refund is there");
 }
 
 async fn a_probe_that_sees_no_change_makes_the_intent_resumable(b: &mut Backend) {
@@ -331,7 +334,7 @@ async fn a_probe_that_sees_no_change_makes_the_intent_resumable(b: &mut Backend)
         &*b.journal,
         &r,
         Settlement::Probe,
-        Some(ProbeVerdict::Unchanged),
+        Some(ProbeFinding::Unchanged),
     )
     .await
     .unwrap();
@@ -342,13 +345,13 @@ async fn a_probe_that_sees_no_change_makes_the_intent_resumable(b: &mut Backend)
     assert_eq!(again.snapshot, Some(json!({"balance": 100})));
 }
 
-async fn an_unchanged_verdict_without_a_snapshot_is_dead_lettered(b: &mut Backend) {
+async fn an_unchanged_finding_without_a_snapshot_is_dead_lettered(b: &mut Backend) {
     let r = recorded_then(b, "t1", &[IntentState::Dispatched, IntentState::Unknown]).await;
     let s = settle(
         &*b.journal,
         &r,
         Settlement::Probe,
-        Some(ProbeVerdict::Unchanged),
+        Some(ProbeFinding::Unchanged),
     )
     .await
     .unwrap();
@@ -356,10 +359,8 @@ async fn an_unchanged_verdict_without_a_snapshot_is_dead_lettered(b: &mut Backen
 }
 
 async fn anything_else_goes_to_a_person(b: &mut Backend) {
-    let diverged = ProbeVerdict::Diverged {
-        detail: "balance changed by someone else".into(),
-    };
-    for (i, (kind, verdict)) in [
+    let diverged = ProbeFinding::Indeterminate("balance changed by someone else".into());
+    for (i, (kind, finding)) in [
         (Settlement::Probe, Some(diverged)),
         (Settlement::Probe, None),
         (Settlement::None, None),
@@ -372,7 +373,7 @@ async fn anything_else_goes_to_a_person(b: &mut Backend) {
         for s in [IntentState::Dispatched, IntentState::Unknown] {
             r = b.journal.transition(Transition::to(&r, s)).await.unwrap();
         }
-        let s = settle(&*b.journal, &r, kind, verdict).await.unwrap();
+        let s = settle(&*b.journal, &r, kind, finding).await.unwrap();
         assert_eq!(s.record().state, IntentState::DeadLetter, "{kind:?}");
         let again = b
             .journal
@@ -408,11 +409,11 @@ struct World {
     applied: Mutex<u32>,
     dispatches: Mutex<Vec<String>>,
     /// Outcomes to return, in order; then success.
-    script: Mutex<Vec<ErrorClass>>,
+    script: Mutex<Vec<FailureClass>>,
 }
 
 impl World {
-    fn new(settlement: Settlement, script: Vec<ErrorClass>) -> Self {
+    fn new(settlement: Settlement, script: Vec<FailureClass>) -> Self {
         Self {
             settlement,
             applied: Mutex::new(0),
@@ -450,17 +451,17 @@ impl Executor for World {
             },
         }
     }
-    async fn probe(&self, r: &IntentRecord) -> ProbeVerdict {
+    async fn probe(&self, r: &IntentRecord) -> ProbeFinding {
         if Some(json!(*self.applied.lock().unwrap())) == r.snapshot {
-            ProbeVerdict::Unchanged
+            ProbeFinding::Unchanged
         } else {
-            ProbeVerdict::PostconditionHolds { evidence: None }
+            ProbeFinding::Applied(Box::default())
         }
     }
 }
 
 async fn drive_settles_a_lost_ack_through_the_same_idempotency_key(b: &mut Backend) {
-    let world = World::new(Settlement::IdempotencyKey, vec![ErrorClass::Timeout]);
+    let world = World::new(Settlement::IdempotencyKey, vec![FailureClass::Timeout]);
     let r = recorded(b.journal.propose(refund(20, "t1")).await.unwrap());
     let done = drive(&*b.journal, &world, r.clone()).await.unwrap();
     assert_eq!(done.state, IntentState::Acked);
@@ -471,7 +472,7 @@ async fn drive_settles_a_lost_ack_through_the_same_idempotency_key(b: &mut Backe
 }
 
 async fn drive_resumes_after_a_probe_finds_nothing_happened(b: &mut Backend) {
-    let world = World::new(Settlement::Probe, vec![ErrorClass::ConnectionLost]);
+    let world = World::new(Settlement::Probe, vec![FailureClass::ConnectionLost]);
     let r = recorded(b.journal.propose(refund(20, "t1")).await.unwrap());
     let done = drive(&*b.journal, &world, r).await.unwrap();
     assert_eq!(done.state, IntentState::Acked);
@@ -484,12 +485,12 @@ async fn drive_resumes_after_a_probe_finds_nothing_happened(b: &mut Backend) {
 }
 
 async fn a_spent_dispatch_budget_dead_letters_instead_of_dispatching_again(b: &mut Backend) {
-    let world = World::new(Settlement::IdempotencyKey, vec![ErrorClass::Timeout]);
+    let world = World::new(Settlement::IdempotencyKey, vec![FailureClass::Timeout]);
     let r = recorded(b.journal.propose(refund(20, "t1")).await.unwrap());
     let done = drive_bounded(&*b.journal, &world, r, 1).await.unwrap();
     assert_eq!(done.state, IntentState::DeadLetter);
     assert_eq!(world.dispatches.lock().unwrap().len(), 1);
-    let probe = World::new(Settlement::Probe, vec![ErrorClass::ConnectionLost]);
+    let probe = World::new(Settlement::Probe, vec![FailureClass::ConnectionLost]);
     let r = recorded(b.journal.propose(refund(21, "t2")).await.unwrap());
     let done = drive_bounded(&*b.journal, &probe, r, 1).await.unwrap();
     assert_eq!(
@@ -516,15 +517,15 @@ async fn a_bounded_drive_still_acks_what_a_probe_found(b: &mut Backend) {
             *self.0.applied.lock().unwrap() += 1;
             let _ = self.0.dispatch(r).await;
             DispatchOutcome::Failed {
-                class: ErrorClass::ConnectionLost,
+                class: FailureClass::ConnectionLost,
                 receipt: receipt("lost"),
             }
         }
-        async fn probe(&self, r: &IntentRecord) -> ProbeVerdict {
+        async fn probe(&self, r: &IntentRecord) -> ProbeFinding {
             self.0.probe(r).await
         }
     }
-    let world = Applied(World::new(Settlement::Probe, vec![ErrorClass::Other]));
+    let world = Applied(World::new(Settlement::Probe, vec![FailureClass::Unknown]));
     let r = recorded(b.journal.propose(refund(20, "t1")).await.unwrap());
     let done = drive_bounded(&*b.journal, &world, r, 1).await.unwrap();
     assert_eq!(done.state, IntentState::Acked);
@@ -537,7 +538,7 @@ async fn a_failed_read_is_failed_never_unknown(b: &mut Backend) {
     let r = recorded(b.journal.propose(p).await.unwrap());
     let d = begin_dispatch(&*b.journal, &r, None).await.unwrap();
     let failed = DispatchOutcome::Failed {
-        class: ErrorClass::Timeout,
+        class: FailureClass::Timeout,
         receipt: receipt("timed out"),
     };
     let done = record_outcome(&*b.journal, &d, failed).await.unwrap();
@@ -706,7 +707,7 @@ on_both_backends!(
     idempotency_key_settlement_redispatches_with_the_same_key,
     a_probe_that_sees_the_postcondition_acks_with_a_synthetic_receipt,
     a_probe_that_sees_no_change_makes_the_intent_resumable,
-    an_unchanged_verdict_without_a_snapshot_is_dead_lettered,
+    an_unchanged_finding_without_a_snapshot_is_dead_lettered,
     anything_else_goes_to_a_person,
     compensation_undoes_an_acked_effect_and_blocks_the_same_epoch,
     drive_settles_a_lost_ack_through_the_same_idempotency_key,

@@ -11,7 +11,7 @@ fn two_thousand_seeds_violate_nothing_and_reach_every_failure_class_and_state() 
     println!("{report}");
     assert_eq!(report.seeds, SUITE_SEEDS);
     assert_eq!(report.violations, 0, "{report}");
-    assert!(report.unreached_classes().is_empty(), "{report}");
+    assert!(report.unreached_faults().is_empty(), "{report}");
     assert!(report.unreached_states().is_empty(), "{report}");
     assert!(report.crashes > SUITE_SEEDS, "{report}");
 }

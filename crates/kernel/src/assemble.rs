@@ -236,70 +236,28 @@ impl StreamAssembler {
             .get("type")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let item_key = |e: &Value| -> Option<String> {
-            e.get("item_id")
-                .or_else(|| e.pointer("/item/id"))
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        };
         match kind {
             "response.output_item.added" => {
-                let item = event.get("item").cloned().unwrap_or(Value::Null);
-                if item.get("type").and_then(Value::as_str) == Some("function_call") {
-                    let key = item_key(event)
-                        .ok_or_else(|| self.err("function_call item without an id"))?;
-                    let call_id = item
-                        .get("call_id")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
-                    if call_id.is_empty() {
-                        return Err(self.err("function_call item without a call_id"));
-                    }
-                    let name = item.get("name").and_then(Value::as_str).unwrap_or_default();
-                    let args = item
-                        .get("arguments")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
-                    self.open_call(key, call_id.to_string(), name.to_string(), args)?;
-                }
+                self.responses_item_added(event)?;
                 Ok(Vec::new())
             }
             "response.function_call_arguments.delta" => {
-                if let (Some(key), Some(delta)) =
-                    (item_key(event), event.get("delta").and_then(Value::as_str))
-                    && let Some(p) = self.open.get_mut(&key)
+                if let (Some(key), Some(delta)) = (
+                    responses_item_key(event),
+                    event.get("delta").and_then(Value::as_str),
+                ) && let Some(p) = self.open.get_mut(&key)
                 {
                     append(p, delta);
                 }
                 Ok(Vec::new())
             }
             "response.function_call_arguments.done" => {
-                let key =
-                    item_key(event).ok_or_else(|| self.err("arguments.done without item_id"))?;
+                let key = responses_item_key(event)
+                    .ok_or_else(|| self.err("arguments.done without item_id"))?;
                 let full = event.get("arguments").and_then(Value::as_str);
                 Ok(self.close(&key, full).into_iter().collect())
             }
-            "response.output_item.done" => {
-                let item = event.get("item").cloned().unwrap_or(Value::Null);
-                if item.get("type").and_then(Value::as_str) != Some("function_call") {
-                    return Ok(Vec::new());
-                }
-                let key =
-                    item_key(event).ok_or_else(|| self.err("function_call item without an id"))?;
-                if self.closed.contains(&key) {
-                    return Ok(Vec::new());
-                }
-                if !self.open.contains_key(&key) {
-                    let call_id = item
-                        .get("call_id")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
-                    let name = item.get("name").and_then(Value::as_str).unwrap_or_default();
-                    self.open_call(key.clone(), call_id.to_string(), name.to_string(), "")?;
-                }
-                let full = item.get("arguments").and_then(Value::as_str);
-                Ok(self.close(&key, full).into_iter().collect())
-            }
+            "response.output_item.done" => self.responses_item_done(event),
             "response.completed" => {
                 self.ended = true;
                 Ok(self.finish())
@@ -315,6 +273,54 @@ impl StreamAssembler {
             }
             _ => Ok(Vec::new()),
         }
+    }
+
+    /// `response.output_item.added`: a `function_call` item opens a call, with whatever
+    /// arguments it already carries.
+    fn responses_item_added(&mut self, event: &Value) -> Result<(), StreamError> {
+        let item = event.get("item").cloned().unwrap_or(Value::Null);
+        if item.get("type").and_then(Value::as_str) != Some("function_call") {
+            return Ok(());
+        }
+        let key = responses_item_key(event)
+            .ok_or_else(|| self.err("function_call item without an id"))?;
+        let call_id = item
+            .get("call_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if call_id.is_empty() {
+            return Err(self.err("function_call item without a call_id"));
+        }
+        let name = item.get("name").and_then(Value::as_str).unwrap_or_default();
+        let args = item
+            .get("arguments")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        self.open_call(key, call_id.to_string(), name.to_string(), args)
+    }
+
+    /// `response.output_item.done`: completes a `function_call` item not already completed by
+    /// its `arguments.done` (opening it first if its `added` event never came).
+    fn responses_item_done(&mut self, event: &Value) -> Result<Vec<Assembled>, StreamError> {
+        let item = event.get("item").cloned().unwrap_or(Value::Null);
+        if item.get("type").and_then(Value::as_str) != Some("function_call") {
+            return Ok(Vec::new());
+        }
+        let key = responses_item_key(event)
+            .ok_or_else(|| self.err("function_call item without an id"))?;
+        if self.closed.contains(&key) {
+            return Ok(Vec::new());
+        }
+        if !self.open.contains_key(&key) {
+            let call_id = item
+                .get("call_id")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let name = item.get("name").and_then(Value::as_str).unwrap_or_default();
+            self.open_call(key.clone(), call_id.to_string(), name.to_string(), "")?;
+        }
+        let full = item.get("arguments").and_then(Value::as_str);
+        Ok(self.close(&key, full).into_iter().collect())
     }
 
     fn push_anthropic(&mut self, event: &Value) -> Result<Vec<Assembled>, StreamError> {
@@ -381,6 +387,15 @@ impl StreamAssembler {
             _ => Ok(Vec::new()),
         }
     }
+}
+
+/// The stream key of a Responses event's item.
+fn responses_item_key(event: &Value) -> Option<String> {
+    event
+        .get("item_id")
+        .or_else(|| event.pointer("/item/id"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
 }
 
 fn index_of(a: &Assembled) -> usize {

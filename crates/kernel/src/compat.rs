@@ -55,6 +55,8 @@ pub fn normalize_schema(schema: &Value, close: bool) -> Result<Value, SchemaErro
     }
 }
 
+/// Normalizes one schema node and, recursively, every subschema under it: its `type`, the
+/// draft-07 forms 2020-12 spells differently, and (with `close`) extra properties refused.
 fn normalize_node(node: &mut Value, path: &str, close: bool) -> Result<(), SchemaError> {
     let Value::Object(map) = node else {
         // Boolean schemas are valid 2020-12; anything else is not a schema.
@@ -66,46 +68,8 @@ fn normalize_node(node: &mut Value, path: &str, close: bool) -> Result<(), Schem
             }),
         };
     };
-    if let Some(t) = map.get("type").cloned() {
-        let normalized = match t {
-            Value::String(name) => normalize_type_name(&name)
-                .map_err(|_| SchemaError {
-                    path: format!("{path}/type"),
-                    why: format!("unknown type name {name:?}"),
-                })?
-                .map(|s| Value::String(s.into())),
-            Value::Array(names) => {
-                let mut out = Vec::new();
-                for n in names {
-                    let name = n.as_str().unwrap_or_default();
-                    match normalize_type_name(name) {
-                        Ok(Some(s)) => {
-                            if !out.contains(&Value::String(s.into())) {
-                                out.push(Value::String(s.into()));
-                            }
-                        }
-                        Ok(None) => {
-                            out.clear();
-                            break;
-                        }
-                        Err(()) => {
-                            return Err(SchemaError {
-                                path: format!("{path}/type"),
-                                why: format!("unknown type name {name:?}"),
-                            });
-                        }
-                    }
-                }
-                (!out.is_empty()).then_some(Value::Array(out))
-            }
-            _ => {
-                return Err(SchemaError {
-                    path: format!("{path}/type"),
-                    why: "type must be a string or an array of strings".into(),
-                });
-            }
-        };
-        match normalized {
+    if let Some(t) = map.get("type") {
+        match normalize_type(t, path)? {
             Some(t) => {
                 map.insert("type".into(), t);
             }
@@ -125,6 +89,49 @@ fn normalize_node(node: &mut Value, path: &str, close: bool) -> Result<(), Schem
     if close && declares_properties && !map.contains_key("additionalProperties") {
         map.insert("additionalProperties".into(), Value::Bool(false));
     }
+    normalize_subschemas(map, path, close)
+}
+
+/// A node's `type` with its names normalized, duplicates dropped; `None` when it allows any
+/// type (a name that means "anything" in the list), so the keyword is removed.
+fn normalize_type(t: &Value, path: &str) -> Result<Option<Value>, SchemaError> {
+    let unknown = |name: &str| SchemaError {
+        path: format!("{path}/type"),
+        why: format!("unknown type name {name:?}"),
+    };
+    match t {
+        Value::String(name) => Ok(normalize_type_name(name)
+            .map_err(|_| unknown(name))?
+            .map(|s| Value::String(s.into()))),
+        Value::Array(names) => {
+            let mut out = Vec::new();
+            for n in names {
+                let name = n.as_str().unwrap_or_default();
+                match normalize_type_name(name).map_err(|_| unknown(name))? {
+                    Some(s) => {
+                        if !out.contains(&Value::String(s.into())) {
+                            out.push(Value::String(s.into()));
+                        }
+                    }
+                    None => return Ok(None),
+                }
+            }
+            Ok((!out.is_empty()).then_some(Value::Array(out)))
+        }
+        _ => Err(SchemaError {
+            path: format!("{path}/type"),
+            why: "type must be a string or an array of strings".into(),
+        }),
+    }
+}
+
+/// Normalizes every subschema of a node: under the keywords that hold a map of schemas, one
+/// schema, or a list of schemas.
+fn normalize_subschemas(
+    map: &mut Map<String, Value>,
+    path: &str,
+    close: bool,
+) -> Result<(), SchemaError> {
     for key in ["properties", "patternProperties", "$defs", "definitions"] {
         if let Some(Value::Object(children)) = map.get_mut(key) {
             for (name, child) in children.iter_mut() {

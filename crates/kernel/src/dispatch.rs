@@ -28,9 +28,10 @@ use crate::events::Event;
 use crate::plan::Epoch;
 use crate::prepare::Prepared;
 use crate::settle::{CallExecutor, ms, run_job};
+use crate::tool::ToolError;
 use ring0_core::call::RejectionKind;
 use ring0_core::receipt::{CallOutcome, Disposition, Timing};
-use ring0_core::{IntentState, Receipt, Rejection};
+use ring0_core::{IntentState, Observation, Receipt, Rejection};
 use ring0_journal::{IntentRecord, Journal};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -113,70 +114,17 @@ pub(crate) async fn run_epochs(
     let mut receipts: Vec<Option<Dispatched>> = vec![None; jobs.len()];
     let semaphore = Arc::new(Semaphore::new(env.max_concurrent_tools.max(1)));
     for (epoch_no, epoch) in epochs.iter().enumerate() {
-        if env.cancel.is_cancelled() {
-            for &pos in &epoch.calls {
-                receipts[pos] = Some(Dispatched::unrecorded(cancelled(&jobs[pos])));
-            }
-            continue;
-        }
-        emit(
-            &env,
-            Event::EpochStarted {
-                epoch: epoch_no,
-                calls: epoch.calls.iter().map(|&p| jobs[p].call.index).collect(),
-                barrier: epoch.barrier,
-            },
-        );
-        // Equal conflict keys form one chain, run in source order; every other call is its own.
-        let mut chains: Vec<Vec<usize>> = Vec::new();
-        let mut by_key: BTreeMap<&str, usize> = BTreeMap::new();
-        for &pos in &epoch.calls {
-            match jobs[pos].call.conflict_key.as_deref() {
-                Some(key) => match by_key.get(key) {
-                    Some(&chain) => chains[chain].push(pos),
-                    None => {
-                        by_key.insert(key, chains.len());
-                        chains.push(vec![pos]);
-                    }
-                },
-                None => chains.push(vec![pos]),
-            }
-        }
-        let mut set = tokio::task::JoinSet::new();
-        for chain in chains {
-            let env = env.clone();
-            let jobs = jobs.clone();
-            let semaphore = semaphore.clone();
-            set.spawn(async move {
-                let mut out = Vec::with_capacity(chain.len());
-                for pos in chain {
-                    let job = jobs[pos].clone();
-                    if env.cancel.is_cancelled() {
-                        out.push((pos, Dispatched::unrecorded(cancelled(&job))));
-                        continue;
-                    }
-                    let permit = semaphore.clone().acquire_owned().await;
-                    if env.cancel.is_cancelled() || permit.is_err() {
-                        out.push((pos, Dispatched::unrecorded(cancelled(&job))));
-                        continue;
-                    }
-                    let receipt = run_call(&env, &job, epoch_no).await;
-                    drop(permit);
-                    out.push((pos, receipt));
-                }
-                out
-            });
-        }
-        while let Some(done) = set.join_next().await {
-            match done {
-                Ok(results) => {
-                    for (pos, receipt) in results {
-                        receipts[pos] = Some(receipt);
-                    }
-                }
-                // A chain task only awaits call tasks; its own panic would be a kernel bug.
-                Err(e) => panic!("dispatch chain failed: {e}"),
-            }
+        let done = if env.cancel.is_cancelled() {
+            epoch
+                .calls
+                .iter()
+                .map(|&pos| (pos, Dispatched::unrecorded(cancelled(&jobs[pos]))))
+                .collect()
+        } else {
+            run_epoch(&env, &jobs, &semaphore, epoch_no, epoch).await
+        };
+        for (pos, receipt) in done {
+            receipts[pos] = Some(receipt);
         }
     }
     receipts
@@ -184,6 +132,88 @@ pub(crate) async fn run_epochs(
         .zip(&jobs)
         .map(|(r, job)| r.unwrap_or_else(|| Dispatched::unrecorded(cancelled(job))))
         .collect()
+}
+
+/// Runs one epoch: its conflict chains at once, each chain's calls in source order. Returns
+/// each call's receipt with its position.
+async fn run_epoch(
+    env: &DispatchEnv,
+    jobs: &[Arc<Prepared>],
+    semaphore: &Arc<Semaphore>,
+    epoch_no: usize,
+    epoch: &Epoch,
+) -> Vec<(usize, Dispatched)> {
+    emit(
+        env,
+        Event::EpochStarted {
+            epoch: epoch_no,
+            calls: epoch.calls.iter().map(|&p| jobs[p].call.index).collect(),
+            barrier: epoch.barrier,
+        },
+    );
+    let mut set = tokio::task::JoinSet::new();
+    for chain in conflict_chains(jobs, epoch) {
+        let chain: Vec<(usize, Arc<Prepared>)> = chain
+            .into_iter()
+            .map(|pos| (pos, jobs[pos].clone()))
+            .collect();
+        set.spawn(run_chain(env.clone(), semaphore.clone(), chain, epoch_no));
+    }
+    let mut done = Vec::with_capacity(epoch.calls.len());
+    while let Some(chain) = set.join_next().await {
+        match chain {
+            Ok(results) => done.extend(results),
+            // A chain task only awaits call tasks; its own panic would be a kernel bug.
+            Err(e) => panic!("dispatch chain failed: {e}"),
+        }
+    }
+    done
+}
+
+/// The epoch's calls as chains of positions: equal conflict keys form one chain, in source
+/// order; every other call is a chain of its own.
+fn conflict_chains(jobs: &[Arc<Prepared>], epoch: &Epoch) -> Vec<Vec<usize>> {
+    let mut chains: Vec<Vec<usize>> = Vec::new();
+    let mut by_key: BTreeMap<&str, usize> = BTreeMap::new();
+    for &pos in &epoch.calls {
+        match jobs[pos].call.conflict_key.as_deref() {
+            Some(key) => match by_key.get(key) {
+                Some(&chain) => chains[chain].push(pos),
+                None => {
+                    by_key.insert(key, chains.len());
+                    chains.push(vec![pos]);
+                }
+            },
+            None => chains.push(vec![pos]),
+        }
+    }
+    chains
+}
+
+/// Runs one conflict chain, a call at a time, each under a permit of the round's concurrency
+/// bound. After cancellation the rest of the chain is reported cancelled.
+async fn run_chain(
+    env: DispatchEnv,
+    semaphore: Arc<Semaphore>,
+    chain: Vec<(usize, Arc<Prepared>)>,
+    epoch_no: usize,
+) -> Vec<(usize, Dispatched)> {
+    let mut out = Vec::with_capacity(chain.len());
+    for (pos, job) in chain {
+        if env.cancel.is_cancelled() {
+            out.push((pos, Dispatched::unrecorded(cancelled(&job))));
+            continue;
+        }
+        let permit = semaphore.clone().acquire_owned().await;
+        if env.cancel.is_cancelled() || permit.is_err() {
+            out.push((pos, Dispatched::unrecorded(cancelled(&job))));
+            continue;
+        }
+        let receipt = run_call(&env, &job, epoch_no).await;
+        drop(permit);
+        out.push((pos, receipt));
+    }
+    out
 }
 
 fn cancelled(job: &Prepared) -> Receipt {
@@ -247,9 +277,11 @@ fn settled_receipt(job: &Prepared, record: &IntentRecord, timing: Timing) -> Rec
     receipt
 }
 
+/// One call of an epoch, through the order in the module docs: conflict-key turn, commit, the
+/// unsettled-write check, the approval hold, dispatch. A read the journal does not record runs
+/// on its own path ([`run_read`]).
 async fn run_call(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Dispatched {
-    let spec = &job.tool.spec;
-    let mutating = !spec.effect.is_read_only();
+    let mutating = !job.tool.spec.effect.is_read_only();
     if !mutating && !env.journal_reads {
         return Dispatched::unrecorded(run_read(env, job, epoch_no).await);
     }
@@ -267,20 +299,46 @@ async fn run_call(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Dispatc
             };
         }
     };
-    if mutating && let Some(id) = env.scope_state.blocker(env.journal.as_ref(), key).await {
-        let _ = ring0_journal::cancel_before_dispatch(
-            env.journal.as_ref(),
-            &record,
-            "blocked by an earlier write with an unknown outcome",
-        )
-        .await;
-        env.settled.notify_waiters();
-        return Dispatched::unrecorded(blocked_by_unsettled(job, key, id));
+    if mutating && let Some(receipt) = refuse_if_blocked(env, job, key, &record).await {
+        return Dispatched::unrecorded(receipt);
     }
     if let Err(receipt) = hold_for_approval(env, job, &record).await {
         return Dispatched::unrecorded(receipt);
     }
     let receipt = dispatch_committed(env, job, epoch_no, &record).await;
+    conclude_committed(env, key, mutating, &record, receipt)
+}
+
+/// The unsettled-write check, after commit: while an earlier write of the scope (with this
+/// key, or any when the call has none) has an unknown outcome, the claim is closed as not
+/// executed and the call refused `blocked_by_unsettled`.
+async fn refuse_if_blocked(
+    env: &DispatchEnv,
+    job: &Prepared,
+    key: Option<&str>,
+    record: &IntentRecord,
+) -> Option<Receipt> {
+    let id = env.scope_state.blocker(env.journal.as_ref(), key).await?;
+    let _ = ring0_journal::cancel_before_dispatch(
+        env.journal.as_ref(),
+        record,
+        "blocked by an earlier write with an unknown outcome",
+    )
+    .await;
+    env.settled.notify_waiters();
+    Some(blocked_by_unsettled(job, key, id))
+}
+
+/// After a committed call was dispatched and settled: a write whose outcome stayed uncertain
+/// blocks later writes of its scope, waiters are woken, the finish is announced, and the
+/// intent answers the call unless the call was refused.
+fn conclude_committed(
+    env: &DispatchEnv,
+    key: Option<&str>,
+    mutating: bool,
+    record: &IntentRecord,
+    receipt: Receipt,
+) -> Dispatched {
     let still_uncertain = receipt.state.is_some_and(IntentState::is_uncertain)
         || matches!(
             receipt.outcome,
@@ -437,25 +495,9 @@ fn unsettled(job: &Prepared, record: &IntentRecord, why: String, timing: Timing)
 /// A read outside the journal: no effect to deduplicate or settle. Same start gate, timeout,
 /// isolation, shaping and events as every other call.
 async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt {
-    let spec = &job.tool.spec;
-    let memoizable = env.memo_ttl_ms > 0 && spec.deterministic;
-    if memoizable
-        && let Ok(Some(observation)) = env
-            .journal
-            .memo_get(&job.call.fingerprint, env.memo_ttl_ms)
-            .await
-    {
-        // Byte-identical to the stored observation: keeps the model's prompt prefix stable.
-        return Receipt {
-            state: Some(IntentState::Acked),
-            ..Receipt::new(
-                job.call.call_id.clone(),
-                job.call.index,
-                job.call.tool.clone(),
-                Disposition::Memoized,
-                CallOutcome::Completed { observation },
-            )
-        };
+    let memoizable = env.memo_ttl_ms > 0 && job.tool.spec.deterministic;
+    if memoizable && let Some(receipt) = memoized(env, job).await {
+        return receipt;
     }
     if job.hold
         && let Err(rejection) = ask_approval(env, job).await
@@ -472,29 +514,7 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
         queued_ms,
         run_ms: ms(started.elapsed()),
     };
-    let (state, outcome) = match result {
-        Ok(obs) => {
-            let observation = env.shape.observation(obs, spec.observation_budget_bytes);
-            if memoizable && !observation.is_error {
-                // A failed store only costs a future cache miss.
-                let _ = env
-                    .journal
-                    .memo_put(&job.call.fingerprint, &observation)
-                    .await;
-            }
-            (IntentState::Acked, CallOutcome::Completed { observation })
-        }
-        Err((_, e)) => (
-            IntentState::Failed,
-            CallOutcome::Failed {
-                message: env.shape.message(&e.message),
-                uncertain: false,
-                observation: e
-                    .observation
-                    .map(|o| env.shape.observation(o, spec.observation_budget_bytes)),
-            },
-        ),
-    };
+    let (state, outcome) = read_outcome(env, job, result, memoizable).await;
     let receipt = Receipt {
         state: Some(state),
         timing,
@@ -508,6 +528,60 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
     };
     announce_finish(env, &receipt);
     receipt
+}
+
+/// The memoized answer of a deterministic read, byte-identical to the stored observation (which
+/// keeps the model's prompt prefix stable), if the memo has a fresh one.
+async fn memoized(env: &DispatchEnv, job: &Prepared) -> Option<Receipt> {
+    let observation = env
+        .journal
+        .memo_get(&job.call.fingerprint, env.memo_ttl_ms)
+        .await
+        .ok()
+        .flatten()?;
+    Some(Receipt {
+        state: Some(IntentState::Acked),
+        ..Receipt::new(
+            job.call.call_id.clone(),
+            job.call.index,
+            job.call.tool.clone(),
+            Disposition::Memoized,
+            CallOutcome::Completed { observation },
+        )
+    })
+}
+
+/// A read's result, shaped: ACKED (and memoized when it may be) or FAILED, never uncertain.
+async fn read_outcome(
+    env: &DispatchEnv,
+    job: &Prepared,
+    result: Result<Observation, ToolError>,
+    memoizable: bool,
+) -> (IntentState, CallOutcome) {
+    let budget_bytes = job.tool.spec.observation_budget_bytes;
+    match result {
+        Ok(obs) => {
+            let observation = env.shape.observation(obs, budget_bytes);
+            if memoizable && !observation.is_error {
+                // A failed store only costs a future cache miss.
+                let _ = env
+                    .journal
+                    .memo_put(&job.call.fingerprint, &observation)
+                    .await;
+            }
+            (IntentState::Acked, CallOutcome::Completed { observation })
+        }
+        Err(e) => (
+            IntentState::Failed,
+            CallOutcome::Failed {
+                message: env.shape.message(&e.message),
+                uncertain: false,
+                observation: e
+                    .observation
+                    .map(|o| env.shape.observation(o, budget_bytes)),
+            },
+        ),
+    }
 }
 
 /// Decides to start a call, under the start gate: `false` if the round was cancelled first.

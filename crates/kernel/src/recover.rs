@@ -13,13 +13,13 @@
 use crate::policy::{AuthDecision, AuthRequest, Authorizer, SessionInfo};
 use crate::registry::Registry;
 use crate::settle::{ReceiptOrigin, dispatch_outcome, ms, probe, run_tool, snapshot};
-use crate::tool::{CallContext, EventSink, ToolError};
+use crate::tool::{CallContext, EventSink, ProbeFinding, ToolError};
 use async_trait::async_trait;
 use ring0_core::receipt::{Disposition, Timing};
 use ring0_core::{Fingerprint, IntentState, Principal, Settlement};
 use ring0_journal::record::Transition;
 use ring0_journal::recovery::Executor;
-use ring0_journal::settle::{DispatchOutcome, ErrorClass, ProbeVerdict};
+use ring0_journal::settle::DispatchOutcome;
 use ring0_journal::{IntentRecord, Journal, JournalError};
 use serde_json::Value;
 use std::sync::Arc;
@@ -67,14 +67,7 @@ impl Executor for RegistryExecutor<'_> {
                 shape: self.shape,
             };
             let message = format!("tool {:?} is no longer registered", record.tool);
-            return dispatch_outcome(
-                record,
-                origin,
-                Err((
-                    ErrorClass::RejectedUpstream,
-                    ToolError::not_applied(message),
-                )),
-            );
+            return dispatch_outcome(record, origin, Err(ToolError::not_applied(message)));
         };
         let ctx = CallContext {
             call_id: call_id.to_string(),
@@ -111,11 +104,12 @@ impl Executor for RegistryExecutor<'_> {
         dispatch_outcome(record, origin, result)
     }
 
-    async fn probe(&self, record: &IntentRecord) -> ProbeVerdict {
+    async fn probe(&self, record: &IntentRecord) -> ProbeFinding {
         let Some(tool) = self.registry.get(&record.tool) else {
-            return ProbeVerdict::Diverged {
-                detail: format!("tool {:?} is no longer registered", record.tool),
-            };
+            return ProbeFinding::Indeterminate(format!(
+                "tool {:?} is no longer registered",
+                record.tool
+            ));
         };
         probe(
             tool.tool.as_ref(),

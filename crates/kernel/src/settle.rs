@@ -6,7 +6,7 @@
 //! from the world: running a registered [`Tool`] under its timeout in its own task (a panic is
 //! that call's failure), classifying the result into a [`DispatchOutcome`] with its shaped
 //! observation (the `shape` stage, before the receipt), taking the tool's pre-dispatch snapshot and
-//! translating its probe verdict.
+//! shaping the observation its probe found.
 //!
 //! Two executors share that code: `CallExecutor` here, for a call of a live round (receipts
 //! carry the model's call id, position and timing), and the registry executor of
@@ -21,7 +21,7 @@ use ring0_core::receipt::{CallOutcome, Disposition, Timing};
 use ring0_core::{IntentState, Observation, Receipt, Settlement};
 use ring0_journal::IntentRecord;
 use ring0_journal::recovery::Executor;
-use ring0_journal::settle::{DispatchOutcome, ErrorClass, ProbeVerdict as JournalVerdict};
+use ring0_journal::settle::DispatchOutcome;
 use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -37,7 +37,7 @@ pub(crate) async fn run_job(
     job: &Prepared,
     intent_id: Option<String>,
     idempotency_key: Option<String>,
-) -> Result<Observation, (ErrorClass, ToolError)> {
+) -> Result<Observation, ToolError> {
     let spec = &job.tool.spec;
     let ctx = CallContext {
         call_id: job.call.call_id.clone(),
@@ -83,34 +83,23 @@ pub(crate) async fn run_tool(
     ctx: CallContext,
     args: Value,
     timeout_ms: u64,
-) -> Result<Observation, (ErrorClass, ToolError)> {
+) -> Result<Observation, ToolError> {
     let cancel = ctx.cancel.clone();
     // Its own task: a panic is this call's failure, not the round's.
     let task = tokio::spawn(async move { tool.call(ctx, args).await });
     let abort = task.abort_handle();
     match tokio::time::timeout(Duration::from_millis(timeout_ms), task).await {
         Ok(Ok(Ok(obs))) => Ok(obs),
-        Ok(Ok(Err(e))) => Err((error_class(&e), e)),
-        Ok(Err(join)) => Err((
-            ErrorClass::Other,
-            ToolError::unknown(format!("the tool crashed: {join}")),
-        )),
+        Ok(Ok(Err(e))) => Err(e),
+        Ok(Err(join)) => Err(ToolError::unknown(format!("the tool crashed: {join}"))),
         Err(_) => {
             cancel.cancel();
             abort.abort();
-            Err((
-                ErrorClass::Timeout,
-                ToolError::unknown(format!("timed out after {timeout_ms} ms")),
+            Err(ToolError::new(
+                FailureClass::Timeout,
+                format!("timed out after {timeout_ms} ms"),
             ))
         }
-    }
-}
-
-fn error_class(e: &ToolError) -> ErrorClass {
-    match e.class {
-        // The tool vouches that nothing was applied (refused before send, rejected upstream).
-        FailureClass::NotApplied => ErrorClass::RejectedUpstream,
-        FailureClass::Unknown => ErrorClass::Other,
     }
 }
 
@@ -132,7 +121,7 @@ pub(crate) struct ReceiptOrigin<'a> {
 pub(crate) fn dispatch_outcome(
     record: &IntentRecord,
     origin: ReceiptOrigin<'_>,
-    result: Result<Observation, (ErrorClass, ToolError)>,
+    result: Result<Observation, ToolError>,
 ) -> DispatchOutcome {
     let receipt = |outcome| Receipt {
         timing: origin.timing,
@@ -148,11 +137,12 @@ pub(crate) fn dispatch_outcome(
         Ok(obs) => DispatchOutcome::Applied(receipt(CallOutcome::Completed {
             observation: origin.shape.observation(obs, origin.budget_bytes),
         })),
-        Err((class, e)) => {
+        Err(e) => {
             let after_ambiguity = record.previous_state() == Some(IntentState::Reconciling);
-            let definite = !record.mutating || (class.definitely_not_applied() && !after_ambiguity);
+            let definite =
+                !record.mutating || (e.class.definitely_not_applied() && !after_ambiguity);
             DispatchOutcome::Failed {
-                class,
+                class: e.class,
                 receipt: receipt(CallOutcome::Failed {
                     message: origin.shape.message(&e.message),
                     uncertain: !definite,
@@ -177,21 +167,20 @@ pub(crate) async fn snapshot(
     tool.snapshot(args).await
 }
 
-/// The tool's probe verdict in the journal's terms. The observation of a probe that found the
-/// effect becomes the evidence of the synthetic receipt, shaped like any observation.
+/// The tool's probe finding. The observation of a probe that found the effect becomes the
+/// evidence of the synthetic receipt, so it is shaped like any observation.
 pub(crate) async fn probe(
     tool: &dyn Tool,
     args: &Value,
     record: &IntentRecord,
     budget_bytes: usize,
     shape: &ShapeStage,
-) -> JournalVerdict {
+) -> ProbeFinding {
     match tool.probe(args, record.snapshot.as_ref()).await {
-        ProbeFinding::Applied(obs) => JournalVerdict::PostconditionHolds {
-            evidence: serde_json::to_value(shape.observation(*obs, budget_bytes)).ok(),
-        },
-        ProbeFinding::Unchanged => JournalVerdict::Unchanged,
-        ProbeFinding::Indeterminate(detail) => JournalVerdict::Diverged { detail },
+        ProbeFinding::Applied(obs) => {
+            ProbeFinding::Applied(Box::new(shape.observation(*obs, budget_bytes)))
+        }
+        other => other,
     }
 }
 
@@ -268,7 +257,7 @@ impl Executor for CallExecutor<'_> {
         dispatch_outcome(record, origin, result)
     }
 
-    async fn probe(&self, record: &IntentRecord) -> JournalVerdict {
+    async fn probe(&self, record: &IntentRecord) -> ProbeFinding {
         let tool = &self.job.tool;
         probe(
             tool.tool.as_ref(),

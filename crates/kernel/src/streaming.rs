@@ -35,6 +35,7 @@ use ring0_core::{
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// Turns whose early starts the ledger remembers; older turns are forgotten first.
 pub const LEDGER_TURNS_MAX: usize = 64;
@@ -276,21 +277,41 @@ impl StreamingRound<'_> {
         })
     }
 
+    /// A call whose block completed: consumed from the ledger, prepared, and started early when
+    /// everything allows it; otherwise kept (prepared or refused) for the end of the round.
     async fn on_complete(&mut self, call: ProposedCall) -> StreamNotice {
         let index = call.index;
-        let call_id = call.call_id.clone();
-        let tool = call.tool.clone();
         self.calls.insert(index, call.clone());
-
         if let Some(notice) = self.consume_from_ledger(&call).await {
             return notice;
         }
-
         let completed = StreamNotice::Completed {
             index,
-            call_id: call_id.clone(),
-            tool: tool.clone(),
+            call_id: call.call_id.clone(),
+            tool: call.tool.clone(),
         };
+        let prepared = match self.prepare_streamed(&call).await {
+            Ok(p) => p,
+            Err(r) => {
+                self.pre.insert(index, Pre::Rejected(r));
+                return completed;
+            }
+        };
+        let Some(cancel) = self.admit_early(&call, &prepared) else {
+            self.pre.insert(index, Pre::Prepared(prepared));
+            return completed;
+        };
+        match self.start_early(&call, prepared, cancel).await {
+            Ok(started) => started,
+            Err(waits) => {
+                self.pre.insert(index, waits);
+                completed
+            }
+        }
+    }
+
+    /// The prepare stage for one streamed call, in the round's context.
+    async fn prepare_streamed(&self, call: &ProposedCall) -> Result<Prepared, Rejection> {
         let cx = PrepareContext {
             registry: &self.session.kernel.registry,
             session: &self.session.info,
@@ -299,45 +320,55 @@ impl StreamingRound<'_> {
             events: Some(crate::tool::EventSink(self.session.events.clone())),
             extensions: &self.options.extensions,
         };
-        let prepared = match prepare(&cx, &call).await {
-            Ok(p) => p,
-            Err(r) => {
-                self.pre.insert(index, Pre::Rejected(r));
-                return completed;
-            }
-        };
+        prepare(&cx, call).await
+    }
+
+    /// The incremental admission of a prepared call: the round overseer (its strategy against
+    /// the calls accepted before it), then whether it may start early (tool choice, an exactly
+    /// neutral strategy with the complete execution profile, the round not cancelled). Returns
+    /// the round's cancellation token when it may start. A call the overseer refuses waits for
+    /// the end of the round, which refuses it with the usual structured rejection.
+    fn admit_early(
+        &mut self,
+        call: &ProposedCall,
+        prepared: &Prepared,
+    ) -> Option<CancellationToken> {
         let strategy = prepared.tool.spec.strategy;
         if self
             .accepted
             .iter()
             .any(|earlier| !earlier.admits_after(&strategy))
         {
-            // The end of the round refuses it with the usual structured rejection.
-            self.pre.insert(index, Pre::Prepared(prepared));
-            return completed;
+            return None;
         }
         self.accepted.push(strategy);
-        let choice_ok = check_tool_choice(&self.options.tool_choice, std::slice::from_ref(&call))
+        let choice_ok = check_tool_choice(&self.options.tool_choice, std::slice::from_ref(call))
             .rejections[0]
             .is_none();
         let cancel = self.session.current_cancel();
-        if !starts_early(&prepared.tool.spec) || !choice_ok || cancel.is_cancelled() {
-            self.pre.insert(index, Pre::Prepared(prepared));
-            return completed;
-        }
-        let raw = raw_fingerprint(&call).unwrap_or(prepared.call.fingerprint);
+        (starts_early(&prepared.tool.spec) && choice_ok && !cancel.is_cancelled()).then_some(cancel)
+    }
+
+    /// Starts an admitted call through the ordinary dispatcher and records it in the ledger,
+    /// under the session's state lock: not after the session was terminated, and only if the
+    /// exact-repeat guard lets it run. `Err` is what the call waits with for the end of the
+    /// round instead.
+    async fn start_early(
+        &mut self,
+        call: &ProposedCall,
+        prepared: Prepared,
+        cancel: CancellationToken,
+    ) -> Result<StreamNotice, Pre> {
+        let raw = raw_fingerprint(call).unwrap_or(prepared.call.fingerprint);
         let mut st = self.session.state.lock().await;
         if st.terminated.is_some() {
-            drop(st);
-            self.pre.insert(index, Pre::Prepared(prepared));
-            return completed;
+            return Err(Pre::Prepared(prepared));
         }
-        let tracked = prepared.tool.spec.track_exact_repeats;
         let decision = guard_repeat(
             &mut self.session.scope.repeat(),
             &prepared.call,
             prepared.idempotency_key.as_deref(),
-            tracked,
+            prepared.tool.spec.track_exact_repeats,
             &self.session.events,
         );
         match decision {
@@ -346,39 +377,34 @@ impl StreamingRound<'_> {
                     st.pending_policy_message = advisory;
                 }
             }
-            RepeatDecision::Refuse { rejection, .. } => {
-                // Refuses this fingerprint only; the scope's guard refuses it again next time.
-                drop(st);
-                self.pre.insert(index, Pre::Rejected(rejection));
-                return completed;
-            }
+            // Refuses this fingerprint only; the scope's guard refuses it again next time.
+            RepeatDecision::Refuse { rejection, .. } => return Err(Pre::Rejected(rejection)),
         }
         let env = self
             .session
             .dispatch_env(self.started, cancel, &self.options);
         let receipt = spawn_early(env, &prepared);
-        st.ledger.record(
-            &self.identity,
-            LedgerEntry {
-                original_index: index,
-                fingerprint: raw,
-                prepared: prepared.clone(),
-                receipt: receipt.clone(),
-            },
-        );
+        let entry = LedgerEntry {
+            original_index: call.index,
+            fingerprint: raw,
+            prepared: prepared.clone(),
+            receipt: receipt.clone(),
+        };
+        st.ledger.record(&self.identity, entry);
         drop(st);
-        self.used.insert(index);
+        self.used.insert(call.index);
         self.session.emit(Event::EarlyStarted {
-            index,
-            call_id: call_id.clone(),
-            tool: tool.clone(),
+            index: call.index,
+            call_id: call.call_id.clone(),
+            tool: call.tool.clone(),
         });
-        self.pre.insert(index, Pre::Consumed { prepared, receipt });
-        StreamNotice::EarlyStarted {
-            index,
-            call_id,
-            tool,
-        }
+        self.pre
+            .insert(call.index, Pre::Consumed { prepared, receipt });
+        Ok(StreamNotice::EarlyStarted {
+            index: call.index,
+            call_id: call.call_id.clone(),
+            tool: call.tool.clone(),
+        })
     }
 }
 

@@ -6,6 +6,8 @@
 
 use async_trait::async_trait;
 use ring0_core::Observation;
+/// The failure and probe vocabulary a tool answers in, shared with the journal's settlement.
+pub use ring0_core::{FailureClass, ProbeFinding};
 use serde_json::Value;
 use std::any::{Any, TypeId};
 use std::future::Future;
@@ -142,17 +144,8 @@ impl EventSink {
     }
 }
 
-/// Whether a failed call may have had an effect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureClass {
-    /// On the allow-list of "definitely not applied" errors: connection refused before anything
-    /// was sent, validation rejected upstream, precondition failed before any write.
-    NotApplied,
-    /// Anything else: the effect may or may not have happened.
-    Unknown,
-}
-
-/// A tool's failure.
+/// A tool's failure. Its class decides whether the call settles FAILED (nothing was applied) or
+/// UNKNOWN (reconciled by the tool's settlement).
 #[derive(Debug, Clone)]
 pub struct ToolError {
     pub class: FailureClass,
@@ -162,40 +155,30 @@ pub struct ToolError {
 }
 
 impl ToolError {
-    /// A failure known to have changed nothing.
-    pub fn not_applied(message: impl Into<String>) -> Self {
+    /// A failure of the given class (a tool that can tell a timeout or a lost connection apart
+    /// says so; the journal's timeline names the class).
+    pub fn new(class: FailureClass, message: impl Into<String>) -> Self {
         Self {
-            class: FailureClass::NotApplied,
+            class,
             message: message.into(),
             observation: None,
         }
     }
 
+    /// A failure known to have changed nothing.
+    pub fn not_applied(message: impl Into<String>) -> Self {
+        Self::new(FailureClass::NotApplied, message)
+    }
+
     /// A failure whose effect is unknown.
     pub fn unknown(message: impl Into<String>) -> Self {
-        Self {
-            class: FailureClass::Unknown,
-            message: message.into(),
-            observation: None,
-        }
+        Self::new(FailureClass::Unknown, message)
     }
 
     pub fn with_observation(mut self, observation: Observation) -> Self {
         self.observation = Some(observation);
         self
     }
-}
-
-/// What a tool's reconciliation probe found about an ambiguous call. The kernel translates it
-/// into the journal's `ring0_journal::ProbeVerdict`, which decides the record's next state.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ProbeFinding {
-    /// The call's postcondition holds: it was applied. The observation becomes a synthetic receipt.
-    Applied(Box<Observation>),
-    /// The world is as the pre-dispatch snapshot recorded: it was not applied.
-    Unchanged,
-    /// Anything else: a person must decide.
-    Indeterminate(String),
 }
 
 /// What cancelling a round does to a mutating call of a tool that was already dispatched.

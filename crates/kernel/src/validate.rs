@@ -136,36 +136,14 @@ fn field_errors(e: &ValidationError<'_>, schema: &Value) -> Vec<FieldError> {
     };
     match e.kind() {
         ValidationErrorKind::Required { property } => {
-            let name = property.as_str().unwrap_or_default();
-            let prop_loc = pointer_join(e.instance_path().as_str(), name);
-            let expected = schema_at(schema, &prop_loc).map(domain_of);
-            vec![FieldError {
-                loc: bounded_text(&prop_loc),
-                input_value: Value::Null,
-                error_type: "missing".into(),
-                message: bounded_text(&format!("required property {name:?} is missing")),
-                expected_domain: expected,
-            }]
+            vec![missing_property(
+                e,
+                schema,
+                property.as_str().unwrap_or_default(),
+            )]
         }
         ValidationErrorKind::AdditionalProperties { unexpected } => {
-            let here = e.instance_path().as_str();
-            let properties = schema_at(schema, here)
-                .and_then(|s| s.get("properties"))
-                .and_then(Value::as_object);
-            // Names beyond the reported errors are only counted: no domain is worked out for
-            // them, so many unknown keys cost no more than the ones shown.
-            unexpected
-                .iter()
-                .enumerate()
-                .map(|(i, name)| FieldError {
-                    loc: bounded_text(&pointer_join(here, name)),
-                    input_value: echo(e.instance().get(name).unwrap_or(&Value::Null)),
-                    error_type: "additional_property".into(),
-                    message: bounded_text(&format!("property {name:?} is not allowed")),
-                    expected_domain: (i < VALIDATION_ERRORS_MAX)
-                        .then(|| allowed_domain(properties, name)),
-                })
-                .collect()
+            unexpected_properties(e, schema, unexpected)
         }
         ValidationErrorKind::Type { kind } => one("type", Some(json!({"type": type_name(kind)}))),
         ValidationErrorKind::Enum { options } => {
@@ -197,6 +175,46 @@ fn field_errors(e: &ValidationError<'_>, schema: &Value) -> Vec<FieldError> {
         ValidationErrorKind::Format { format } => one("format", Some(json!({"format": format}))),
         kind => one(kind.keyword(), None),
     }
+}
+
+/// A required property that is missing, located at the property itself, with the domain its
+/// schema expects.
+fn missing_property(e: &ValidationError<'_>, schema: &Value, name: &str) -> FieldError {
+    let prop_loc = pointer_join(e.instance_path().as_str(), name);
+    let expected = schema_at(schema, &prop_loc).map(domain_of);
+    FieldError {
+        loc: bounded_text(&prop_loc),
+        input_value: Value::Null,
+        error_type: "missing".into(),
+        message: bounded_text(&format!("required property {name:?} is missing")),
+        expected_domain: expected,
+    }
+}
+
+/// One error per property the schema does not allow, each located at the property and, for the
+/// ones that will be reported, naming the properties that are allowed.
+fn unexpected_properties(
+    e: &ValidationError<'_>,
+    schema: &Value,
+    unexpected: &[String],
+) -> Vec<FieldError> {
+    let here = e.instance_path().as_str();
+    let properties = schema_at(schema, here)
+        .and_then(|s| s.get("properties"))
+        .and_then(Value::as_object);
+    // Names beyond the reported errors are only counted: no domain is worked out for them, so
+    // many unknown keys cost no more than the ones shown.
+    unexpected
+        .iter()
+        .enumerate()
+        .map(|(i, name)| FieldError {
+            loc: bounded_text(&pointer_join(here, name)),
+            input_value: echo(e.instance().get(name).unwrap_or(&Value::Null)),
+            error_type: "additional_property".into(),
+            message: bounded_text(&format!("property {name:?} is not allowed")),
+            expected_domain: (i < VALIDATION_ERRORS_MAX).then(|| allowed_domain(properties, name)),
+        })
+        .collect()
 }
 
 /// What a schema accepts, for `expected_domain`.

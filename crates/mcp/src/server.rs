@@ -542,103 +542,22 @@ impl GatewayServer {
     ) -> Result<Answer, ErrorData> {
         let generation = self.gw.generation();
         let call_id = call_id_of(&context.id);
-        let token = context
-            .meta
-            .get_progress_token()
-            .and_then(|t| serde_json::to_value(t).ok());
-        // A confirmation code the person read to the model comes back as an ordinary argument;
-        // it is taken out before the call is prepared: never validated, hashed or forwarded.
-        let spoken = request
-            .arguments
-            .as_mut()
-            .and_then(|a| a.remove(CONFIRM_ARGUMENT))
-            .map(|v| match v {
-                Value::String(s) => s,
-                other => other.to_string(),
-            });
         let metas = request_metas(&request, &context);
-        let meta_code = metas.iter().find_map(|m| {
-            m.get(CONFIRM_META_KEY)
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        });
-        let confirm = spoken.or(meta_code);
+        let confirm = take_confirmation(&mut request, &metas);
         let identity = read_identity(&metas)?;
         let scope = self.scope_of(&identity, &context);
-        let elicitation = declares_elicitation(&context);
         let modern = relay.is_some();
-        let cut = context
-            .extensions
-            .get::<http::request::Parts>()
-            .and_then(crate::stream_cut::StreamCut::of)
-            .filter(|_| relay.is_none());
-        let relay = relay.unwrap_or_else(|| {
-            Relay::new(context.peer.clone(), token, None, elicitation, cut.clone())
-        });
-        let route = if modern {
-            CallRoute::modern(Some(relay), confirm, elicitation)
-        } else {
-            CallRoute::sessionful(Some(relay), confirm, elicitation)
-        };
+        let (route, cut) = call_route(&context, relay, confirm);
         let session = self.open(&generation, &scope);
-        let round = Round {
-            calls: vec![ProposedCall {
-                index: 0,
-                call_id: call_id.clone(),
-                tool: request.name.to_string(),
-                arguments: ProposedArguments::Value(
-                    request
-                        .arguments
-                        .map(Value::Object)
-                        .unwrap_or_else(|| Value::Object(Map::new())),
-                ),
-                idempotency_key: identity.idempotency_key.clone(),
-            }],
-            text: None,
-        };
-        let options = RoundOptions {
-            extensions: CallExtensions::new().with(route),
-            // A cancelled task is an explicit stop: its upstream call is cancelled upstream.
-            stop_dispatched_on_cancel: context
-                .extensions
-                .get::<crate::tasks::StopOnCancel>()
-                .is_some(),
-            ..RoundOptions::default()
-        };
-        let run = session.run_round(round, &options);
-        tokio::pin!(run);
-        let outcome = tokio::select! {
-            o = &mut run => o,
-            _ = cancel.cancelled() => {
-                session.cancel();
-                run.await
-            }
-            // In the 2026-07-28 era the round outlives the request that started it; `cancel`
-            // carries the client's cancellation instead.
-            _ = context.ct.cancelled(), if !modern => {
-                session.cancel();
-                run.await
-            }
-        };
+        let round = proposed_round(call_id, request, &identity);
+        let options = round_options(route, &context);
+        let outcome =
+            run_round_cancellable(&session, round, &options, &cancel, &context, modern).await;
         // A stream that was let close mid-call gets the response once its client resumed it.
         if let Some(cut) = &cut {
             cut.wait_for_resume().await;
         }
-        // An unknown tool is a protocol error (-32602), as the protocol specifies; every other
-        // refusal is a result the model can correct itself from.
-        if let Some(CallOutcome::Rejected { rejection }) =
-            outcome.receipts.first().map(|r| &r.outcome)
-            && rejection.status == ring0_core::RejectionKind::UnknownTool
-        {
-            return Err(ErrorData::invalid_params(
-                rejection.message.clone(),
-                Some(rejection.to_json()),
-            ));
-        }
-        Ok(Answer {
-            value: render(&outcome),
-            delivery: delivery_of(&outcome),
-        })
+        answer_of(&outcome)
     }
 
     /// The kernel scope a `tools/call` runs in (see [`GatewayServer::scope_of`]).
@@ -667,6 +586,140 @@ impl GatewayServer {
         }
         self.scope.clone()
     }
+}
+
+/// The confirmation code a call carries. A code the person read to the model comes back as an
+/// ordinary argument; it is taken out before the call is prepared: never validated, hashed or
+/// forwarded. Otherwise the code in `_meta`, if any.
+fn take_confirmation(
+    request: &mut CallToolRequestParams,
+    metas: &[Map<String, Value>],
+) -> Option<String> {
+    let spoken = request
+        .arguments
+        .as_mut()
+        .and_then(|a| a.remove(CONFIRM_ARGUMENT))
+        .map(|v| match v {
+            Value::String(s) => s,
+            other => other.to_string(),
+        });
+    let meta_code = metas.iter().find_map(|m| {
+        m.get(CONFIRM_META_KEY)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    });
+    spoken.or(meta_code)
+}
+
+/// The call's per-call context for the kernel: its relay to the client (the era's own, or one
+/// made for this request with its progress token), the confirmation code, whether the client
+/// can be asked, its era. With it, the stream cut of a sessionful request whose stream may
+/// close mid-call.
+fn call_route(
+    context: &RequestContext<RoleServer>,
+    relay: Option<Arc<Relay>>,
+    confirm: Option<String>,
+) -> (CallRoute, Option<crate::stream_cut::StreamCut>) {
+    let token = context
+        .meta
+        .get_progress_token()
+        .and_then(|t| serde_json::to_value(t).ok());
+    let elicitation = declares_elicitation(context);
+    let modern = relay.is_some();
+    let cut = context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(crate::stream_cut::StreamCut::of)
+        .filter(|_| relay.is_none());
+    let relay = relay
+        .unwrap_or_else(|| Relay::new(context.peer.clone(), token, None, elicitation, cut.clone()));
+    let route = if modern {
+        CallRoute::modern(Some(relay), confirm, elicitation)
+    } else {
+        CallRoute::sessionful(Some(relay), confirm, elicitation)
+    };
+    (route, cut)
+}
+
+/// The one-call round a `tools/call` proposes.
+fn proposed_round(
+    call_id: String,
+    request: CallToolRequestParams,
+    identity: &crate::retry::CallIdentity,
+) -> Round {
+    Round {
+        calls: vec![ProposedCall {
+            index: 0,
+            call_id,
+            tool: request.name.to_string(),
+            arguments: ProposedArguments::Value(
+                request
+                    .arguments
+                    .map(Value::Object)
+                    .unwrap_or_else(|| Value::Object(Map::new())),
+            ),
+            idempotency_key: identity.idempotency_key.clone(),
+        }],
+        text: None,
+    }
+}
+
+/// The round's options: the call's route in its extensions, and whether cancelling it stops a
+/// dispatched upstream call.
+fn round_options(route: CallRoute, context: &RequestContext<RoleServer>) -> RoundOptions {
+    RoundOptions {
+        extensions: CallExtensions::new().with(route),
+        // A cancelled task is an explicit stop: its upstream call is cancelled upstream.
+        stop_dispatched_on_cancel: context
+            .extensions
+            .get::<crate::tasks::StopOnCancel>()
+            .is_some(),
+        ..RoundOptions::default()
+    }
+}
+
+/// Runs the round; `cancel`, or in the sessionful era the client's cancellation of the
+/// request, cancels the session and the round is awaited to its end.
+async fn run_round_cancellable(
+    session: &Session,
+    round: Round,
+    options: &RoundOptions,
+    cancel: &tokio_util::sync::CancellationToken,
+    context: &RequestContext<RoleServer>,
+    modern: bool,
+) -> ring0_kernel::RoundOutcome {
+    let run = session.run_round(round, options);
+    tokio::pin!(run);
+    tokio::select! {
+        o = &mut run => o,
+        _ = cancel.cancelled() => {
+            session.cancel();
+            run.await
+        }
+        // In the 2026-07-28 era the round outlives the request that started it; `cancel`
+        // carries the client's cancellation instead.
+        _ = context.ct.cancelled(), if !modern => {
+            session.cancel();
+            run.await
+        }
+    }
+}
+
+/// What the client receives for a round. An unknown tool is a protocol error (-32602), as the
+/// protocol specifies; every other refusal is a result the model can correct itself from.
+fn answer_of(outcome: &ring0_kernel::RoundOutcome) -> Result<Answer, ErrorData> {
+    if let Some(CallOutcome::Rejected { rejection }) = outcome.receipts.first().map(|r| &r.outcome)
+        && rejection.status == ring0_core::RejectionKind::UnknownTool
+    {
+        return Err(ErrorData::invalid_params(
+            rejection.message.clone(),
+            Some(rejection.to_json()),
+        ));
+    }
+    Ok(Answer {
+        value: render(outcome),
+        delivery: delivery_of(outcome),
+    })
 }
 
 /// A request's `_meta` objects: rmcp moves a request's `_meta` into the context, so both places

@@ -720,7 +720,7 @@ impl Tool for Shell {
             let mut obs = Observation::json(json!({
                 "job": receipt.job,
                 "state": receipt.state,
-                "execution_mode": receipt.execution_mode,
+                "execution_mode": receipt.run_mode,
                 "started_at_ms": receipt.started_at_ms,
                 "note": "running in the background: use job_wait or job_inspect with this handle",
             }));

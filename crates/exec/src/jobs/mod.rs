@@ -19,8 +19,8 @@ mod store;
 mod types;
 
 pub use types::{
-    ExecutionMode, InputReceipt, JobEvent, JobHandle, JobReceipt, JobSnapshot, JobState, JobStatus,
-    JobUsage, SessionId,
+    InputReceipt, JobEvent, JobHandle, JobReceipt, JobSnapshot, JobState, JobStatus, JobUsage,
+    RunMode, SessionId,
 };
 
 use crate::capture::{Shaping, sanitize_tail};
@@ -581,7 +581,7 @@ impl JobManager {
             state: JobState::Spawned,
             log: log_path,
             started_at_ms,
-            execution_mode: ExecutionMode::Background,
+            run_mode: RunMode::Background,
         })
     }
 

@@ -163,13 +163,16 @@ pub struct JobReceipt {
     /// The job's log file: its combined output as it arrives, up to the spill limit.
     pub log: PathBuf,
     pub started_at_ms: u64,
-    pub execution_mode: ExecutionMode,
+    /// How the command runs (its key on the wire is `execution_mode`, as it always was).
+    #[serde(rename = "execution_mode")]
+    pub run_mode: RunMode,
 }
 
-/// How a call was executed; background calls return a receipt and finish as an event.
+/// How a command runs: a background job returns a receipt at once and finishes as an event.
+/// (Not the kernel's `SchedulingMode`, which orders the calls of a round.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ExecutionMode {
+pub enum RunMode {
     Background,
 }
 

@@ -17,7 +17,7 @@ use futures::executor::block_on;
 use ring0_core::receipt::{CallOutcome, Disposition};
 use ring0_core::{Observation, Receipt, SemanticKey, Settlement, canonical};
 use ring0_journal::{
-    DispatchOutcome, ErrorClass, Executor, IntentRecord, Journal, JournalError, ProbeVerdict,
+    DispatchOutcome, Executor, FailureClass, IntentRecord, Journal, JournalError, ProbeFinding,
     Proposal, ProposeDecision, RecoveryPolicy, SqliteJournal, drive, recover,
 };
 use serde_json::{Value, json};
@@ -43,7 +43,7 @@ struct Http {
 
 enum Answer {
     Status(u16, String),
-    Failed(ErrorClass),
+    Failed(FailureClass),
 }
 
 impl Http {
@@ -51,7 +51,7 @@ impl Http {
         let timeout = Duration::from_millis(REQUEST_TIMEOUT_MS);
         let mut stream = match TcpStream::connect_timeout(&self.addr, timeout) {
             Ok(s) => s,
-            Err(_) => return Answer::Failed(ErrorClass::ConnectionRefused),
+            Err(_) => return Answer::Failed(FailureClass::ConnectionRefused),
         };
         let _ = stream.set_read_timeout(Some(timeout));
         let _ = stream.set_write_timeout(Some(timeout));
@@ -62,7 +62,7 @@ impl Http {
         }
         req.push_str("Content-Length: 0\r\n\r\n");
         if stream.write_all(req.as_bytes()).is_err() {
-            return Answer::Failed(ErrorClass::ConnectionLost);
+            return Answer::Failed(FailureClass::ConnectionLost);
         }
         let mut buf = Vec::new();
         match stream.read_to_end(&mut buf) {
@@ -73,13 +73,13 @@ impl Http {
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                return Answer::Failed(ErrorClass::Timeout);
+                return Answer::Failed(FailureClass::Timeout);
             }
-            Err(_) => return Answer::Failed(ErrorClass::ConnectionLost),
+            Err(_) => return Answer::Failed(FailureClass::ConnectionLost),
         }
         let text = String::from_utf8_lossy(&buf);
         let Some((head, body)) = text.split_once("\r\n\r\n") else {
-            return Answer::Failed(ErrorClass::ConnectionLost);
+            return Answer::Failed(FailureClass::ConnectionLost);
         };
         let status = head
             .split_whitespace()
@@ -150,11 +150,11 @@ impl Executor for Http {
         match self.request("POST", &path, &headers) {
             Answer::Status(200, body) => DispatchOutcome::Applied(receipt(record, &body)),
             Answer::Status(status @ 400..=499, body) => DispatchOutcome::Failed {
-                class: ErrorClass::RejectedUpstream,
+                class: FailureClass::NotApplied,
                 receipt: receipt(record, &format!("{status} {body}")),
             },
             Answer::Status(status, body) => DispatchOutcome::Failed {
-                class: ErrorClass::Other,
+                class: FailureClass::Unknown,
                 receipt: receipt(record, &format!("{status} {body}")),
             },
             Answer::Failed(class) => DispatchOutcome::Failed {
@@ -164,30 +164,25 @@ impl Executor for Http {
         }
     }
 
-    async fn probe(&self, record: &IntentRecord) -> ProbeVerdict {
+    async fn probe(&self, record: &IntentRecord) -> ProbeFinding {
         let Some(snapshot) = &record.snapshot else {
-            return ProbeVerdict::Diverged {
-                detail: "no snapshot".into(),
-            };
+            return ProbeFinding::Indeterminate("no snapshot".into());
         };
         let deadline = snapshot["deadline_ms"].as_u64().unwrap_or(u64::MAX);
         let wait = (deadline + DEADLINE_MARGIN_MS).saturating_sub(now_ms());
         std::thread::sleep(Duration::from_millis(wait.min(1_000)));
         let Some(state) = self.state(Self::order(record)) else {
-            return ProbeVerdict::Diverged {
-                detail: "the service could not be probed".into(),
-            };
+            return ProbeFinding::Indeterminate("the service could not be probed".into());
         };
         if state["applied"].as_u64().unwrap_or(0) > 0 {
-            ProbeVerdict::PostconditionHolds {
-                evidence: Some(state),
-            }
+            ProbeFinding::Applied(Box::new(Observation {
+                structured: Some(state),
+                ..Observation::text("the refund is there")
+            }))
         } else if state["version"] == snapshot["version"] {
-            ProbeVerdict::Unchanged
+            ProbeFinding::Unchanged
         } else {
-            ProbeVerdict::Diverged {
-                detail: format!("order changed: {state}"),
-            }
+            ProbeFinding::Indeterminate(format!("order changed: {state}"))
         }
     }
 }
