@@ -191,6 +191,7 @@ pub fn run(
             granted_roots: granted_roots(&loaded),
             protected_paths: protected_paths(&loaded),
             session_end: Some(end_jobs_with_session(built.jobs.clone())),
+            catalog: loaded.config.catalog.kernel_config(),
             upstream_sandboxes: ring0_config::sandbox::upstream_sandboxes(&loaded)
                 .map_err(|e| e.to_string())?,
         })?;

@@ -177,8 +177,44 @@ impl Config {
             ));
         }
         self.sandbox.check().map_err(|(key, why)| err(key, why))?;
+        self.check_catalog().map_err(|(key, why)| err(key, why))?;
         if self.paths.read.is_empty() && self.paths.write.is_empty() {
             return Err(err("paths".into(), "grants no root at all".into()));
+        }
+        Ok(())
+    }
+
+    fn check_catalog(&self) -> Result<(), (String, String)> {
+        use ring0_kernel::catalog::PINNED_TOOLS_MAX;
+        let catalog = &self.catalog;
+        if catalog.pinned.len() > PINNED_TOOLS_MAX {
+            return Err((
+                "catalog.pinned".into(),
+                format!(
+                    "names {} tools; at most {PINNED_TOOLS_MAX} are pinned",
+                    catalog.pinned.len()
+                ),
+            ));
+        }
+        if let Some((i, name)) = catalog
+            .pinned
+            .iter()
+            .enumerate()
+            .find(|(_, n)| !ring0_kernel::registry::valid_tool_name(n))
+        {
+            return Err((
+                format!("catalog.pinned[{i}]"),
+                format!("{name:?} is not a tool name"),
+            ));
+        }
+        if catalog.auto_tools_max == 0 {
+            return Err(("catalog.auto_tools_max".into(), "must be at least 1".into()));
+        }
+        if catalog.auto_tokens_max == 0 {
+            return Err((
+                "catalog.auto_tokens_max".into(),
+                "must be at least 1".into(),
+            ));
         }
         Ok(())
     }

@@ -375,3 +375,56 @@ fn a_host_ranker_replaces_the_lexical_one() {
     assert_eq!(hits.len(), 1);
     assert_eq!(hits[0].name, "wx__alerts");
 }
+
+#[test]
+fn a_turn_with_ring0_search_carries_the_listing_in_the_providers_format() {
+    use ring0_kernel::catalog::TurnSearch;
+    let kernel = builder()
+        .catalog(search_config(&["read_file"]))
+        .authorizer(grants())
+        .build();
+    let session = kernel.open_session(SessionConfig::new("s"));
+    let turn = session.catalog_for_turn(ProviderFormat::Anthropic, TurnSearch::Ring0);
+    let names: Vec<&str> = turn
+        .tools
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["read_file", SEARCH_TOOL, LOAD_TOOL]);
+    assert_eq!(turn.tools[0]["input_schema"]["type"], "object");
+    assert!(turn.schema_tokens > 0);
+}
+
+#[test]
+fn a_turn_with_the_providers_search_defers_everything_but_the_core_and_the_loaded() {
+    use ring0_kernel::catalog::{OPENAI_TOOL_SEARCH_TYPE, TurnSearch};
+    let kernel = builder()
+        .catalog(search_config(&["read_file"]))
+        .authorizer(grants())
+        .build();
+    let session = kernel.open_session(SessionConfig::new("s"));
+    session.load_tools(&["wx__alerts".into()]);
+    let turn = session.catalog_for_turn(ProviderFormat::OpenAiResponses, TurnSearch::Provider);
+    let by_name = |n: &str| turn.tools.iter().find(|t| t["name"] == n).cloned();
+    assert_eq!(by_name("read_file").unwrap().get("defer_loading"), None);
+    assert_eq!(by_name("wx__alerts").unwrap().get("defer_loading"), None);
+    assert_eq!(by_name("wx__forecast").unwrap()["defer_loading"], true);
+    assert_eq!(by_name("list_dir").unwrap()["defer_loading"], true);
+    assert!(
+        by_name("billing__refund").is_none(),
+        "ungranted: never sent"
+    );
+    assert!(
+        by_name(SEARCH_TOOL).is_none(),
+        "the provider searches, not ring0"
+    );
+    assert_eq!(turn.tools.last().unwrap()["type"], OPENAI_TOOL_SEARCH_TYPE);
+    // Deferred schemas cost nothing up front, and ring0's meta-tools are not sent.
+    let ours = session.catalog_for_turn(ProviderFormat::OpenAiResponses, TurnSearch::Ring0);
+    assert!(
+        turn.schema_tokens < ours.schema_tokens,
+        "{} {}",
+        turn.schema_tokens,
+        ours.schema_tokens
+    );
+}

@@ -32,10 +32,12 @@
 
 pub mod bm25;
 mod meta;
+mod turn;
 
 pub use bm25::{Bm25Index, ToolDocument};
 pub(crate) use meta::{CatalogCall, MetaGrant};
 pub use meta::{LOAD_TOOL, SEARCH_TOOL};
+pub use turn::{ANTHROPIC_TOOL_SEARCH_TYPE, OPENAI_TOOL_SEARCH_TYPE, TurnCatalog, TurnSearch};
 
 use crate::registry::{RegisteredTool, Registry};
 use ring0_core::ToolSpec;
@@ -366,6 +368,17 @@ impl Catalog {
     /// The indexed tool called `name`.
     pub fn spec(&self, name: &str) -> Option<&ToolSpec> {
         self.positions.get(name).map(|&i| &self.tools[i].spec)
+    }
+
+    /// Every indexed tool `visible` allows, by name.
+    pub fn visible_tools<'a>(
+        &'a self,
+        visible: impl Fn(&ToolSpec) -> bool + 'a,
+    ) -> impl Iterator<Item = &'a ToolSpec> + 'a {
+        self.tools
+            .iter()
+            .map(|t| &t.spec)
+            .filter(move |s| visible(s))
     }
 
     /// Up to `limit` tools for `query` that `visible` allows, best first (ties by name).
