@@ -238,6 +238,8 @@ pub fn run(
             .iter()
             .map(|t| t.spec.clone())
             .filter(|s| !generation.quarantined.contains_key(&s.name))
+            // The meta-tools of search mode are granted to every session by the catalog.
+            .filter(|s| generation.kernel.catalog().spec(&s.name).is_some())
             .collect();
         let visible = generation
             .kernel
@@ -270,6 +272,12 @@ pub fn run(
                 ));
             }
         }
+        let index = generation.kernel.catalog();
+        info(&format!(
+            "catalog: {} tools indexed; {}",
+            index.len(),
+            index.reason()
+        ));
         // Every tool is either listed or said here why not; a grant that names nothing is named.
         let report =
             ring0_config::report::CatalogReport::new(&loaded.config, &built.policy, &catalog);
