@@ -174,8 +174,8 @@ impl Bm25Index {
             index.lengths.push(lengths);
         }
         let n = docs.len().max(1) as f32;
-        for field in 0..FIELDS {
-            index.average[field] = (totals[field] as f32 / n).max(1.0);
+        for (average, total) in index.average.iter_mut().zip(totals) {
+            *average = (total as f32 / n).max(1.0);
         }
         index
     }
