@@ -423,6 +423,22 @@ mod tests {
     }
 
     #[test]
+    fn catalog_mistakes_are_named_by_key() {
+        let c = Config::parse("[catalog]\nmode = \"auto\"\n", "t.toml").unwrap();
+        assert_eq!(
+            c.catalog.kernel_config().mode,
+            ring0_kernel::catalog::CatalogMode::Auto
+        );
+        let e = Config::parse("[catalog]\nmode = \"lazy\"\n", "t.toml").unwrap_err();
+        assert!(e.key.contains("catalog"), "{e}");
+        let e =
+            Config::parse("[catalog]\npinned = [\"ok\", \"no spaces\"]\n", "t.toml").unwrap_err();
+        assert_eq!(e.key, "catalog.pinned[1]");
+        let e = Config::parse("[catalog]\nauto_tools_max = 0\n", "t.toml").unwrap_err();
+        assert_eq!(e.key, "catalog.auto_tools_max");
+    }
+
+    #[test]
     fn bad_ceiling_and_rate_are_refused() {
         let e = Config::parse(
             "[[grants]]\nname = \"g\"\ntools = [\"*\"]\nceiling = \"A9\"\n",

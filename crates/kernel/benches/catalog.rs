@@ -7,6 +7,8 @@
 //! `RING0_BFCL_DIR`; the first definition of each name wins), registered with the kernel in
 //! search mode. Each query is a BFCL question (its user messages), and its targets are the
 //! functions its ground truth calls; a question with several is counted once per target.
+//! The built-in tools and the MCP peers' tools are not in it (they live in crates above the
+//! kernel): a few dozen more beside the corpus's 919 distinct definitions.
 //! Printed:
 //! - recall@1, @5, @10 and MRR (over the first [`RANKS_MAX`] results) of
 //!   `Session::search_tools`, grants applied as in a real session;
