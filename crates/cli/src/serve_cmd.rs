@@ -230,6 +230,7 @@ pub fn run(
             granted_roots: granted_roots(&loaded),
             protected_paths: protected_paths(&loaded),
             session_end: Some(end_jobs_with_session(built.jobs.clone())),
+            catalog: loaded.config.catalog.kernel_config(),
             upstream_sandboxes: ring0_config::sandbox::upstream_sandboxes(
                 &loaded,
                 built.audit.clone(),
@@ -294,6 +295,8 @@ pub fn run(
             .iter()
             .map(|t| t.spec.clone())
             .filter(|s| !generation.quarantined.contains_key(&s.name))
+            // The meta-tools of search mode are granted to every session by the catalog.
+            .filter(|s| generation.kernel.catalog().spec(&s.name).is_some())
             .collect();
         let visible = generation
             .kernel
@@ -326,6 +329,12 @@ pub fn run(
                 ));
             }
         }
+        let index = generation.kernel.catalog();
+        info(&format!(
+            "catalog: {} tools indexed; {}",
+            index.len(),
+            index.reason()
+        ));
         // Every tool is either listed or said here why not; a grant that names nothing is named.
         let report =
             ring0_config::report::CatalogReport::new(&loaded.config, &built.policy, &catalog);

@@ -178,8 +178,44 @@ impl Config {
         }
         self.sandbox.check().map_err(|(key, why)| err(key, why))?;
         self.journal.check().map_err(|(key, why)| err(key, why))?;
+        self.check_catalog().map_err(|(key, why)| err(key, why))?;
         if self.paths.read.is_empty() && self.paths.write.is_empty() {
             return Err(err("paths".into(), "grants no root at all".into()));
+        }
+        Ok(())
+    }
+
+    fn check_catalog(&self) -> Result<(), (String, String)> {
+        use ring0_kernel::catalog::PINNED_TOOLS_MAX;
+        let catalog = &self.catalog;
+        if catalog.pinned.len() > PINNED_TOOLS_MAX {
+            return Err((
+                "catalog.pinned".into(),
+                format!(
+                    "names {} tools; at most {PINNED_TOOLS_MAX} are pinned",
+                    catalog.pinned.len()
+                ),
+            ));
+        }
+        if let Some((i, name)) = catalog
+            .pinned
+            .iter()
+            .enumerate()
+            .find(|(_, n)| !ring0_kernel::registry::valid_tool_name(n))
+        {
+            return Err((
+                format!("catalog.pinned[{i}]"),
+                format!("{name:?} is not a tool name"),
+            ));
+        }
+        if catalog.auto_tools_max == 0 {
+            return Err(("catalog.auto_tools_max".into(), "must be at least 1".into()));
+        }
+        if catalog.auto_tokens_max == 0 {
+            return Err((
+                "catalog.auto_tokens_max".into(),
+                "must be at least 1".into(),
+            ));
         }
         Ok(())
     }
@@ -395,6 +431,22 @@ mod tests {
         assert!(e.why.contains("loopback"), "{e}");
         let e = Config::parse("[auth]\nresorce = \"x\"\n", "t.toml").unwrap_err();
         assert!(e.why.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn catalog_mistakes_are_named_by_key() {
+        let c = Config::parse("[catalog]\nmode = \"auto\"\n", "t.toml").unwrap();
+        assert_eq!(
+            c.catalog.kernel_config().mode,
+            ring0_kernel::catalog::CatalogMode::Auto
+        );
+        let e = Config::parse("[catalog]\nmode = \"lazy\"\n", "t.toml").unwrap_err();
+        assert!(e.key.contains("catalog"), "{e}");
+        let e =
+            Config::parse("[catalog]\npinned = [\"ok\", \"no spaces\"]\n", "t.toml").unwrap_err();
+        assert_eq!(e.key, "catalog.pinned[1]");
+        let e = Config::parse("[catalog]\nauto_tools_max = 0\n", "t.toml").unwrap_err();
+        assert_eq!(e.key, "catalog.auto_tools_max");
     }
 
     #[test]

@@ -113,6 +113,56 @@ pub struct Config {
     /// `[sandbox]`: the OS sandbox of the processes ring0 starts (see [`crate::sandbox`]).
     #[serde(default)]
     pub sandbox: crate::sandbox::SandboxSection,
+    /// `[catalog]`: how `ring0 serve` lists the tools (see `ring0_kernel::catalog`).
+    #[serde(default)]
+    pub catalog: CatalogSection,
+}
+
+/// `[catalog]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogSection {
+    /// `"full"` lists every tool a session may see; `"search"` lists only `pinned`, the
+    /// meta-tools `search_tools` and `load_tools`, and the tools the session loaded; `"auto"`
+    /// is search above `auto_tools_max` tools or `auto_tokens_max` schema tokens, full below.
+    /// Default `"full"`.
+    #[serde(default)]
+    pub mode: ring0_kernel::catalog::CatalogMode,
+    /// Tools always listed in search mode, in this order (when they exist and the session's
+    /// grants show them). Default the built-ins a coding agent uses most: `read_file`,
+    /// `list_dir`, `glob`, `search`, `write_file`, `apply_patch`, `shell`. At most 64.
+    #[serde(default = "pinned_default")]
+    pub pinned: Vec<String>,
+    /// `"auto"`: search mode above this many tools. Default 64.
+    #[serde(default = "auto_tools_default")]
+    pub auto_tools_max: usize,
+    /// `"auto"`: search mode above this many schema tokens (o200k) for the whole catalog.
+    /// Default 16000.
+    #[serde(default = "auto_tokens_default")]
+    pub auto_tokens_max: u64,
+}
+
+impl Default for CatalogSection {
+    fn default() -> Self {
+        Self {
+            mode: Default::default(),
+            pinned: pinned_default(),
+            auto_tools_max: auto_tools_default(),
+            auto_tokens_max: auto_tokens_default(),
+        }
+    }
+}
+
+impl CatalogSection {
+    /// The kernel's catalog configuration.
+    pub fn kernel_config(&self) -> ring0_kernel::catalog::CatalogConfig {
+        ring0_kernel::catalog::CatalogConfig {
+            mode: self.mode,
+            pinned: self.pinned.clone(),
+            auto_tools_max: self.auto_tools_max,
+            auto_tokens_max: self.auto_tokens_max,
+        }
+    }
 }
 
 /// `[workspace]`
@@ -381,6 +431,18 @@ fn approval_timeout_default() -> u64 {
 }
 fn audit_path_default() -> PathBuf {
     PathBuf::from("audit.jsonl")
+}
+fn pinned_default() -> Vec<String> {
+    ring0_kernel::catalog::PINNED_DEFAULT
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+fn auto_tools_default() -> usize {
+    ring0_kernel::catalog::AUTO_TOOLS_MAX_DEFAULT
+}
+fn auto_tokens_default() -> u64 {
+    ring0_kernel::catalog::AUTO_TOKENS_MAX_DEFAULT
 }
 fn shell_authority_default() -> Authority {
     Authority::A2

@@ -11,7 +11,7 @@ use ring0_core::receipt::{CallOutcome, Disposition};
 use ring0_core::{IntentState, Observation, Receipt, Settlement};
 use ring0_journal::{
     ClientKey, Clock, DispatchOutcome, IntentRecord, Journal, JournalError, PostgresJournal,
-    PostgresOptions, ProbeVerdict, ProposeDecision, RecoveryPolicy, SystemClock, Transition,
+    PostgresOptions, ProbeFinding, ProposeDecision, RecoveryPolicy, SystemClock, Transition,
     begin_dispatch, record_outcome, recover,
 };
 use serde_json::{Value, json};
@@ -83,10 +83,8 @@ impl ring0_journal::Executor for World {
             .push(r.idempotency_key.clone());
         DispatchOutcome::Applied(receipt("done"))
     }
-    async fn probe(&self, _: &IntentRecord) -> ProbeVerdict {
-        ProbeVerdict::Diverged {
-            detail: "no probe".into(),
-        }
+    async fn probe(&self, _: &IntentRecord) -> ProbeFinding {
+        ProbeFinding::Indeterminate("no probe".into())
     }
 }
 

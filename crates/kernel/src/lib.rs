@@ -66,6 +66,7 @@
 
 pub mod admit;
 pub mod assemble;
+pub mod catalog;
 mod commit;
 pub mod compat;
 pub mod delivery;

@@ -56,6 +56,8 @@ pub(crate) struct KernelInner {
     pub(crate) settled: Arc<tokio::sync::Notify>,
     pub(crate) key_retention_ms: u64,
     pub(crate) in_flight_wait_ms: u64,
+    /// The catalog index, its mode and pinned core (see [`crate::catalog`]).
+    pub(crate) catalog: Arc<crate::catalog::Catalog>,
 }
 
 /// The mediation kernel: tools, journal and default policy, shared by its sessions.
@@ -75,6 +77,10 @@ pub struct KernelBuilder {
     spill: Option<Arc<SpillStore>>,
     key_retention_ms: u64,
     in_flight_wait_ms: u64,
+    catalog: crate::catalog::CatalogConfig,
+    unlisted: std::collections::BTreeSet<String>,
+    titles: BTreeMap<String, String>,
+    ranker: Option<crate::catalog::RankerFactory>,
 }
 
 /// A list of secret values the kernel or a session cannot redact.
@@ -231,8 +237,45 @@ impl KernelBuilder {
         self
     }
 
+    /// How sessions list the catalog: full, search (pinned core, meta-tools, loaded tools) or
+    /// auto (see [`crate::catalog`]). Full by default.
+    pub fn catalog(mut self, config: crate::catalog::CatalogConfig) -> Self {
+        self.catalog = config;
+        self
+    }
+
+    /// Keeps a registered tool out of the catalog: never found by search, listed or loaded,
+    /// though a call to it is still recognized (and refused by an authorizer that knows why,
+    /// such as a quarantine).
+    pub fn unlisted(mut self, name: impl Into<String>) -> Self {
+        self.unlisted.insert(name.into());
+        self
+    }
+
+    /// A tool's human-readable title (an MCP definition's `title`), weighed by catalog search.
+    pub fn tool_title(mut self, name: impl Into<String>, title: impl Into<String>) -> Self {
+        self.titles.insert(name.into(), title.into());
+        self
+    }
+
+    /// Ranks catalog searches with `factory`'s ranker instead of the built-in BM25F index: the
+    /// seam for a semantic ranker (see [`crate::catalog::Ranker`]).
+    pub fn catalog_ranker(mut self, factory: crate::catalog::RankerFactory) -> Self {
+        self.ranker = Some(factory);
+        self
+    }
+
     pub fn build(mut self) -> Kernel {
         self.registry.apply_traits(&self.traits);
+        let catalog = Arc::new(crate::catalog::Catalog::build(
+            &mut self.registry,
+            crate::catalog::CatalogInputs {
+                config: self.catalog,
+                unlisted: self.unlisted,
+                titles: self.titles,
+                ranker: self.ranker,
+            },
+        ));
         let spill = self.spill.map(|store| KernelSpill {
             store,
             reader: self
@@ -262,6 +305,7 @@ impl KernelBuilder {
                 settled: Default::default(),
                 key_retention_ms: self.key_retention_ms,
                 in_flight_wait_ms: self.in_flight_wait_ms,
+                catalog,
             }),
         }
     }
@@ -295,6 +339,9 @@ pub struct SessionConfig {
     pub session_id: Option<String>,
     /// Values this session redacts from tool output, besides the kernel's.
     pub secret_values: Arc<[String]>,
+    /// The tools this conversation loaded in search mode ([`crate::catalog`]); a fresh set per
+    /// session unless the host shares one across the kernel sessions of one conversation.
+    pub loaded_tools: Arc<crate::catalog::LoadedTools>,
 }
 
 impl SessionConfig {
@@ -312,7 +359,14 @@ impl SessionConfig {
             principal: Principal::local(),
             session_id: None,
             secret_values: Arc::from([]),
+            loaded_tools: crate::catalog::LoadedTools::new(),
         }
+    }
+
+    /// Shares a conversation's loaded tools with this session (see [`crate::catalog`]).
+    pub fn loaded_tools(mut self, loaded: Arc<crate::catalog::LoadedTools>) -> Self {
+        self.loaded_tools = loaded;
+        self
     }
 
     /// Values this session redacts from tool output as `[redacted:secret]`, in addition to the
@@ -493,6 +547,10 @@ impl Kernel {
             spill: None,
             key_retention_ms: IDEMPOTENCY_KEY_RETENTION_MS_DEFAULT,
             in_flight_wait_ms: IN_FLIGHT_WAIT_MS_DEFAULT,
+            catalog: Default::default(),
+            unlisted: Default::default(),
+            titles: BTreeMap::new(),
+            ranker: None,
         }
     }
 
@@ -502,6 +560,11 @@ impl Kernel {
 
     pub fn journal(&self) -> &Arc<dyn Journal> {
         &self.inner.journal
+    }
+
+    /// The catalog index, its mode and pinned core.
+    pub fn catalog(&self) -> &Arc<crate::catalog::Catalog> {
+        &self.inner.catalog
     }
 
     /// Settles what a previous process left open in the journal, from the log alone, using the
@@ -538,10 +601,13 @@ impl Kernel {
     pub fn open_session(&self, config: SessionConfig) -> Session {
         let n = self.inner.sessions.fetch_add(1, Ordering::Relaxed);
         let events = crate::events::EventHub::default();
-        let authorizer = config
+        let mut authorizer = config
             .authorizer
             .clone()
             .unwrap_or_else(|| self.inner.authorizer.clone());
+        if self.inner.catalog.mode() == crate::catalog::CatalogMode::Search {
+            authorizer = Arc::new(crate::catalog::MetaGrant { inner: authorizer });
+        }
         let mut shape = self
             .inner
             .shape
@@ -660,7 +726,7 @@ impl Session {
             journal_reads: self.config.journal_reads,
             memo_ttl_ms: self.config.memo_ttl_ms,
             stop_dispatched_on_cancel: options.stop_dispatched_on_cancel,
-            extensions: options.extensions.clone(),
+            extensions: self.call_extensions(options),
             shape: self.shape.clone(),
         }
     }

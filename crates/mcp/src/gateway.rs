@@ -22,6 +22,7 @@ use jsonschema::Validator;
 use ring0_core::observation::Provenance;
 use ring0_core::{Authority, Effect, Observation, Strategy, StrategySet, ToolSpec};
 use ring0_journal::Journal;
+use ring0_kernel::catalog::{CatalogConfig, CatalogMode, LOAD_TOOL, SEARCH_TOOL};
 use ring0_kernel::{
     AuthAdmission, AuthDecision, AuthRequest, Authorizer, CallContext, Kernel, ProbeFinding,
     SessionInfo, Tool, ToolError,
@@ -70,6 +71,9 @@ pub struct GatewayOptions {
     /// The OS sandbox of each stdio upstream, by alias. An alias not named runs in the default
     /// profile over `workspace`, with `protected_paths` masked.
     pub upstream_sandboxes: BTreeMap<String, ring0_exec::Sandbox>,
+    /// How sessions list the catalog (`[catalog]`): full, search or auto (see
+    /// [`ring0_kernel::catalog`]). Each generation decides `auto` on its own catalog.
+    pub catalog: CatalogConfig,
 }
 
 /// What a front end does when a client session ends, given the session's scope.
@@ -98,6 +102,7 @@ pub struct Generation {
 
 struct Inner {
     builtins: Vec<(ToolSpec, Arc<dyn Tool>)>,
+    catalog: CatalogConfig,
     upstreams: RwLock<Vec<Arc<Upstream>>>,
     journal: Arc<dyn Journal>,
     authorizer: Arc<dyn Authorizer>,
@@ -457,6 +462,7 @@ impl Gateway {
         let builtin_kernel = build_kernel(&options.builtins, &[], &options, &options.log);
         let inner = Arc::new(Inner {
             builtins: options.builtins,
+            catalog: options.catalog,
             upstreams: RwLock::new(Vec::new()),
             journal: options.journal.clone(),
             authorizer: options.authorizer.clone(),
@@ -596,6 +602,7 @@ impl Gateway {
             journal: self.inner.journal.clone(),
             authorizer: self.inner.authorizer.clone(),
             spill: self.inner.spill.clone(),
+            catalog: self.inner.catalog.clone(),
         };
         let mut generation = build(
             &self.inner.builtins,
@@ -632,6 +639,7 @@ struct BuildEnv {
     journal: Arc<dyn Journal>,
     authorizer: Arc<dyn Authorizer>,
     spill: Option<Arc<SpillStore>>,
+    catalog: CatalogConfig,
 }
 
 fn build_kernel(
@@ -647,6 +655,7 @@ fn build_kernel(
             journal: options.journal.clone(),
             authorizer: options.authorizer.clone(),
             spill: options.spill.clone(),
+            catalog: options.catalog.clone(),
         },
         log,
     )
@@ -658,7 +667,9 @@ fn build(
     env: &BuildEnv,
     log: &Log,
 ) -> Generation {
-    let mut builder = Kernel::builder().journal(env.journal.clone());
+    let mut builder = Kernel::builder()
+        .journal(env.journal.clone())
+        .catalog(env.catalog.clone());
     let mut tools = BTreeMap::new();
     let mut quarantined = BTreeMap::new();
     for (spec, tool) in builtins {
@@ -736,8 +747,13 @@ fn build(
             builder = builder.tool(spec, executor).expect("checked above");
             let mut definition = t.clean.clone();
             definition["name"] = Value::String(t.qualified.clone());
+            if let Some(title) = definition["title"].as_str() {
+                builder = builder.tool_title(&t.qualified, title);
+            }
             if let PinVerdict::Quarantined(why) = &t.verdict {
                 quarantined.insert(t.qualified.clone(), why.clone());
+                // Registered so that a call is refused with the reason; never found by search.
+                builder = builder.unlisted(&t.qualified);
             }
             tools.insert(
                 t.qualified.clone(),
@@ -757,14 +773,28 @@ fn build(
         .filter(|(_, t)| t.upstream.is_some())
         .map(|(name, _)| name.clone())
         .collect();
+    let kernel = match &env.spill {
+        Some(store) => builder.spill_store(store.clone()),
+        None => builder,
+    }
+    .authorizer(gate.clone())
+    .build();
+    if kernel.catalog().mode() == CatalogMode::Search {
+        for name in [SEARCH_TOOL, LOAD_TOOL] {
+            if let Some(meta) = kernel.registry().get(name) {
+                tools.insert(
+                    name.to_string(),
+                    ExposedTool {
+                        definition: builtin_definition(&meta.spec),
+                        upstream: None,
+                    },
+                );
+            }
+        }
+    }
     Generation {
         number: 0,
-        kernel: match &env.spill {
-            Some(store) => builder.spill_store(store.clone()),
-            None => builder,
-        }
-        .authorizer(gate.clone())
-        .build(),
+        kernel,
         tools,
         quarantined,
         gate,

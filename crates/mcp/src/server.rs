@@ -31,6 +31,7 @@ use async_trait::async_trait;
 use ring0_core::limits::CALL_ID_BYTES_MAX;
 use ring0_core::receipt::CallOutcome;
 use ring0_core::{Authority, ProposedArguments, ProposedCall, Round, ToolSpec};
+use ring0_kernel::catalog::LoadedTools;
 use ring0_kernel::{
     AuthAdmission, AuthDecision, AuthRequest, Authorizer, CallExtensions, RoundOptions, Session,
     SessionConfig, SessionInfo,
@@ -256,6 +257,9 @@ pub struct GatewayServer {
     principal: ring0_core::Principal,
     /// Tells the gateway's front end when the last handle of a sessionful session is gone.
     ending: Arc<SessionEnding>,
+    /// The tools this session loaded in search mode: every kernel session it opens (one per
+    /// call, across catalog generations) lists them.
+    loaded: Arc<LoadedTools>,
 }
 
 /// The end of one downstream session: once its client completed the sessionful handshake
@@ -296,6 +300,7 @@ impl GatewayServer {
             raw: RawStash::new(),
             tasks: TaskTable::new(),
             principal: ring0_core::Principal::local(),
+            loaded: LoadedTools::new(),
             instructions: Some(
                 "Tools are mediated by ring0: arguments are validated against each tool's schema, \
                  calls are authorized by the session's grants and recorded in a journal, and output \
@@ -376,6 +381,7 @@ impl GatewayServer {
                     // catalog generations): approvals and session limits are bound to it.
                     .session_id(self.scope.clone())
                     .authorizer(authorizer)
+                    .loaded_tools(self.loaded.clone())
                     .projector(generation.projector.clone())
                     .max_concurrent_tools(self.gw.max_concurrent_tools()),
             ),
@@ -404,8 +410,10 @@ impl GatewayServer {
     fn list(&self, cursor: Option<&str>) -> Result<Value, ErrorData> {
         let generation = self.gw.generation();
         let session = self.open(&generation, &self.scope);
+        // The session's listing: in search mode its pinned core, the meta-tools and what it
+        // loaded, in a stable order; otherwise every tool it may see.
         let names: Vec<String> = session
-            .catalog()
+            .listing()
             .iter()
             .map(|s| s.name.clone())
             .filter(|n| !generation.quarantined.contains_key(n))
@@ -1057,9 +1065,16 @@ impl ServerHandler for GatewayServer {
             return Ok(());
         }
         let mut changes = self.gw.subscribe();
+        let mut loads = self.loaded.subscribe();
         loop {
             tokio::select! {
                 _ = context.cancelled() => return Ok(()),
+                // A `load_tools` call of this session changed its listing.
+                Ok(()) = loads.changed() => {
+                    if context.sink().notify_tool_list_changed().await.is_err() {
+                        return Ok(());
+                    }
+                }
                 change = changes.recv() => match change {
                     Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         if context.sink().notify_tool_list_changed().await.is_err() {
@@ -1078,6 +1093,7 @@ impl ServerHandler for GatewayServer {
             return;
         }
         let mut changes = self.gw.subscribe();
+        let mut loads = self.loaded.subscribe();
         let peer = context.peer.clone();
         tokio::spawn(async move {
             // A closed session ends this task even when the catalog never changes again: it
@@ -1086,6 +1102,8 @@ impl ServerHandler for GatewayServer {
             loop {
                 let change = tokio::select! {
                     change = changes.recv() => change,
+                    // A `load_tools` call of this session changed its listing.
+                    Ok(()) = loads.changed() => Ok(0),
                     _ = check.tick() => {
                         if peer.is_transport_closed() {
                             return;
