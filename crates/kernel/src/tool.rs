@@ -46,9 +46,11 @@ pub struct CallContext {
 
 /// Typed values a host attaches to a round's calls, at most one per type.
 ///
-/// The kernel neither reads nor changes them: it hands them to every call of the round, in the
-/// [`CallContext`] a tool receives and in the [`crate::AuthRequest`] an authorizer decides on,
-/// so that per-call context travels with the call instead of through a table keyed by call id.
+/// The kernel never reads or replaces a host's values: it hands them to every call of the
+/// round, in the [`CallContext`] a tool receives and in the [`crate::AuthRequest`] an authorizer
+/// decides on, so that per-call context travels with the call instead of through a table keyed
+/// by call id. It adds values of its own crate-private types only (the catalog's loaded set,
+/// which its meta-tools read).
 /// Cloning is cheap (the values are shared).
 ///
 /// ```
