@@ -135,6 +135,7 @@ def main() -> None:
     report("openai_agents", direct, single, rounds)
     print(catalog.line())
     print(f"openai_agents_us_per_call_catalog={catalog.median_us:.3f}")
+    print(f"openai_agents_cpu_us_per_call_catalog={catalog.cpu_median_us:.3f}")
 
 
 if __name__ == "__main__":

@@ -15,25 +15,9 @@ use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-const CONFIG: &str = r#"
-[workspace]
-state_dir = "state"
-
-[[grants]]
-name = "workspace"
-tools = ["read_file", "list_dir", "write_file"]
-ceiling = "A1"
-
-[[grants]]
-name = "shell"
-tools = ["shell"]
-ceiling = "A2"
-approval = true
-"#;
-
 fn workspace() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("ring0.toml"), CONFIG).unwrap();
+    std::fs::write(dir.path().join("ring0.toml"), HELD_SHELL_CONFIG).unwrap();
     dir
 }
 
@@ -41,32 +25,10 @@ fn workspace() -> tempfile::TempDir {
 /// terminal reads).
 fn serve(dir: &Path) -> (HttpServer, PathBuf) {
     let log = dir.join("serve.log");
-    let mut child = Command::new(ring0())
-        .args(["serve", "--http", "127.0.0.1:0"])
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let path = log.clone();
-    std::thread::spawn(move || {
-        let mut file = std::fs::File::create(&path).unwrap();
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = writeln!(file, "{line}");
-            let _ = file.flush();
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(rest.trim_end_matches("/mcp").to_string());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(WAIT).expect("the bound address is printed");
-    (HttpServer { child, addr }, log)
+    let mut cmd = Command::new(ring0());
+    cmd.args(["serve", "--http", "127.0.0.1:0"])
+        .current_dir(dir);
+    (start_http_logged(cmd, &log), log)
 }
 
 /// The person: reads the confirmation code on ring0's stderr and says it (writes it where the

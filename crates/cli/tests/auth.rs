@@ -49,51 +49,16 @@ fn serve(dir: &Path, envs: &[(&str, &str)], args: &[&str]) -> Served {
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
     let lines = log.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(rest.trim_end_matches("/mcp").to_string());
-            }
-            lines.lock().unwrap().push(line);
-        }
+    let server = start_http_with(cmd, move |line| {
+        lines.lock().unwrap().push(line.to_string())
     });
-    let addr = rx
-        .recv_timeout(HTTP_WAIT)
-        .unwrap_or_else(|_| panic!("ring0 did not start:\n{}", log.lock().unwrap().join("\n")));
-    Served {
-        server: HttpServer { child, addr },
-        log,
-    }
-}
-
-fn status(head: &str) -> u16 {
-    head.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
-}
-
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-    })
+    Served { server, log }
 }
 
 fn init_body() -> Value {
-    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-           "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                      "clientInfo": {"name": "t", "version": "1"}}})
+    initialize_request(1, "2025-06-18")
 }
 
 fn list_body() -> Value {
@@ -120,24 +85,15 @@ fn get_raw(addr: &str, path: &str) -> (String, String) {
     (head.to_string(), body.to_string())
 }
 
-fn sha256_hex(text: &str) -> String {
-    ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 fn two_token_config(dir: &Path) {
     std::fs::write(
         dir.join("ring0.toml"),
         format!(
             "defaults = false\n[[grants]]\nname = \"read\"\ntools = [\"read_file\", \"list_dir\"]\nceiling = \"A0\"\n\n\
              [auth]\nresource = {RESOURCE:?}\n\n\
-             [[auth.tokens]]\nname = \"alice\"\nsha256 = {:?}\ngroups = [\"eng\"]\n\n\
-             [[auth.tokens]]\nname = \"bob-laptop\"\nsha256 = {:?}\nprincipal = \"bob\"\n",
-            sha256_hex("alice-token"),
-            sha256_hex("bob-token")
+             {}\n{}",
+            token_table("alice", "alice-token", "groups = [\"eng\"]\n"),
+            token_table("bob-laptop", "bob-token", "principal = \"bob\"\n")
         ),
     )
     .unwrap();
@@ -272,8 +228,8 @@ fn the_protected_resource_metadata_names_the_resource_and_its_issuer() {
         dir.path().join("ring0.toml"),
         format!(
             "[auth]\nresource = {RESOURCE:?}\nauthorization_servers = [{ISSUER:?}]\n\n\
-             [[auth.tokens]]\nname = \"ci\"\nsha256 = {:?}\n",
-            sha256_hex("t")
+             {}",
+            token_table("ci", "t", "")
         ),
     )
     .unwrap();
@@ -629,8 +585,8 @@ fn a_clients_token_never_reaches_an_upstream() {
     std::fs::write(
         dir.path().join("ring0.toml"),
         format!(
-            "{config}\n[[auth.tokens]]\nname = \"alice\"\nsha256 = {:?}\n",
-            sha256_hex("alice-client-secret")
+            "{config}\n{}",
+            token_table("alice", "alice-client-secret", "")
         ),
     )
     .unwrap();

@@ -14,19 +14,7 @@ use std::time::Duration;
 const WAIT: Duration = Duration::from_secs(30);
 
 fn ring0_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(ring0())
-        .args(args)
-        .current_dir(dir)
-        .env("HOME", test_home())
-        .env_remove("RING0_WORKSPACE")
-        .env_remove("RING0_LOG_LEVEL")
-        .stdin(Stdio::null())
-        .output()
-        .expect("ring0")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    ring0_command_in(dir).args(args).output().expect("ring0")
 }
 
 /// A workspace holding `hello.txt`, with its state directory inside `.ring0`.
@@ -156,33 +144,17 @@ fn serve_with_workspace_serves_that_workspace_when_started_in_root() {
         .current_dir("/")
         .env("HOME", test_home())
         .stderr(Stdio::piped());
-    let (mut child, mut stdin, messages) = spawn_stdio_json(cmd);
-    let mut send = |m: Value| {
-        let mut line = m.to_string();
-        line.push('\n');
-        stdin.write_all(line.as_bytes()).unwrap();
-        stdin.flush().unwrap();
-    };
-    let reply = |id: u64| loop {
-        let m = messages.recv_timeout(WAIT).expect("a response");
-        if m.get("id") == Some(&json!(id)) && m.get("method").is_none() {
-            return m;
-        }
-    };
-    send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                           "clientInfo": {"name": "test", "version": "1"}}}));
-    reply(1);
-    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                "params": {"name": "read_file", "arguments": {"path": "hello.txt"}}}));
-    let r = reply(2);
+    let mut client = StdioClient::initialized(cmd, "2025-06-18");
+    let r = client.request(
+        "tools/call",
+        json!({"name": "read_file", "arguments": {"path": "hello.txt"}}),
+    );
     assert!(
         r.to_string().contains("hello from the workspace"),
         "read through the workspace given: {r}"
     );
-    let _ = child.kill();
-    let out = child.wait_with_output().unwrap();
+    let _ = client.child.kill();
+    let out = client.child.wait_with_output().unwrap();
     let stderr = text(&out.stderr);
     let shown = std::fs::canonicalize(dir.path()).unwrap();
     assert!(
@@ -258,24 +230,6 @@ fn clients_doc() -> String {
     std::fs::read_to_string(path).unwrap()
 }
 
-/// The fenced blocks of `lang` in a Markdown text.
-pub fn fenced(markdown: &str, lang: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
-    let mut current: Option<String> = None;
-    for line in markdown.lines() {
-        match &mut current {
-            None if line.trim_start() == format!("```{lang}") => current = Some(String::new()),
-            Some(_) if line.trim_start() == "```" => blocks.extend(current.take()),
-            Some(block) => {
-                block.push_str(line);
-                block.push('\n');
-            }
-            None => {}
-        }
-    }
-    blocks
-}
-
 #[test]
 fn every_client_snippet_parses_and_starts_ring0_with_a_workspace() {
     let doc = clients_doc();
@@ -321,17 +275,6 @@ fn every_client_snippet_parses_and_starts_ring0_with_a_workspace() {
 
 // ---- background jobs end with their HTTP session ----
 
-fn session_id(head: &str) -> String {
-    head.lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim()
-                .eq_ignore_ascii_case("mcp-session-id")
-                .then(|| v.trim().to_string())
-        })
-        .unwrap_or_else(|| panic!("no session id in:\n{head}"))
-}
-
 /// Whether a `sleep SECS` process is running, found by its command line in /proc.
 fn alive(secs: &str) -> bool {
     let wanted = format!("sleep\0{secs}\0");
@@ -364,13 +307,7 @@ fn a_background_job_ends_with_its_http_session_unless_detached() {
     )
     .unwrap();
     let server = start_http(serve_http_command(dir.path()));
-    let (head, init) = post(
-        &server.addr,
-        &[],
-        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                           "clientInfo": {"name": "test", "version": "1"}}}),
-    );
+    let (head, init) = post(&server.addr, &[], &initialize_request(1, "2025-06-18"));
     assert!(init.get("result").is_some(), "{init}");
     let session = session_id(&head);
     let headers = [

@@ -7,29 +7,16 @@
 mod common;
 
 use common::*;
-use serde_json::{Value, json};
-use std::io::Write;
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
-
-const WAIT: Duration = Duration::from_secs(30);
 
 fn ring0_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(ring0())
+    ring0_command_in(dir)
         .args(args)
-        .current_dir(dir)
-        .env("HOME", test_home())
         .env("RING0_STATE_DIR", dir.join(".ring0"))
-        .env_remove("RING0_WORKSPACE")
-        .env_remove("RING0_LOG_LEVEL")
-        .stdin(Stdio::null())
         .output()
         .expect("ring0")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 fn fixture() -> PathBuf {
@@ -45,28 +32,10 @@ fn listed_tools(dir: &Path) -> (Vec<String>, String) {
         .env("HOME", test_home())
         .env("RING0_STATE_DIR", dir.join(".ring0"))
         .stderr(std::fs::File::create(&stderr_path).unwrap());
-    let (mut child, mut stdin, messages) = spawn_stdio_json(cmd);
-    let mut send = |m: Value| {
-        let mut line = m.to_string();
-        line.push('\n');
-        stdin.write_all(line.as_bytes()).unwrap();
-        stdin.flush().unwrap();
-    };
-    let reply = |id: u64| loop {
-        let m = messages.recv_timeout(WAIT).expect("a response");
-        if m.get("id") == Some(&json!(id)) && m.get("method").is_none() {
-            return m;
-        }
-    };
-    send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                           "clientInfo": {"name": "test", "version": "1"}}}));
-    reply(1);
-    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}));
-    let list = reply(2);
-    let _ = child.kill();
-    let _ = child.wait();
+    let mut client = StdioClient::initialized(cmd, "2025-06-18");
+    let list = client.request("tools/list", json!({}));
+    let _ = client.child.kill();
+    let _ = client.child.wait();
     let names = list["result"]["tools"]
         .as_array()
         .unwrap_or_else(|| panic!("{list}"))
@@ -203,16 +172,20 @@ fn an_unattended_grant_runs_the_commands_its_rules_allow_and_refuses_others() {
     assert!(!dir.path().join("made").exists());
 }
 
-#[test]
-fn unattended_without_rules_is_refused_at_load() {
+/// `ring0 config check` of a `ring0.toml` holding `toml`, which must exit 1; its output.
+fn config_check_refusing(toml: &str) -> Output {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("ring0.toml"),
-        "[[grants]]\nname = \"sh\"\ntools = [\"shell\"]\nceiling = \"A2\"\nunattended = true\n",
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("ring0.toml"), toml).unwrap();
     let out = ring0_in(dir.path(), &["config", "check"]);
     assert_eq!(out.status.code(), Some(1));
+    out
+}
+
+#[test]
+fn unattended_without_rules_is_refused_at_load() {
+    let out = config_check_refusing(
+        "[[grants]]\nname = \"sh\"\ntools = [\"shell\"]\nceiling = \"A2\"\nunattended = true\n",
+    );
     assert!(
         text(&out.stderr).contains("grants[0].unattended"),
         "{}",
@@ -269,38 +242,13 @@ fn config_check_prints_the_resolved_config_grants_and_catalog() {
 
 #[test]
 fn config_check_of_an_invalid_file_fails_with_the_key() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("ring0.toml"),
-        "[limits]\nsesion_rate = \"1/s\"\n",
-    )
-    .unwrap();
-    let out = ring0_in(dir.path(), &["config", "check"]);
-    assert_eq!(out.status.code(), Some(1));
+    let out = config_check_refusing("[limits]\nsesion_rate = \"1/s\"\n");
     assert!(
         text(&out.stderr).contains("limits.sesion_rate"),
         "{}",
         text(&out.stderr)
     );
     assert!(out.stdout.is_empty());
-}
-
-/// The fenced blocks of `lang` in a Markdown text.
-fn fenced(markdown: &str, lang: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
-    let mut current: Option<String> = None;
-    for line in markdown.lines() {
-        match &mut current {
-            None if line.trim_start() == format!("```{lang}") => current = Some(String::new()),
-            Some(_) if line.trim_start() == "```" => blocks.extend(current.take()),
-            Some(block) => {
-                block.push_str(line);
-                block.push('\n');
-            }
-            None => {}
-        }
-    }
-    blocks
 }
 
 #[test]

@@ -183,20 +183,6 @@ fn open_fds(pid: u32) -> usize {
         .count()
 }
 
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.eq_ignore_ascii_case(name).then(|| v.trim())
-    })
-}
-
-fn status(head: &str) -> u16 {
-    head.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
-}
-
 /// A legitimate sessionful client: opens a session and lists tools through it.
 struct Legit {
     addr: String,
@@ -247,9 +233,7 @@ impl Legit {
 }
 
 fn init_body(id: u64) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "method": "initialize",
-           "params": {"protocolVersion": "2025-11-25", "capabilities": {},
-                      "clientInfo": {"name": "t", "version": "1"}}})
+    initialize_request(id, "2025-11-25")
 }
 
 fn serve(dir: &Path) -> HttpServer {
@@ -380,34 +364,6 @@ fn an_idle_session_is_closed_and_its_client_told_to_initialize_again() {
     let body = json!({"jsonrpc": "2.0", "id": 99, "method": "tools/list"});
     let (head, _) = post_raw(&server.addr, &legit.headers(), &body);
     assert_eq!(status(&head), 404, "{head}");
-}
-
-/// Starts `cmd` like [`start_http`], copying its stderr into `log` as well.
-fn start_http_logged(mut cmd: Command, log: &Path) -> HttpServer {
-    use std::io::BufRead;
-    let mut child = cmd
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let log = log.to_path_buf();
-    std::thread::spawn(move || {
-        let mut file = std::fs::File::create(&log).unwrap();
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = writeln!(file, "{line}");
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(rest.trim_end_matches("/mcp").to_string());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(WAIT).expect("the bound address is printed");
-    HttpServer { child, addr }
 }
 
 #[test]

@@ -16,12 +16,10 @@
 
 mod common;
 
-use common::{one_upstream_config, peers, python, python_report, ring0, rmcp_fixture};
+use common::{Served, one_upstream_config, peers, python, python_report, ring0, rmcp_fixture};
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -30,81 +28,9 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../mcp/tests/fixtures")
 }
 
-/// A server process whose stderr is collected; killed on drop.
-struct Served {
-    child: Child,
-    url: String,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Served {
-    /// Waits (generously) for a stderr line containing `needle`.
-    fn wait_for_line(&self, needle: &str) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(l) = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|l| l.contains(needle))
-            {
-                return l.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no line with {needle:?} in:\n{}",
-                self.lines.lock().unwrap().join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn has_line(&self, needle: &str) -> bool {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains(needle))
-    }
-}
-
 /// Starts a server that prints `listening on http://ADDR/mcp` to stderr.
-fn serve(mut cmd: Command) -> Served {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    let sink = lines.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            sink.lock().unwrap().push(line);
-        }
-    });
-    let mut served = Served {
-        child,
-        url: String::new(),
-        lines,
-    };
-    let line = served.wait_for_line("listening on http://");
-    served.url = line
-        .split("listening on ")
-        .nth(1)
-        .unwrap()
-        .trim()
-        .to_string();
-    served
+fn serve(cmd: Command) -> Served {
+    Served::start(cmd, true)
 }
 
 fn py_server(peers: &Path, legacy_only: bool) -> Served {
@@ -272,13 +198,7 @@ fn a_sessionful_upstream_that_forgets_its_session_is_initialized_again() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(text_of(&last, 0), "second", "{last}");
-    let handshakes = gw
-        .lines
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|l| l.contains("using the sessionful handshake"))
-        .count();
+    let handshakes = gw.count("using the sessionful handshake");
     assert!(handshakes >= 2, "a new session was initialized");
 }
 

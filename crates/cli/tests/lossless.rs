@@ -72,16 +72,6 @@ fn serve_http(dir: &Path) -> HttpServer {
     start_http(serve_http_command(dir))
 }
 
-fn session_id(head: &str) -> String {
-    head.lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("mcp-session-id")
-                .then(|| v.trim().to_string())
-        })
-        .expect("a session id")
-}
-
 fn modern_meta() -> Value {
     json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
            "io.modelcontextprotocol/clientCapabilities": {},

@@ -9,14 +9,6 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-fn sha256_hex(text: &str) -> String {
-    ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// `shell` held for approval on every call; `read_file` limited to 2 calls a minute per
 /// principal; two tokens, two principals.
 fn config(dir: &Path) {
@@ -25,10 +17,8 @@ fn config(dir: &Path) {
         format!(
             "defaults = false\n[[grants]]\nname = \"read\"\ntools = [\"read_file\"]\nceiling = \"A0\"\nrate = \"2/min\"\n\n\
              [[grants]]\nname = \"shell\"\ntools = [\"shell\"]\nceiling = \"A2\"\napproval = true\n\n\
-             [[auth.tokens]]\nname = \"alice\"\nsha256 = {:?}\n\n\
-             [[auth.tokens]]\nname = \"bob\"\nsha256 = {:?}\n",
-            sha256_hex("alice-token"),
-            sha256_hex("bob-token")
+             {}",
+            alice_and_bob_tokens()
         ),
     )
     .unwrap();

@@ -18,14 +18,6 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
-fn sha256_hex(text: &str) -> String {
-    ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// A workspace whose `ring0.toml` grants the built-in file tools and the effect upstream's
 /// `fx__append` (an A2 call settled by its idempotency key: never held for a person), with two
 /// bearer tokens (`alice-token`, `bob-token`) for HTTP.
@@ -52,12 +44,8 @@ fn workspace(peers: &Path) -> tempfile::TempDir {
 /// The same workspace served over HTTP, with the two tokens.
 fn serve_http(dir: &Path) -> HttpServer {
     let mut config = std::fs::read_to_string(dir.join("ring0.toml")).unwrap();
-    config.push_str(&format!(
-        "\n[[auth.tokens]]\nname = \"alice\"\nsha256 = {:?}\n\n\
-         [[auth.tokens]]\nname = \"bob\"\nsha256 = {:?}\n",
-        sha256_hex("alice-token"),
-        sha256_hex("bob-token")
-    ));
+    config.push('\n');
+    config.push_str(&alice_and_bob_tokens());
     std::fs::write(dir.join("ring0.toml"), config).unwrap();
     let mut cmd = serve_http_command(dir);
     cmd.stdin(Stdio::null()).stdout(Stdio::null());
@@ -126,53 +114,64 @@ fn one_effect_for_an_unkeyed_retry(server: &str, dir: &Path, peers: &Path, mode:
     assert_eq!(effects(dir, "unkeyed"), 1, "{seen}");
 }
 
-#[test]
-fn a_keyed_retry_has_one_effect_over_stdio() {
-    let Some(peers) = peers() else { return };
-    let dir = workspace(&peers);
-    let ring0 = ring0().display().to_string();
-    one_effect_for_a_keyed_retry(&ring0, dir.path(), &peers, "legacy");
+/// Three tests of `scenario`, named in order for its run over stdio, sessionful HTTP and
+/// stateless (2026-07-28) HTTP.
+macro_rules! over_each_transport {
+    ($scenario:ident: $stdio:ident, $sessionful:ident, $stateless:ident) => {
+        #[test]
+        fn $stdio() {
+            over(Over::Stdio, $scenario);
+        }
+
+        #[test]
+        fn $sessionful() {
+            over(Over::SessionfulHttp, $scenario);
+        }
+
+        #[test]
+        fn $stateless() {
+            over(Over::StatelessHttp, $scenario);
+        }
+    };
 }
 
-#[test]
-fn a_keyed_retry_has_one_effect_over_sessionful_http() {
-    let Some(peers) = peers() else { return };
-    let dir = workspace(&peers);
-    let server = serve_http(dir.path());
-    one_effect_for_a_keyed_retry(&server.url(), dir.path(), &peers, "legacy");
+/// Where a scenario's client reaches ring0, and in which era.
+enum Over {
+    Stdio,
+    SessionfulHttp,
+    StatelessHttp,
 }
 
-#[test]
-fn a_keyed_retry_has_one_effect_over_stateless_http() {
+/// Runs `scenario(server, workspace, peers, mode)` in a fresh workspace, its client reaching
+/// ring0 `over` stdio (`server` is the ring0 binary) or HTTP (`server` is the URL).
+fn over(over: Over, scenario: fn(&str, &Path, &Path, &str)) {
     let Some(peers) = peers() else { return };
     let dir = workspace(&peers);
-    let server = serve_http(dir.path());
-    one_effect_for_a_keyed_retry(&server.url(), dir.path(), &peers, "2026-07-28");
+    let (server, mode) = match over {
+        Over::Stdio => (None, "legacy"),
+        Over::SessionfulHttp => (Some(serve_http(dir.path())), "legacy"),
+        Over::StatelessHttp => (Some(serve_http(dir.path())), "2026-07-28"),
+    };
+    let url = match &server {
+        Some(s) => s.url(),
+        None => ring0().display().to_string(),
+    };
+    scenario(&url, dir.path(), &peers, mode);
 }
 
-#[test]
-fn an_unkeyed_retry_of_an_undelivered_answer_has_one_effect_over_stdio() {
-    let Some(peers) = peers() else { return };
-    let dir = workspace(&peers);
-    let ring0 = ring0().display().to_string();
-    one_effect_for_an_unkeyed_retry(&ring0, dir.path(), &peers, "legacy");
-}
+over_each_transport!(
+    one_effect_for_a_keyed_retry:
+    a_keyed_retry_has_one_effect_over_stdio,
+    a_keyed_retry_has_one_effect_over_sessionful_http,
+    a_keyed_retry_has_one_effect_over_stateless_http
+);
 
-#[test]
-fn an_unkeyed_retry_of_an_undelivered_answer_has_one_effect_over_sessionful_http() {
-    let Some(peers) = peers() else { return };
-    let dir = workspace(&peers);
-    let server = serve_http(dir.path());
-    one_effect_for_an_unkeyed_retry(&server.url(), dir.path(), &peers, "legacy");
-}
-
-#[test]
-fn an_unkeyed_retry_of_an_undelivered_answer_has_one_effect_over_stateless_http() {
-    let Some(peers) = peers() else { return };
-    let dir = workspace(&peers);
-    let server = serve_http(dir.path());
-    one_effect_for_an_unkeyed_retry(&server.url(), dir.path(), &peers, "2026-07-28");
-}
+over_each_transport!(
+    one_effect_for_an_unkeyed_retry:
+    an_unkeyed_retry_of_an_undelivered_answer_has_one_effect_over_stdio,
+    an_unkeyed_retry_of_an_undelivered_answer_has_one_effect_over_sessionful_http,
+    an_unkeyed_retry_of_an_undelivered_answer_has_one_effect_over_stateless_http
+);
 
 #[test]
 fn a_keyed_call_re_issued_in_the_other_era_has_one_effect() {
@@ -245,29 +244,12 @@ fn repeats_run_again(target: &str, dir: &Path, peers: &Path, mode: &str) {
     );
 }
 
-#[test]
-fn repeats_run_again_over_stdio() {
-    let Some(peers) = peers() else { return };
-    let dir = workspace(&peers);
-    let ring0 = ring0().display().to_string();
-    repeats_run_again(&ring0, dir.path(), &peers, "legacy");
-}
-
-#[test]
-fn repeats_run_again_over_sessionful_http() {
-    let Some(peers) = peers() else { return };
-    let dir = workspace(&peers);
-    let server = serve_http(dir.path());
-    repeats_run_again(&server.url(), dir.path(), &peers, "legacy");
-}
-
-#[test]
-fn repeats_run_again_over_stateless_http() {
-    let Some(peers) = peers() else { return };
-    let dir = workspace(&peers);
-    let server = serve_http(dir.path());
-    repeats_run_again(&server.url(), dir.path(), &peers, "2026-07-28");
-}
+over_each_transport!(
+    repeats_run_again:
+    repeats_run_again_over_stdio,
+    repeats_run_again_over_sessionful_http,
+    repeats_run_again_over_stateless_http
+);
 
 #[test]
 fn a_named_scope_keeps_a_retry_across_connections_and_is_bound_to_its_principal() {

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::{StdioClient, hiding_tree, live_processes, marked_by_argument};
+
 use serde_json::{Value, json};
 use std::io::Write;
 use std::path::PathBuf;
@@ -178,32 +180,10 @@ fn assert_never_shows(receipt: &Value, secret: &str) {
 /// Pids of live processes whose environment carries `mark`.
 fn marked(mark: &str) -> Vec<i32> {
     let needle = format!("{MARK_ENV}={mark}");
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        let zombie = std::fs::read_to_string(entry.path().join("stat"))
-            .map(|s| {
-                s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(true);
-        if !zombie && environ.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
-            pids.push(pid);
-        }
-    }
-    pids
+    live_processes(|proc| {
+        std::fs::read(proc.join("environ"))
+            .is_ok_and(|environ| environ.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
+    })
 }
 
 fn assert_no_survivors(mark: &str) {
@@ -688,45 +668,6 @@ fn an_upstream_server_cannot_read_or_write_outside_or_reach_the_network() {
 // ---------------------------------------------------------------------------------------------
 // No survivors when ring0 itself ends
 
-/// The five kinds of hidden process (plain child, setsid, double fork + setsid, the same with an
-/// empty environment, double fork + setpgid), each ignoring SIGTERM and SIGHUP, marked by a
-/// unique `sleep` duration; then the run's own shell waits.
-fn hiding_tree(mark: &str) -> String {
-    let ignore = "trap '' TERM HUP";
-    format!(
-        "sh -c \"{ignore}; sleep {mark}\" & \
-         setsid sh -c \"{ignore}; sleep {mark}\" & \
-         sh -c \"(setsid sh -c \\\"{ignore}; sleep {mark}\\\" &)\" & \
-         sh -c \"(setsid env -i /bin/sh -c \\\"{ignore}; sleep {mark}\\\" &)\" & \
-         sh -c \"(python3 -c 'import os,signal; os.setpgid(0,0); signal.signal(signal.SIGTERM, signal.SIG_IGN); os.execvp(\\\"sleep\\\", [\\\"sleep\\\", \\\"{mark}\\\"])' &)\" & \
-         {ignore}; sleep {mark}"
-    )
-}
-
-/// Live processes whose command line has `mark` as an argument.
-fn marked_by_argument(mark: &str) -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|s| s.parse::<u32>().is_ok())
-        })
-        .filter(|e| {
-            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            let live = !stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z');
-            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            live && cmdline.split(|b| *b == 0).any(|arg| arg == mark.as_bytes())
-        })
-        .count()
-}
-
 fn wait_for_argument_count(mark: &str, want: impl Fn(usize) -> bool, what: &str) {
     let deadline = Instant::now() + SURVIVOR_WAIT;
     loop {
@@ -749,30 +690,15 @@ fn serve_tree_then(
     let mark = format!("{}", 8_000_000 + rand_u128() % 1_000_000);
     let mut cmd = s.ring0();
     cmd.arg("serve");
-    let (mut child, mut stdin, rx) = common::spawn_stdio_json(cmd);
-    writeln!(
-        stdin,
-        "{}",
-        json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-            "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}})
-    )
-    .unwrap();
-    rx.recv_timeout(Duration::from_secs(60))
-        .expect("initialized");
-    writeln!(
-        stdin,
-        "{}",
-        json!({"jsonrpc":"2.0","method":"notifications/initialized"})
-    )
-    .unwrap();
-    writeln!(
-        stdin,
-        "{}",
-        json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"shell",
-            "arguments":{"command": hiding_tree(&mark), "background": background}}})
-    )
-    .unwrap();
+    let mut client = StdioClient::initialized(cmd, "2025-06-18");
+    client.send(
+        &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"shell",
+            "arguments":{"command": hiding_tree(&mark), "background": background}}}),
+    );
     wait_for_argument_count(&mark, |n| n > 5, "the tree never appeared");
+    let StdioClient {
+        mut child, stdin, ..
+    } = client;
     end(&mut child, stdin);
     let _ = child.wait();
     wait_for_argument_count(&mark, |n| n == 0, "processes survive ring0");

@@ -561,9 +561,7 @@ fn post(addr: &str, headers: &[(&str, &str)], body: &Value) -> (u16, String, Str
 }
 
 fn init_body() -> Value {
-    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-           "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                      "clientInfo": {"name": "t", "version": "1"}}})
+    initialize_request(1, "2025-06-18")
 }
 
 #[test]

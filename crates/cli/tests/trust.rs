@@ -20,22 +20,10 @@ tools = ["read_file", "list_dir"]
 ceiling = "A0"
 "#;
 
-const READS_AND_WRITES: &str = r#"
-defaults = false
-[workspace]
-state_dir = "state"
-
-[[grants]]
-name = "workspace"
-tools = ["read_file", "list_dir", "write_file"]
-ceiling = "A1"
-
-[[grants]]
-name = "shell"
-tools = ["shell"]
-ceiling = "A2"
-approval = true
-"#;
+/// The file tools and a `shell` held for approval, without the embedded defaults.
+fn reads_and_writes() -> String {
+    format!("defaults = false\n{}", common::HELD_SHELL_CONFIG)
+}
 
 fn workspace(config: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -173,7 +161,7 @@ fn a_truncated_audit_log_is_reported_and_ring0_refuses_to_run_on_it() {
 
 #[test]
 fn an_argv_that_starts_a_shell_script_is_refused_without_asking_anyone() {
-    let dir = workspace(READS_AND_WRITES);
+    let dir = workspace(&reads_and_writes());
     for argv in [
         r#"["sh","-c","touch ran"]"#,
         r#"["/bin/bash","-c","touch ran"]"#,
@@ -229,7 +217,7 @@ fn held_call(dir: &Path, args: &[&str]) -> (std::process::Child, String, String)
 
 #[test]
 fn the_person_sees_padding_and_the_tail_it_hides() {
-    let dir = workspace(READS_AND_WRITES);
+    let dir = workspace(&reads_and_writes());
     let padded = format!("{}; echo pwned > tail.txt", " ".repeat(1200));
     let call = json!({"argv": ["echo", padded]}).to_string();
     let (child, id, listed) = held_call(dir.path(), &["call", "shell", &call]);
@@ -248,7 +236,7 @@ fn the_person_sees_padding_and_the_tail_it_hides() {
 
 #[test]
 fn arguments_too_long_to_list_are_shown_whole_by_approve_show() {
-    let dir = workspace(READS_AND_WRITES);
+    let dir = workspace(&reads_and_writes());
     let mut argv = vec!["echo".to_string()];
     argv.extend((0..2000).map(|i| format!("w{i}")));
     let call = json!({ "argv": argv }).to_string();
@@ -340,7 +328,7 @@ fn after_a_crash_an_unsent_call_whose_grant_was_removed_is_not_dispatched() {
 
 #[test]
 fn after_a_crash_an_unsent_call_the_grants_still_allow_is_dispatched() {
-    let dir = workspace(READS_AND_WRITES);
+    let dir = workspace(&reads_and_writes());
     commit_unsent_write(dir.path());
     let out = run(
         dir.path(),
@@ -361,7 +349,7 @@ fn an_approval_for_one_http_session_never_releases_the_identical_call_in_another
     let Some(peers) = common::peers() else {
         return;
     };
-    let dir = workspace(&READS_AND_WRITES.replace(
+    let dir = workspace(&reads_and_writes().replace(
         "approval = true",
         "approval = true\napproval_scope = \"session\"",
     ));

@@ -19,14 +19,15 @@
 
 mod common;
 
-use common::{one_upstream_config, peers, post, python, python_report, ring0, spawn_stdio_json};
+use common::{
+    Served, one_upstream_config, peers, post, python, python_report, ring0, spawn_stdio_json,
+};
 use ring0_mcp::limits::CATALOG_TTL_MS;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -37,72 +38,9 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// A process whose stderr is collected; killed on drop.
-struct Served {
-    child: Child,
-    url: String,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Served {
-    /// Waits (generously) for a stderr line containing `needle`.
-    fn wait_for_line(&self, needle: &str) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(l) = self.lines().into_iter().find(|l| l.contains(needle)) {
-                return l;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no line with {needle:?} in:\n{}",
-                self.lines().join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap().clone()
-    }
-
-    fn count(&self, needle: &str) -> usize {
-        self.lines().iter().filter(|l| l.contains(needle)).count()
-    }
-}
-
 /// Starts `cmd` and collects its stderr; when `listens`, waits for its address.
-fn serve(mut cmd: Command, listens: bool) -> Served {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    let sink = lines.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            sink.lock().unwrap().push(line);
-        }
-    });
-    let mut served = Served {
-        child,
-        url: String::new(),
-        lines,
-    };
-    if listens {
-        let line = served.wait_for_line("listening on http://");
-        served.url = line.split("listening on ").nth(1).unwrap().trim().into();
-    }
-    served
+fn serve(cmd: Command, listens: bool) -> Served {
+    Served::start(cmd, listens)
 }
 
 /// The Python-SDK low-level server (`era_upstream.py`) with `args`.

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Workspace, never};
+use common::{Workspace, hiding_tree, hiding_tree_then, marked_by_argument, never};
 use ring0_exec::{
     CommandSpec, ExecError, JobManager, JobState, JobsConfig, Sandbox, SandboxError,
     SandboxProfile, SessionId, run_command,
@@ -27,52 +27,10 @@ fn marker() -> String {
     format!("{}{:09}", 7_000 + std::process::id() % 1000, nanos)
 }
 
-/// A script that leaves the five kinds of hidden process behind and then waits.
-fn hiding_tree(mark: &str) -> String {
-    hiding_tree_then(mark, &format!("trap '' TERM HUP; sleep {mark}"))
-}
-
-/// The five hidden processes, then `tail`.
-fn hiding_tree_then(mark: &str, tail: &str) -> String {
-    let ignore = "trap '' TERM HUP";
-    format!(
-        "sh -c \"{ignore}; sleep {mark}\" & \
-         setsid sh -c \"{ignore}; sleep {mark}\" & \
-         sh -c \"(setsid sh -c \\\"{ignore}; sleep {mark}\\\" &)\" & \
-         sh -c \"(setsid env -i /bin/sh -c \\\"{ignore}; sleep {mark}\\\" &)\" & \
-         sh -c \"(python3 -c 'import os,signal; os.setpgid(0,0); signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGHUP, signal.SIG_IGN); os.execvp(\\\"sleep\\\", [\\\"sleep\\\", \\\"{mark}\\\"])' &)\" & \
-         {tail}"
-    )
-}
-
-/// Live processes whose command line carries `mark`.
-fn marked(mark: &str) -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|s| s.parse::<u32>().is_ok())
-        })
-        .filter(|e| {
-            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            let live = !stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z');
-            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            live && cmdline.split(|b| *b == 0).any(|arg| arg == mark.as_bytes())
-        })
-        .count()
-}
-
 async fn wait_for_count(mark: &str, want: impl Fn(usize) -> bool, what: &str) {
     let deadline = Instant::now() + PROC_WAIT;
     loop {
-        let n = marked(mark);
+        let n = marked_by_argument(mark);
         if want(n) {
             return;
         }

@@ -22,6 +22,12 @@
 //! of several batches after warm-up batches; the spread (fastest and slowest batch) is printed
 //! beside it. The last lines are machine-readable for `bench/peers/run.sh`.
 //!
+//! Each batch is timed twice: by the wall clock, and by the CPU time of the one thread that runs
+//! the current-thread runtime (`/proc/thread-self/schedstat`), which on a machine shared with
+//! other work counts only what this loop did. The peers' script measures its thread the same
+//! way, so both ratios come from the same run; the CPU ratios are the ones to trust when the
+//! wall-clock batches spread widely.
+//!
 //! This is a plain timing loop rather than a statistics framework: the quantity is a ratio of two
 //! loops measured side by side, and the peers script needs a single parseable number.
 
@@ -175,14 +181,19 @@ fn catalog_turn(i: usize) -> Value {
          "function": {"name": CATALOG_TOOL, "arguments": args.to_string()}}]})
 }
 
-async fn catalog_batch(b: usize, catalog: &[Value]) -> (Duration, usize) {
+async fn catalog_batch(b: usize, catalog: &[Value]) -> (Elapsed, usize) {
     let (session, _) = catalog_session(catalog);
     let base = b * CALLS_PER_BATCH;
     let turns: Vec<Value> = (base..base + CALLS_PER_BATCH).map(catalog_turn).collect();
+    (time_turns(&session, &turns).await, CALLS_PER_BATCH)
+}
+
+/// Runs every turn through `handle_turn`; the time it took. Every call must complete.
+async fn time_turns(session: &Session, turns: &[Value]) -> Elapsed {
     let options = RoundOptions::default();
     let mut failed = 0;
-    let start = Instant::now();
-    for turn in &turns {
+    let start = Clock::start();
+    for turn in turns {
         let out = session
             .handle_turn(ProviderFormat::OpenAiChat, turn, &options)
             .await
@@ -192,7 +203,7 @@ async fn catalog_batch(b: usize, catalog: &[Value]) -> (Duration, usize) {
     }
     let elapsed = start.elapsed();
     assert_eq!(failed, 0, "benchmark calls must complete, not be rejected");
-    (elapsed, CALLS_PER_BATCH)
+    elapsed
 }
 
 /// An OpenAI Chat Completions assistant turn with calls `first..first + n`. Arguments differ
@@ -241,23 +252,71 @@ impl Samples {
     }
 }
 
+/// The CPU time this thread has run, in nanoseconds: the first field of
+/// `/proc/thread-self/schedstat` (0 where the file is not there).
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The start of a timed batch, on both clocks.
+struct Clock {
+    wall: Instant,
+    cpu_ns: u64,
+}
+
+/// How long a batch took: by the wall clock, and on this thread's CPU.
+struct Elapsed {
+    wall: Duration,
+    cpu: Duration,
+}
+
+impl Clock {
+    fn start() -> Self {
+        Self {
+            wall: Instant::now(),
+            cpu_ns: thread_cpu_ns(),
+        }
+    }
+
+    fn elapsed(&self) -> Elapsed {
+        Elapsed {
+            wall: self.wall.elapsed(),
+            cpu: Duration::from_nanos(thread_cpu_ns().saturating_sub(self.cpu_ns)),
+        }
+    }
+}
+
+/// Per-call figures of one shape, by the wall clock and on the thread's CPU.
+struct Measured {
+    wall: Samples,
+    cpu: Samples,
+}
+
 /// Runs `WARMUP_BATCHES + SAMPLES` batches of `batch`, which returns (elapsed, calls).
-async fn measure<F, Fut>(mut batch: F) -> Samples
+async fn measure<F, Fut>(mut batch: F) -> Measured
 where
     F: FnMut(usize) -> Fut,
-    Fut: std::future::Future<Output = (Duration, usize)>,
+    Fut: std::future::Future<Output = (Elapsed, usize)>,
 {
-    let mut out = Vec::with_capacity(SAMPLES);
+    let mut wall = Vec::with_capacity(SAMPLES);
+    let mut cpu = Vec::with_capacity(SAMPLES);
     for b in 0..WARMUP_BATCHES + SAMPLES {
         let (elapsed, calls) = batch(b).await;
         if b >= WARMUP_BATCHES {
-            out.push(elapsed.as_nanos() as f64 / calls as f64);
+            wall.push(elapsed.wall.as_nanos() as f64 / calls as f64);
+            cpu.push(elapsed.cpu.as_nanos() as f64 / calls as f64);
         }
     }
-    Samples(out)
+    Measured {
+        wall: Samples(wall),
+        cpu: Samples(cpu),
+    }
 }
 
-async fn direct_batch(b: usize) -> (Duration, usize) {
+async fn direct_batch(b: usize) -> (Elapsed, usize) {
     let ctx = CallContext {
         call_id: "call_0".into(),
         intent_id: None,
@@ -273,7 +332,7 @@ async fn direct_batch(b: usize) -> (Duration, usize) {
     let args: Vec<Value> = (base..base + DIRECT_CALLS_PER_BATCH)
         .map(|i| json!({"x": i}))
         .collect();
-    let start = Instant::now();
+    let start = Clock::start();
     for a in args {
         let out = noop(ctx.clone(), a).await;
         black_box(out.expect("the tool never fails"));
@@ -281,30 +340,17 @@ async fn direct_batch(b: usize) -> (Duration, usize) {
     (start.elapsed(), DIRECT_CALLS_PER_BATCH)
 }
 
-async fn handle_turn_batch(b: usize, per_round: usize, mode: SchedulingMode) -> (Duration, usize) {
+async fn handle_turn_batch(b: usize, per_round: usize, mode: SchedulingMode) -> (Elapsed, usize) {
     let session = session(mode);
     let rounds = CALLS_PER_BATCH / per_round;
     let base = b * CALLS_PER_BATCH;
     let turns: Vec<Value> = (0..rounds)
         .map(|r| chat_turn(base + r * per_round, per_round))
         .collect();
-    let options = RoundOptions::default();
-    let mut failed = 0;
-    let start = Instant::now();
-    for turn in &turns {
-        let out = session
-            .handle_turn(ProviderFormat::OpenAiChat, turn, &options)
-            .await
-            .expect("a well-formed turn");
-        failed += out.round.results.iter().filter(|r| r.is_error).count();
-        black_box(out);
-    }
-    let elapsed = start.elapsed();
-    assert_eq!(failed, 0, "benchmark calls must complete, not be rejected");
-    (elapsed, rounds * per_round)
+    (time_turns(&session, &turns).await, rounds * per_round)
 }
 
-async fn run_round_batch(b: usize, write: bool) -> (Duration, usize) {
+async fn run_round_batch(b: usize, write: bool) -> (Elapsed, usize) {
     let (session, tool) = if write {
         (write_session(), WRITE_TOOL)
     } else {
@@ -316,7 +362,7 @@ async fn run_round_batch(b: usize, write: bool) -> (Duration, usize) {
         .collect();
     let options = RoundOptions::default();
     let mut failed = 0;
-    let start = Instant::now();
+    let start = Clock::start();
     for round in rounds {
         let out = session.run_round(round, &options).await;
         failed += out.results.iter().filter(|r| r.is_error).count();
@@ -343,6 +389,76 @@ fn line(label: &str, s: &Samples, direct: f64) {
     );
 }
 
+/// Every shape's figures.
+struct Shapes {
+    direct: Measured,
+    direct_after: Measured,
+    single: Measured,
+    core: Measured,
+    writes: Measured,
+    round64: Measured,
+    realistic: Option<(usize, Measured)>,
+}
+
+/// Prints the figures of one clock, then its machine-readable lines (`ring0_{key}…=`), for
+/// `bench/peers/run.sh`.
+fn report(m: &Shapes, clock: &str, key: &str, by: fn(&Measured) -> &Samples) {
+    let (direct, d) = (by(&m.direct), by(&m.direct).median());
+    println!(
+        "ring0 mediation overhead ({clock}): no-op in-process tool, in-memory journal, \
+         current-thread runtime"
+    );
+    println!(
+        "median of {SAMPLES} batches after {WARMUP_BATCHES} warm-up batches; \
+         {CALLS_PER_BATCH} mediated calls or {DIRECT_CALLS_PER_BATCH} direct calls per batch"
+    );
+    println!(
+        "{:<52} {:>9.3} µs/call  (batches {:.3}–{:.3}; again at the end: {:.3})",
+        "direct: the tool function awaited",
+        us(d),
+        us(direct.min()),
+        us(direct.max()),
+        us(by(&m.direct_after).median()),
+    );
+    line(
+        "one call per round, handle_turn (OpenAI chat)",
+        by(&m.single),
+        d,
+    );
+    line("one call per round, run_round", by(&m.core), d);
+    line("one write per round, run_round (journal)", by(&m.writes), d);
+    line(
+        &format!("{ROUND_CALLS} reads per round, SafeParallel, handle_turn"),
+        by(&m.round64),
+        d,
+    );
+    match &m.realistic {
+        Some((tools, s)) => line(
+            &format!("{CATALOG_TOOL} in a {tools}-tool BFCL catalog, handle_turn"),
+            by(s),
+            d,
+        ),
+        None => println!(
+            "realistic catalog: skipped, the BFCL corpus is not there (set {BFCL_DIR_ENV})"
+        ),
+    }
+    println!("ring0_{key}direct_us_per_call={:.4}", us(d));
+    if let Some((_, s)) = &m.realistic {
+        println!(
+            "ring0_{key}overhead_us_per_call_catalog={:.3}",
+            us(by(s).median() - d)
+        );
+    }
+    println!(
+        "ring0_{key}overhead_us_per_call={:.3}",
+        us(by(&m.single).median() - d)
+    );
+    println!(
+        "ring0_{key}overhead_us_per_call_round{ROUND_CALLS}={:.3}",
+        us(by(&m.round64).median() - d)
+    );
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -350,8 +466,7 @@ fn main() {
         .expect("a runtime");
     rt.block_on(async {
         let direct = measure(direct_batch).await;
-        let single =
-            measure(|b| handle_turn_batch(b, 1, SchedulingMode::SafeParallel)).await;
+        let single = measure(|b| handle_turn_batch(b, 1, SchedulingMode::SafeParallel)).await;
         let core = measure(|b| run_round_batch(b, false)).await;
         let writes = measure(|b| run_round_batch(b, true)).await;
         let round64 =
@@ -365,48 +480,17 @@ fn main() {
         // the run, the two direct figures disagree and the ratios deserve less trust.
         let direct_after = measure(direct_batch).await;
 
-        let d = direct.median();
-        println!(
-            "ring0 mediation overhead: no-op in-process tool, in-memory journal, current-thread runtime"
-        );
-        println!(
-            "median of {SAMPLES} batches after {WARMUP_BATCHES} warm-up batches; \
-             {CALLS_PER_BATCH} mediated calls or {DIRECT_CALLS_PER_BATCH} direct calls per batch"
-        );
-        println!(
-            "{:<52} {:>9.3} µs/call  (batches {:.3}–{:.3}; again at the end: {:.3})",
-            "direct: the tool function awaited",
-            us(d),
-            us(direct.min()),
-            us(direct.max()),
-            us(direct_after.median()),
-        );
-        line("one call per round, handle_turn (OpenAI chat)", &single, d);
-        line("one call per round, run_round", &core, d);
-        line("one write per round, run_round (journal)", &writes, d);
-        line(
-            &format!("{ROUND_CALLS} reads per round, SafeParallel, handle_turn"),
-            &round64,
-            d,
-        );
-        match &realistic {
-            Some((tools, s)) => line(
-                &format!("{CATALOG_TOOL} in a {tools}-tool BFCL catalog, handle_turn"),
-                s,
-                d,
-            ),
-            None => println!(
-                "realistic catalog: skipped, the BFCL corpus is not there (set {BFCL_DIR_ENV})"
-            ),
-        }
-        println!("ring0_direct_us_per_call={:.4}", us(d));
-        if let Some((_, s)) = &realistic {
-            println!("ring0_overhead_us_per_call_catalog={:.3}", us(s.median() - d));
-        }
-        println!("ring0_overhead_us_per_call={:.3}", us(single.median() - d));
-        println!(
-            "ring0_overhead_us_per_call_round{ROUND_CALLS}={:.3}",
-            us(round64.median() - d)
-        );
+        let shapes = Shapes {
+            direct,
+            direct_after,
+            single,
+            core,
+            writes,
+            round64,
+            realistic,
+        };
+        report(&shapes, "wall clock", "", |m| &m.wall);
+        println!();
+        report(&shapes, "this thread's CPU time", "cpu_", |m| &m.cpu);
     });
 }

@@ -16,6 +16,7 @@
 use ring0_core::limits::PROJECTION_BYTES_MAX;
 use ring0_core::receipt::CallOutcome;
 use ring0_core::{IntentState, Receipt};
+use ring0_shape::serialized_len;
 use serde_json::{Value, json};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -103,9 +104,13 @@ fn check_shape(value: Value, bytes_max: usize) -> Result<Value, ProjectionFailur
             "the projection is not a JSON object".into(),
         ));
     }
-    let size = serde_json::to_vec(&value)
-        .map_err(|e| ProjectionFailure(format!("the projection does not serialize: {e}")))?
-        .len();
+    // Counted, not written out: a projection is measured on every call.
+    let size = serialized_len(&value);
+    if size == usize::MAX {
+        return Err(ProjectionFailure(
+            "the projection does not serialize".into(),
+        ));
+    }
     if size > bytes_max {
         return Err(ProjectionFailure(format!(
             "the projection is {size} bytes; at most {bytes_max} are allowed"
@@ -170,7 +175,7 @@ pub fn project(
 /// the receipt says so, rather than ending the run.
 fn canonical(receipt: &Receipt) -> Value {
     let value = serde_json::to_value(receipt).unwrap_or(Value::Null);
-    let size = serde_json::to_vec(&value).map_or(usize::MAX, |v| v.len());
+    let size = serialized_len(&value);
     debug_assert!(size <= PROJECTION_BYTES_MAX, "receipt of {size} bytes");
     if size <= PROJECTION_BYTES_MAX && value.is_object() {
         return value;

@@ -46,7 +46,7 @@ pub use config::{ConfigError, ShapeConfig};
 pub use cursor::{CursorError, CursorSigner, PageSize, clamp_page_size};
 pub use framing::FramingDefense;
 pub use mcp::{Cleaned, clean_text, clean_value, shape_mcp_content};
-pub use observation::{Shaping, SpillTarget, shape_observation, shape_text};
+pub use observation::{Shaping, SpillTarget, serialized_len, shape_observation, shape_text};
 pub use redact::{RedactError, Redactor};
 pub use ring0_core::Observation;
 pub use spill::{SpillError, SpillPage, SpillStore, read_spill};

@@ -413,8 +413,9 @@ fn clean_envelope(obs: &mut Observation, shaping: &Shaping, stats: &mut CleanSta
     }
 }
 
-/// Serialized size without building the bytes.
-pub(crate) fn serialized_len<T: serde::Serialize + ?Sized>(value: &T) -> usize {
+/// Serialized size of `value` as compact JSON, counted without building the bytes
+/// (`usize::MAX` when it does not serialize).
+pub fn serialized_len<T: serde::Serialize + ?Sized>(value: &T) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -1,9 +1,23 @@
 //! Helpers shared by the `ring0` CLI tests: where the binaries and the installed MCP peers are
 //! (skipping a test that needs a missing peer, except in CI, where that is a failure), starting
 //! an HTTP server on an ephemeral port, and raw HTTP/1.1 requests, so a test sees exactly the
-//! bytes ring0 sent.
+//! bytes ring0 sent. The submodules hold a stdio client of `ring0 serve` ([`StdioClient`]), a
+//! server whose stderr is collected ([`Served`]) and, shared with `ring0-exec`'s tests, the
+//! processes of a run found in /proc.
 // Each test file uses the part it needs.
 #![allow(dead_code)]
+
+#[path = "../../../exec/tests/common/procs.rs"]
+mod procs;
+mod served;
+mod stdio;
+
+#[allow(unused_imports)]
+pub use procs::*;
+#[allow(unused_imports)]
+pub use served::*;
+#[allow(unused_imports)]
+pub use stdio::*;
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -102,9 +116,69 @@ pub fn one_upstream_config(
     )
 }
 
+/// Two `[[auth.tokens]]` tables: `alice-token` for the principal `alice`, `bob-token` for `bob`.
+pub fn alice_and_bob_tokens() -> String {
+    format!(
+        "{}\n{}",
+        token_table("alice", "alice-token", ""),
+        token_table("bob", "bob-token", "")
+    )
+}
+
+/// A `ring0.toml` whose `shell` is held for a person's approval: the file tools up to A1,
+/// `shell` up to A2 with `approval = true`, the state in `state/`.
+pub const HELD_SHELL_CONFIG: &str = r#"[workspace]
+state_dir = "state"
+
+[[grants]]
+name = "workspace"
+tools = ["read_file", "list_dir", "write_file"]
+ceiling = "A1"
+
+[[grants]]
+name = "shell"
+tools = ["shell"]
+ceiling = "A2"
+approval = true
+"#;
+
 /// The `ring0` binary under test.
 pub fn ring0() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ring0"))
+}
+
+/// `ring0` in `dir` as a person runs it there: the tests' home, no workspace or log level from
+/// the environment, nothing on stdin.
+pub fn ring0_command_in(dir: &Path) -> Command {
+    let mut cmd = Command::new(ring0());
+    cmd.current_dir(dir)
+        .env("HOME", test_home())
+        .env_remove("RING0_WORKSPACE")
+        .env_remove("RING0_LOG_LEVEL")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Output bytes as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The lowercase hex SHA-256 of `text`, as `[[auth.tokens]] sha256` holds a token.
+pub fn sha256_hex(text: &str) -> String {
+    ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// An `[[auth.tokens]]` table: the token `token` named `name`, `extra` (more keys) after it.
+pub fn token_table(name: &str, token: &str, extra: &str) -> String {
+    format!(
+        "[[auth.tokens]]\nname = {name:?}\nsha256 = {:?}\n{extra}",
+        sha256_hex(token)
+    )
 }
 
 /// The rmcp reference server `ring0-mcp-fixture`, built beside `ring0`.
@@ -146,7 +220,26 @@ impl Drop for HttpServer {
 
 /// Starts `cmd` (a `ring0 serve --http 127.0.0.1:0 …` command, configured by the caller) and
 /// waits for the address it prints on stderr.
-pub fn start_http(mut cmd: Command) -> HttpServer {
+pub fn start_http(cmd: Command) -> HttpServer {
+    start_http_with(cmd, |_| {})
+}
+
+/// Starts `cmd` like [`start_http`], copying its stderr into `log` as well (what the person at
+/// the terminal reads).
+pub fn start_http_logged(cmd: Command, log: &Path) -> HttpServer {
+    let mut file = std::fs::File::create(log).unwrap();
+    start_http_with(cmd, move |line| {
+        let _ = writeln!(file, "{line}");
+        let _ = file.flush();
+    })
+}
+
+/// Starts `cmd` like [`start_http`], handing every line of its stderr to `on_line`, the line
+/// with the address included.
+pub fn start_http_with(
+    mut cmd: Command,
+    mut on_line: impl FnMut(&str) + Send + 'static,
+) -> HttpServer {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -157,6 +250,7 @@ pub fn start_http(mut cmd: Command) -> HttpServer {
     let (tx, rx) = channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            on_line(&line);
             if let Some(rest) = line.split("listening on http://").nth(1) {
                 let _ = tx.send(rest.trim_end_matches("/mcp").to_string());
             }
@@ -175,6 +269,54 @@ pub fn serve_http_command(dir: &std::path::Path) -> Command {
         .current_dir(dir)
         .env("RING0_STATE_DIR", dir.join(".ring0"));
     cmd
+}
+
+/// The fenced blocks of `lang` in a Markdown text.
+pub fn fenced(markdown: &str, lang: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        match &mut current {
+            None if line.trim_start() == format!("```{lang}") => current = Some(String::new()),
+            Some(_) if line.trim_start() == "```" => blocks.extend(current.take()),
+            Some(block) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            None => {}
+        }
+    }
+    blocks
+}
+
+/// The status code of a response head (0 when it has none).
+pub fn status(head: &str) -> u16 {
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The value of the header `name` (any case) in a response head.
+pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// The `Mcp-Session-Id` a response head carries; fails the test without one.
+pub fn session_id(head: &str) -> String {
+    header(head, "mcp-session-id")
+        .unwrap_or_else(|| panic!("no session id in:\n{head}"))
+        .to_string()
+}
+
+/// The JSON-RPC `initialize` request `id` in `protocol_version`, declaring no capabilities.
+pub fn initialize_request(id: u64, protocol_version: &str) -> Value {
+    serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "initialize",
+        "params": {"protocolVersion": protocol_version, "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}}})
 }
 
 /// Decodes a `Transfer-Encoding: chunked` body.

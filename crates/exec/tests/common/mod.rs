@@ -1,6 +1,10 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+mod procs;
+#[allow(unused_imports)]
+pub use procs::*;
+
 use ring0_exec::ExecPolicy;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
