@@ -1,10 +1,11 @@
 //! Creating the process: a new session and process group, the explicit environment, the
 //! checked working directory, the stdin mode, the parent-death signal and resource limits.
 //!
-//! Pipes go through tokio's process support wrapped by process-wrap's `ProcessSession` (the
+//! Unconfined pipes go through [`crate::vfork`] (no copy of ring0's address space); confined
+//! pipes through tokio's process support wrapped by process-wrap's `ProcessSession` (the
 //! `setsid` before exec); terminals through `pty-process`, which makes the child a session
-//! leader with the terminal as its controlling terminal. Both register [`crate::hooks`] for the
-//! rest, and both register the child in [`crate::reaper`] under the spawn lock.
+//! leader with the terminal as its controlling terminal. Each applies [`crate::hooks`] for the
+//! rest, and each registers the child in [`crate::reaper`] under the spawn lock.
 //!
 //! The parent-death signal fires when the *thread* that spawned the child exits. Spawning happens
 //! on the calling task's thread: a runtime worker, which lives as long as its runtime. Do not
@@ -16,6 +17,7 @@ use crate::reaper::{self, DirectChild};
 use crate::sandbox;
 use crate::spec::{PreparedCommand, SUPERVISION_TOKEN_ENV, StdinMode};
 use crate::teardown::RunIdentity;
+use crate::vfork;
 use process_wrap::tokio::{ChildWrapper, CommandWrap, ProcessSession};
 use std::io;
 use std::path::PathBuf;
@@ -50,6 +52,7 @@ pub(crate) enum OutputReaders {
 pub(crate) enum Root {
     Session(Box<dyn ChildWrapper>),
     Tty(tokio::process::Child),
+    Lean(vfork::Child),
 }
 
 impl Root {
@@ -58,6 +61,7 @@ impl Root {
         match self {
             Self::Session(wrapped) => wrapped.start_kill(),
             Self::Tty(child) => child.start_kill(),
+            Self::Lean(child) => child.start_kill(),
         }
     }
 
@@ -68,6 +72,7 @@ impl Root {
             // exit is what decides the outcome, so wait on the tokio child underneath.
             Self::Session(wrapped) => wrapped.inner_mut().wait().await,
             Self::Tty(child) => child.wait().await,
+            Self::Lean(child) => child.wait().await,
         }
     }
 }
@@ -119,6 +124,9 @@ pub(crate) fn spawn(command: &PreparedCommand) -> Result<Spawned, ExecError> {
     let setup = ChildSetup::new(&command.limits);
     let confined = command.sandbox.prepare()?;
     let mut spawned = match command.stdin {
+        StdinMode::Null | StdinMode::Pipe if confined.is_none() => {
+            spawn_lean(command, token, setup)
+        }
         StdinMode::Null | StdinMode::Pipe => spawn_piped(command, token, setup, confined.as_ref()),
         StdinMode::Tty => spawn_tty(command, token, setup, confined.as_ref()),
     }?;
@@ -180,6 +188,98 @@ fn spawn_piped(
     };
     Ok(Spawned {
         root: Root::Session(child),
+        readers: OutputReaders::Pipes { stdout, stderr },
+        writer,
+        input_object,
+        identity: RunIdentity { root: pid, token },
+        registration,
+        sandbox: None,
+    })
+}
+
+/// A pipe from `pipe2` with both ends close-on-exec: (read, write).
+fn pipe() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    Ok((above_stdio(read)?, above_stdio(write)?))
+}
+
+/// `fd`, moved above 0–2 if it is one of them (ring0 started with a standard descriptor
+/// closed), so that moving the child's stdio into place never overwrites another of them.
+fn above_stdio(fd: std::os::fd::OwnedFd) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    Ok(rustix::io::fcntl_dupfd_cloexec(&fd, 3)?)
+}
+
+/// An unconfined process on pipes, spawned without copying ring0's address space.
+fn spawn_lean(
+    command: &PreparedCommand,
+    token: String,
+    setup: ChildSetup,
+) -> Result<Spawned, ExecError> {
+    use std::os::fd::AsRawFd;
+    let setup_error = |what: &str, e: io::Error| ExecError::Setup(format!("{what}: {e}"));
+    let interactive = command.stdin == StdinMode::Pipe;
+    let (stdin_read, stdin_write) = if interactive {
+        let (read, write) = pipe().map_err(|e| setup_error("stdin pipe", e))?;
+        (read, Some(write))
+    } else {
+        let null = std::fs::File::open("/dev/null")
+            .and_then(|null| above_stdio(null.into()))
+            .map_err(|e| setup_error("/dev/null", e))?;
+        (null, None)
+    };
+    let (stdout_read, stdout_write) = pipe().map_err(|e| setup_error("stdout pipe", e))?;
+    let (stderr_read, stderr_write) = pipe().map_err(|e| setup_error("stderr pipe", e))?;
+    let mut env = command.env.clone();
+    env.push((SUPERVISION_TOKEN_ENV.into(), token.clone().into()));
+    let stdio = [
+        stdin_read.as_raw_fd(),
+        stdout_write.as_raw_fd(),
+        stderr_write.as_raw_fd(),
+    ];
+    let request = vfork::Request::new(
+        &command.program,
+        &command.args,
+        &env,
+        &command.cwd,
+        stdio,
+        setup,
+    )
+    .map_err(|e| spawn_error(command, e))?;
+
+    let mut registry = reaper::lock();
+    let child = vfork::spawn(&request).map_err(|e| spawn_error(command, e))?;
+    let pid = child.id();
+    let registration = registry.register(pid);
+    drop(registry);
+    drop((stdin_read, stdout_write, stderr_write));
+
+    let reader = |fd: std::os::fd::OwnedFd, what: &str| {
+        let std_fd = std::process::ChildStdout::from(fd);
+        ChildStdout::from_std(std_fd).map_err(|e| setup_error(what, e))
+    };
+    let stdout = reader(stdout_read, "stdout pipe")?;
+    let stderr = ChildStderr::from_std(std::process::ChildStderr::from(stderr_read))
+        .map_err(|e| setup_error("stderr pipe", e))?;
+    let (writer, input_object) = match stdin_write {
+        Some(write) => {
+            let stdin = ChildStdin::from_std(std::process::ChildStdin::from(write))
+                .map_err(|e| setup_error("stdin pipe", e))?;
+            let inode = stdin
+                .as_fd_inode()
+                .map_err(|e| ExecError::Setup(format!("stdin pipe: {e}")))?;
+            (
+                Some(InputWriter::Pipe(stdin)),
+                Some(InputObject::Pipe(inode)),
+            )
+        }
+        None => (None, None),
+    };
+    Ok(Spawned {
+        root: Root::Lean(child),
         readers: OutputReaders::Pipes { stdout, stderr },
         writer,
         input_object,
