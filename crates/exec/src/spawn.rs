@@ -18,10 +18,9 @@ use crate::sandbox;
 use crate::spec::{PreparedCommand, SUPERVISION_TOKEN_ENV, StdinMode};
 use crate::teardown::RunIdentity;
 use crate::vfork;
-use process_wrap::tokio::{ChildWrapper, CommandWrap, ProcessSession};
 use std::io;
 use std::path::PathBuf;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 
 /// The object a job reads its input from, to recognise a process blocked reading it.
@@ -50,29 +49,29 @@ pub(crate) enum OutputReaders {
 
 /// The root process of a run, as spawned.
 pub(crate) enum Root {
-    Session(Box<dyn ChildWrapper>),
     Tty(tokio::process::Child),
-    Lean(vfork::Child),
+    /// Spawned by [`crate::vfork`]; a confined one with the stacks its keeper and init run on,
+    /// released after the root (so after both) is gone.
+    Lean {
+        child: vfork::Child,
+        _stacks: Option<vfork::Stacks>,
+    },
 }
 
 impl Root {
     /// Sends SIGKILL to the root process.
     fn start_kill(&mut self) -> io::Result<()> {
         match self {
-            Self::Session(wrapped) => wrapped.start_kill(),
             Self::Tty(child) => child.start_kill(),
-            Self::Lean(child) => child.start_kill(),
+            Self::Lean { child, .. } => child.start_kill(),
         }
     }
 
     /// Waits for the root process alone (not its group) to exit. Cancel-safe.
     pub(crate) async fn wait(&mut self) -> io::Result<ExitStatus> {
         match self {
-            // The session wrapper's own `wait` also waits for every group member; the root's
-            // exit is what decides the outcome, so wait on the tokio child underneath.
-            Self::Session(wrapped) => wrapped.inner_mut().wait().await,
             Self::Tty(child) => child.wait().await,
-            Self::Lean(child) => child.wait().await,
+            Self::Lean { child, .. } => child.wait().await,
         }
     }
 }
@@ -124,10 +123,7 @@ pub(crate) fn spawn(command: &PreparedCommand) -> Result<Spawned, ExecError> {
     let setup = ChildSetup::new(&command.limits);
     let confined = command.sandbox.prepare()?;
     let mut spawned = match command.stdin {
-        StdinMode::Null | StdinMode::Pipe if confined.is_none() => {
-            spawn_lean(command, token, setup)
-        }
-        StdinMode::Null | StdinMode::Pipe => spawn_piped(command, token, setup, confined.as_ref()),
+        StdinMode::Null | StdinMode::Pipe => spawn_lean(command, token, setup, confined.as_ref()),
         StdinMode::Tty => spawn_tty(command, token, setup, confined.as_ref()),
     }?;
     if let Some(confined) = confined {
@@ -142,59 +138,6 @@ pub(crate) fn spawn(command: &PreparedCommand) -> Result<Spawned, ExecError> {
         }
     }
     Ok(spawned)
-}
-
-fn spawn_piped(
-    command: &PreparedCommand,
-    token: String,
-    setup: ChildSetup,
-    confined: Option<&sandbox::Prepared>,
-) -> Result<Spawned, ExecError> {
-    let mut cmd = base_command(command, &token, confined);
-    let interactive = command.stdin == StdinMode::Pipe;
-    cmd.stdin(if interactive {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    hooks::install(&mut cmd, setup, confined.map(|c| c.plan.clone()));
-    let mut wrapped = CommandWrap::from(cmd);
-    wrapped.wrap(ProcessSession);
-
-    let mut registry = reaper::lock();
-    let mut child = wrapped.spawn().map_err(|e| spawn_error(command, e))?;
-    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
-        return Err(ExecError::Setup("spawned child has no pid".into()));
-    };
-    let registration = registry.register(pid);
-    drop(registry);
-
-    let (Some(stdout), Some(stderr)) = (child.stdout().take(), child.stderr().take()) else {
-        return Err(ExecError::Setup("spawned child has no output pipes".into()));
-    };
-    let (writer, input_object) = match child.stdin().take() {
-        Some(stdin) => {
-            let inode = stdin
-                .as_fd_inode()
-                .map_err(|e| ExecError::Setup(format!("stdin pipe: {e}")))?;
-            (
-                Some(InputWriter::Pipe(stdin)),
-                Some(InputObject::Pipe(inode)),
-            )
-        }
-        None => (None, None),
-    };
-    Ok(Spawned {
-        root: Root::Session(child),
-        readers: OutputReaders::Pipes { stdout, stderr },
-        writer,
-        input_object,
-        identity: RunIdentity { root: pid, token },
-        registration,
-        sandbox: None,
-    })
 }
 
 /// A pipe from `pipe2` with both ends close-on-exec: (read, write).
@@ -213,11 +156,12 @@ fn above_stdio(fd: std::os::fd::OwnedFd) -> io::Result<std::os::fd::OwnedFd> {
     Ok(rustix::io::fcntl_dupfd_cloexec(&fd, 3)?)
 }
 
-/// An unconfined process on pipes, spawned without copying ring0's address space.
+/// A process on pipes, spawned without copying ring0's address space ([`crate::vfork`]).
 fn spawn_lean(
     command: &PreparedCommand,
     token: String,
     setup: ChildSetup,
+    confined: Option<&sandbox::Prepared>,
 ) -> Result<Spawned, ExecError> {
     use std::os::fd::AsRawFd;
     let setup_error = |what: &str, e: io::Error| ExecError::Setup(format!("{what}: {e}"));
@@ -234,7 +178,19 @@ fn spawn_lean(
     let (stdout_read, stdout_write) = pipe().map_err(|e| setup_error("stdout pipe", e))?;
     let (stderr_read, stderr_write) = pipe().map_err(|e| setup_error("stderr pipe", e))?;
     let mut env = command.env.clone();
-    env.push((SUPERVISION_TOKEN_ENV.into(), token.clone().into()));
+    let extra = confined.map(|c| c.env()).unwrap_or_default();
+    let extra = extra
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .chain(std::iter::once((
+            SUPERVISION_TOKEN_ENV.into(),
+            token.clone().into(),
+        )));
+    for (name, value) in extra {
+        // A later value replaces an earlier one of the same name, as `Command::env` does.
+        env.retain(|(k, _)| *k != name);
+        env.push((name, value));
+    }
     let stdio = [
         stdin_read.as_raw_fd(),
         stdout_write.as_raw_fd(),
@@ -251,7 +207,14 @@ fn spawn_lean(
     .map_err(|e| spawn_error(command, e))?;
 
     let mut registry = reaper::lock();
-    let child = vfork::spawn(&request).map_err(|e| spawn_error(command, e))?;
+    let (child, stacks) = match confined {
+        None => (vfork::spawn(&request), None),
+        Some(c) => match vfork::spawn_confined(&request, &c.plan) {
+            Ok(confined) => (Ok(confined.child), Some(confined.stacks)),
+            Err(e) => (Err(e), None),
+        },
+    };
+    let child = child.map_err(|e| spawn_error(command, e))?;
     let pid = child.id();
     let registration = registry.register(pid);
     drop(registry);
@@ -279,7 +242,10 @@ fn spawn_lean(
         None => (None, None),
     };
     Ok(Spawned {
-        root: Root::Lean(child),
+        root: Root::Lean {
+            child,
+            _stacks: stacks,
+        },
         readers: OutputReaders::Pipes { stdout, stderr },
         writer,
         input_object,

@@ -47,7 +47,7 @@ const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 /// Which step of the confinement failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
-enum Step {
+pub(crate) enum Step {
     Namespaces = 1,
     IdMaps,
     PrivateMounts,
@@ -100,7 +100,7 @@ impl Step {
         })
     }
 
-    fn error(self) -> io::Error {
+    pub(crate) fn error(self) -> io::Error {
         let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0) & 0xffff;
         io::Error::from_raw_os_error(((self as i32) << STEP_SHIFT) | errno)
     }
@@ -220,33 +220,7 @@ impl Plan {
         // SAFETY: every call below is a raw system call on memory owned by `self` (prepared by
         // the parent and not mutated) or on the stack; nothing allocates or takes a lock.
         unsafe {
-            let own_net = match &self.warm {
-                Some((_, fds)) => join(fds)?,
-                None => {
-                    self.create_namespaces()?;
-                    true
-                }
-            };
-            let flags = libc::MS_REC | libc::MS_PRIVATE;
-            if libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                flags,
-                std::ptr::null(),
-            ) != 0
-            {
-                return Err(Step::PrivateMounts.error());
-            }
-            for mask in &self.masks {
-                cover(mask).map_err(|()| Step::Mask.error())?;
-            }
-            if own_net {
-                loopback_up().map_err(|()| Step::Loopback.error())?;
-            }
-            if let Some((_, theirs)) = &self.egress {
-                send_listener(theirs.as_raw_fd()).map_err(|()| Step::Egress.error())?;
-            }
+            self.enter_namespaces()?;
             let mut lifeline = [0 as RawFd; 2];
             let mut status = [0 as RawFd; 2];
             if libc::pipe2(lifeline.as_mut_ptr(), libc::O_CLOEXEC) != 0
@@ -315,8 +289,44 @@ impl Plan {
         }
     }
 
+    /// The keeper's namespaces, mounts, masks, loopback and egress listener: everything before
+    /// the PID namespace's init is started. Raw system calls only.
+    pub(crate) unsafe fn enter_namespaces(&self) -> io::Result<()> {
+        // SAFETY: raw system calls on memory owned by `self` or on the stack.
+        unsafe {
+            let own_net = match &self.warm {
+                Some((_, fds)) => join(fds)?,
+                None => {
+                    self.create_namespaces()?;
+                    true
+                }
+            };
+            let flags = libc::MS_REC | libc::MS_PRIVATE;
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(Step::PrivateMounts.error());
+            }
+            for mask in &self.masks {
+                cover(mask).map_err(|()| Step::Mask.error())?;
+            }
+            if own_net {
+                loopback_up().map_err(|()| Step::Loopback.error())?;
+            }
+            if let Some((_, theirs)) = &self.egress {
+                send_listener(theirs.as_raw_fd()).map_err(|()| Step::Egress.error())?;
+            }
+            Ok(())
+        }
+    }
+
     /// The program process: drops privileges and restricts itself.
-    unsafe fn confine_program(&self) -> io::Result<()> {
+    pub(crate) unsafe fn confine_program(&self) -> io::Result<()> {
         // SAFETY: raw system calls on stack data and on `self`'s prepared fields.
         unsafe {
             drop_capabilities().map_err(|()| Step::Capabilities.error())?;
@@ -374,7 +384,8 @@ unsafe fn join(fds: &JoinFds) -> io::Result<bool> {
 /// Signals passed on down the chain keeper → init → program, so a teardown's SIGTERM reaches
 /// the program (an init ignores signals it has no handler for) and its grace period means
 /// something.
-const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+pub(crate) const FORWARDED: [libc::c_int; 4] =
+    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
 
 /// The process the forwarding handler signals (per process: each fork has its own copy).
 static FORWARD_TO: AtomicI32 = AtomicI32::new(0);
@@ -414,7 +425,7 @@ unsafe fn raw_fork() -> libc::pid_t {
 }
 
 /// Closes every descriptor but `keep` (sorted, at most two).
-pub(super) unsafe fn close_all_except(keep: [RawFd; 2]) {
+pub(crate) unsafe fn close_all_except(keep: [RawFd; 2]) {
     let (a, b) = if keep[0] <= keep[1] {
         (keep[0], keep[1])
     } else {
@@ -483,6 +494,15 @@ unsafe fn keep(init: libc::pid_t, lifeline: RawFd, status_read: RawFd) -> ! {
         } else {
             init_status
         };
+        exit_as(status)
+    }
+}
+
+/// Ends this process the way `status` (a wait status) says: by the same signal, or with the same
+/// exit code.
+pub(crate) unsafe fn exit_as(status: libc::c_int) -> ! {
+    // SAFETY: raw system calls only; the process ends here.
+    unsafe {
         if libc::WIFSIGNALED(status) {
             let signal = libc::WTERMSIG(status);
             libc::signal(signal, libc::SIG_DFL);

@@ -31,7 +31,7 @@ mod syscalls;
 mod warm;
 
 pub use child::EgressListener;
-pub(crate) use child::{Plan, step_failure};
+pub(crate) use child::{FORWARDED, Plan, Step, close_all_except, exit_as, step_failure};
 
 use crate::limits;
 use std::ffi::CString;
