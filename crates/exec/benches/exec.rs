@@ -1,8 +1,9 @@
 //! `cargo bench -p ring0-exec`: supervision overhead, measured against baselines in the same run.
 //!
 //! 1. Spawn + capture + shape of `true` and of `seq 1 100000` through `run_command`, against a
-//!    bare `std::process::Command::output()` of the same command (ratio; target ≤ 1.2×), with
-//!    token counting on (the default) and off.
+//!    bare `std::process::Command::output()` of the same command (ratio; targets ≤ 1.5× and
+//!    ≤ 1.2×), with token counting on (the default) and off, with the sandbox off, on (warm
+//!    namespaces, the default) and on with every namespace created per process.
 //! 2. 1,000 concurrent `sleep 2` background jobs: ring0's own CPU time (utime + stime of this
 //!    process, from /proc/self/stat) while they wait, as a share of wall time (target ≤ 2%).
 //!    Each job first blocks opening a FIFO and then execs `sleep 2`; opening the FIFO for
@@ -134,6 +135,16 @@ async fn spawn_capture_shape(ws: &Path) {
         "true (sandbox off, tokens off)",
         &["true"],
         &unconfined_without_tokens,
+        rounds,
+    )
+    .await;
+    let cold = ExecPolicy::new(ws).sandbox(with_tokens.sandbox.without_warm_namespaces());
+    let mut cold_without_tokens = cold.clone();
+    cold_without_tokens.shape.count_tokens = false;
+    compare(
+        "true (sandbox, every namespace per process)",
+        &["true"],
+        &cold_without_tokens,
         rounds,
     )
     .await;

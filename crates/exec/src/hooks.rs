@@ -66,7 +66,7 @@ impl ChildSetup {
     }
 
     /// Runs in the child. Only raw system calls: no allocation, no locks.
-    fn apply(&self) -> io::Result<()> {
+    pub(crate) fn apply(&self) -> io::Result<()> {
         process::set_parent_process_death_signal(Some(Signal::KILL))?;
         // The parent may have died between fork and prctl; then no signal will ever come.
         if process::getppid() != Some(self.parent) {

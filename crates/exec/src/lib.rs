@@ -47,6 +47,7 @@ mod spawn;
 mod spec;
 mod supervise;
 mod teardown;
+mod vfork;
 
 pub use error::{ExecError, JobError};
 pub use jobs::{

@@ -1,10 +1,11 @@
 //! Creating the process: a new session and process group, the explicit environment, the
 //! checked working directory, the stdin mode, the parent-death signal and resource limits.
 //!
-//! Pipes go through tokio's process support wrapped by process-wrap's `ProcessSession` (the
+//! Unconfined pipes go through [`crate::vfork`] (no copy of ring0's address space); confined
+//! pipes through tokio's process support wrapped by process-wrap's `ProcessSession` (the
 //! `setsid` before exec); terminals through `pty-process`, which makes the child a session
-//! leader with the terminal as its controlling terminal. Both register [`crate::hooks`] for the
-//! rest, and both register the child in [`crate::reaper`] under the spawn lock.
+//! leader with the terminal as its controlling terminal. Each applies [`crate::hooks`] for the
+//! rest, and each registers the child in [`crate::reaper`] under the spawn lock.
 //!
 //! The parent-death signal fires when the *thread* that spawned the child exits. Spawning happens
 //! on the calling task's thread: a runtime worker, which lives as long as its runtime. Do not
@@ -16,10 +17,10 @@ use crate::reaper::{self, DirectChild};
 use crate::sandbox;
 use crate::spec::{PreparedCommand, SUPERVISION_TOKEN_ENV, StdinMode};
 use crate::teardown::RunIdentity;
-use process_wrap::tokio::{ChildWrapper, CommandWrap, ProcessSession};
+use crate::vfork;
 use std::io;
 use std::path::PathBuf;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 
 /// The object a job reads its input from, to recognise a process blocked reading it.
@@ -48,26 +49,29 @@ pub(crate) enum OutputReaders {
 
 /// The root process of a run, as spawned.
 pub(crate) enum Root {
-    Session(Box<dyn ChildWrapper>),
     Tty(tokio::process::Child),
+    /// Spawned by [`crate::vfork`]; a confined one with the stacks its keeper and init run on,
+    /// released after the root (so after both) is gone.
+    Lean {
+        child: vfork::Child,
+        _stacks: Option<vfork::Stacks>,
+    },
 }
 
 impl Root {
     /// Sends SIGKILL to the root process.
     fn start_kill(&mut self) -> io::Result<()> {
         match self {
-            Self::Session(wrapped) => wrapped.start_kill(),
             Self::Tty(child) => child.start_kill(),
+            Self::Lean { child, .. } => child.start_kill(),
         }
     }
 
     /// Waits for the root process alone (not its group) to exit. Cancel-safe.
     pub(crate) async fn wait(&mut self) -> io::Result<ExitStatus> {
         match self {
-            // The session wrapper's own `wait` also waits for every group member; the root's
-            // exit is what decides the outcome, so wait on the tokio child underneath.
-            Self::Session(wrapped) => wrapped.inner_mut().wait().await,
             Self::Tty(child) => child.wait().await,
+            Self::Lean { child, .. } => child.wait().await,
         }
     }
 }
@@ -119,7 +123,7 @@ pub(crate) fn spawn(command: &PreparedCommand) -> Result<Spawned, ExecError> {
     let setup = ChildSetup::new(&command.limits);
     let confined = command.sandbox.prepare()?;
     let mut spawned = match command.stdin {
-        StdinMode::Null | StdinMode::Pipe => spawn_piped(command, token, setup, confined.as_ref()),
+        StdinMode::Null | StdinMode::Pipe => spawn_lean(command, token, setup, confined.as_ref()),
         StdinMode::Tty => spawn_tty(command, token, setup, confined.as_ref()),
     }?;
     if let Some(confined) = confined {
@@ -136,38 +140,97 @@ pub(crate) fn spawn(command: &PreparedCommand) -> Result<Spawned, ExecError> {
     Ok(spawned)
 }
 
-fn spawn_piped(
+/// A pipe from `pipe2` with both ends close-on-exec: (read, write).
+fn pipe() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    Ok((above_stdio(read)?, above_stdio(write)?))
+}
+
+/// `fd`, moved above 0–2 if it is one of them (ring0 started with a standard descriptor
+/// closed), so that moving the child's stdio into place never overwrites another of them.
+fn above_stdio(fd: std::os::fd::OwnedFd) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    Ok(rustix::io::fcntl_dupfd_cloexec(&fd, 3)?)
+}
+
+/// A process on pipes, spawned without copying ring0's address space ([`crate::vfork`]).
+fn spawn_lean(
     command: &PreparedCommand,
     token: String,
     setup: ChildSetup,
     confined: Option<&sandbox::Prepared>,
 ) -> Result<Spawned, ExecError> {
-    let mut cmd = base_command(command, &token, confined);
+    use std::os::fd::AsRawFd;
+    let setup_error = |what: &str, e: io::Error| ExecError::Setup(format!("{what}: {e}"));
     let interactive = command.stdin == StdinMode::Pipe;
-    cmd.stdin(if interactive {
-        Stdio::piped()
+    let (stdin_read, stdin_write) = if interactive {
+        let (read, write) = pipe().map_err(|e| setup_error("stdin pipe", e))?;
+        (read, Some(write))
     } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    hooks::install(&mut cmd, setup, confined.map(|c| c.plan.clone()));
-    let mut wrapped = CommandWrap::from(cmd);
-    wrapped.wrap(ProcessSession);
+        let null = std::fs::File::open("/dev/null")
+            .and_then(|null| above_stdio(null.into()))
+            .map_err(|e| setup_error("/dev/null", e))?;
+        (null, None)
+    };
+    let (stdout_read, stdout_write) = pipe().map_err(|e| setup_error("stdout pipe", e))?;
+    let (stderr_read, stderr_write) = pipe().map_err(|e| setup_error("stderr pipe", e))?;
+    let mut env = command.env.clone();
+    let extra = confined.map(|c| c.env()).unwrap_or_default();
+    let extra = extra
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .chain(std::iter::once((
+            SUPERVISION_TOKEN_ENV.into(),
+            token.clone().into(),
+        )));
+    for (name, value) in extra {
+        // A later value replaces an earlier one of the same name, as `Command::env` does.
+        env.retain(|(k, _)| *k != name);
+        env.push((name, value));
+    }
+    let stdio = [
+        stdin_read.as_raw_fd(),
+        stdout_write.as_raw_fd(),
+        stderr_write.as_raw_fd(),
+    ];
+    let request = vfork::Request::new(
+        &command.program,
+        &command.args,
+        &env,
+        &command.cwd,
+        stdio,
+        setup,
+    )
+    .map_err(|e| spawn_error(command, e))?;
 
     let mut registry = reaper::lock();
-    let mut child = wrapped.spawn().map_err(|e| spawn_error(command, e))?;
-    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
-        return Err(ExecError::Setup("spawned child has no pid".into()));
+    let (child, stacks) = match confined {
+        None => (vfork::spawn(&request), None),
+        Some(c) => match vfork::spawn_confined(&request, &c.plan) {
+            Ok(confined) => (Ok(confined.child), Some(confined.stacks)),
+            Err(e) => (Err(e), None),
+        },
     };
+    let child = child.map_err(|e| spawn_error(command, e))?;
+    let pid = child.id();
     let registration = registry.register(pid);
     drop(registry);
+    drop((stdin_read, stdout_write, stderr_write));
 
-    let (Some(stdout), Some(stderr)) = (child.stdout().take(), child.stderr().take()) else {
-        return Err(ExecError::Setup("spawned child has no output pipes".into()));
+    let reader = |fd: std::os::fd::OwnedFd, what: &str| {
+        let std_fd = std::process::ChildStdout::from(fd);
+        ChildStdout::from_std(std_fd).map_err(|e| setup_error(what, e))
     };
-    let (writer, input_object) = match child.stdin().take() {
-        Some(stdin) => {
+    let stdout = reader(stdout_read, "stdout pipe")?;
+    let stderr = ChildStderr::from_std(std::process::ChildStderr::from(stderr_read))
+        .map_err(|e| setup_error("stderr pipe", e))?;
+    let (writer, input_object) = match stdin_write {
+        Some(write) => {
+            let stdin = ChildStdin::from_std(std::process::ChildStdin::from(write))
+                .map_err(|e| setup_error("stdin pipe", e))?;
             let inode = stdin
                 .as_fd_inode()
                 .map_err(|e| ExecError::Setup(format!("stdin pipe: {e}")))?;
@@ -179,7 +242,10 @@ fn spawn_piped(
         None => (None, None),
     };
     Ok(Spawned {
-        root: Root::Session(child),
+        root: Root::Lean {
+            child,
+            _stacks: stacks,
+        },
         readers: OutputReaders::Pipes { stdout, stderr },
         writer,
         input_object,

@@ -1,10 +1,12 @@
 //! The steps a confined process takes between `fork` and `execve`, as raw system calls.
 //!
 //! This runs in a forked copy of a multi-threaded process, so it only makes system calls on data
-//! prepared by the parent: no allocation, no locks. The forked process (the *keeper*) enters new
-//! user, mount, network, IPC, UTS and PID namespaces, maps its own ids, covers the masks, brings
-//! the loopback up, opens the egress listener if asked, and forks the *program* process, which
-//! *init* of the new PID namespace, which forks the *program* process. The keeper and the init
+//! prepared by the parent: no allocation, no locks. The forked process (the *keeper*) joins its
+//! sandbox's warm user, IPC, UTS and network namespaces (`super::warm`) and creates new mount and
+//! PID namespaces (and a network namespace when the profile has egress) — or, without warm
+//! namespaces, creates all six and maps its own ids — covers the masks, brings its own loopback
+//! up, opens the egress listener if asked, and forks the *init* of the new PID namespace, which
+//! forks the *program* process. The keeper and the init
 //! close every descriptor and wait; the program drops every capability, restricts itself with
 //! Landlock and seccomp and returns to `execve`. When the program ends, the init reports its
 //! status to the keeper (which exits the same way) and exits, so the kernel kills whatever is
@@ -17,6 +19,7 @@
 
 #![allow(unsafe_code)]
 
+use super::warm::{JoinFds, WarmNamespaces};
 use super::{Cover, Mask, SandboxError};
 use crate::limits::{SANDBOX_EGRESS_BACKLOG, SANDBOX_EGRESS_PORT, SANDBOX_TMPFS_MASK_OPTIONS};
 use seccompiler::BpfProgram;
@@ -33,6 +36,9 @@ const NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS;
 
+/// What a process joining warm namespaces still creates for itself (see [`super::warm`]).
+const NAMESPACES_PER_PROCESS: libc::c_int = libc::CLONE_NEWNS | libc::CLONE_NEWPID;
+
 /// Highest capability number dropped from the bounding set (beyond the kernel's last, the call
 /// fails harmlessly).
 const CAP_NUMBER_MAX: libc::c_ulong = 63;
@@ -41,7 +47,7 @@ const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 /// Which step of the confinement failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
-enum Step {
+pub(crate) enum Step {
     Namespaces = 1,
     IdMaps,
     PrivateMounts,
@@ -53,6 +59,7 @@ enum Step {
     Capabilities,
     Landlock,
     Seccomp,
+    Join,
 }
 
 const STEP_SHIFT: i32 = 16;
@@ -71,6 +78,7 @@ impl Step {
             Self::Capabilities => "dropping capabilities",
             Self::Landlock => "restricting filesystem access (Landlock)",
             Self::Seccomp => "installing the system call filter (seccomp)",
+            Self::Join => "joining the sandbox's warm namespaces",
         }
     }
 
@@ -87,11 +95,12 @@ impl Step {
             9 => Self::Capabilities,
             10 => Self::Landlock,
             11 => Self::Seccomp,
+            12 => Self::Join,
             _ => return None,
         })
     }
 
-    fn error(self) -> io::Error {
+    pub(crate) fn error(self) -> io::Error {
         let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0) & 0xffff;
         io::Error::from_raw_os_error(((self as i32) << STEP_SHIFT) | errno)
     }
@@ -147,6 +156,8 @@ pub(crate) struct Plan {
     gid_map: CString,
     /// The socket pair the listener travels over: (ring0's end, the child's end).
     egress: Option<(Mutex<Option<OwnedFd>>, OwnedFd)>,
+    /// The namespaces to join instead of creating them, kept open while the plan lives.
+    warm: Option<(Arc<WarmNamespaces>, JoinFds)>,
 }
 
 impl Plan {
@@ -155,7 +166,10 @@ impl Plan {
         filters: Arc<[BpfProgram; 2]>,
         masks: Vec<Mask>,
         egress: bool,
+        warm: Option<Arc<WarmNamespaces>>,
     ) -> Result<Self, SandboxError> {
+        // A shared network namespace has no room for one listener per process.
+        debug_assert!(!(egress && warm.as_ref().is_some_and(|w| w.shares_net())));
         let uid = rustix::process::getuid().as_raw();
         let gid = rustix::process::getgid().as_raw();
         let map = |id: u32| CString::new(format!("{id} {id} 1\n")).expect("digits have no NUL");
@@ -173,6 +187,10 @@ impl Plan {
             uid_map: map(uid),
             gid_map: map(gid),
             egress,
+            warm: warm.map(|w| {
+                let fds = w.join_fds();
+                (w, fds)
+            }),
         })
     }
 
@@ -202,30 +220,7 @@ impl Plan {
         // SAFETY: every call below is a raw system call on memory owned by `self` (prepared by
         // the parent and not mutated) or on the stack; nothing allocates or takes a lock.
         unsafe {
-            if libc::unshare(NAMESPACES) != 0 {
-                return Err(Step::Namespaces.error());
-            }
-            write_file(c"/proc/self/setgroups", c"deny").map_err(|()| Step::IdMaps.error())?;
-            write_file(c"/proc/self/uid_map", &self.uid_map).map_err(|()| Step::IdMaps.error())?;
-            write_file(c"/proc/self/gid_map", &self.gid_map).map_err(|()| Step::IdMaps.error())?;
-            let flags = libc::MS_REC | libc::MS_PRIVATE;
-            if libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                flags,
-                std::ptr::null(),
-            ) != 0
-            {
-                return Err(Step::PrivateMounts.error());
-            }
-            for mask in &self.masks {
-                cover(mask).map_err(|()| Step::Mask.error())?;
-            }
-            loopback_up().map_err(|()| Step::Loopback.error())?;
-            if let Some((_, theirs)) = &self.egress {
-                send_listener(theirs.as_raw_fd()).map_err(|()| Step::Egress.error())?;
-            }
+            self.enter_namespaces()?;
             let mut lifeline = [0 as RawFd; 2];
             let mut status = [0 as RawFd; 2];
             if libc::pipe2(lifeline.as_mut_ptr(), libc::O_CLOEXEC) != 0
@@ -280,8 +275,58 @@ impl Plan {
         }
     }
 
+    /// New user, mount, network, IPC, UTS and PID namespaces, with ring0's ids mapped.
+    unsafe fn create_namespaces(&self) -> io::Result<()> {
+        // SAFETY: raw system calls on the plan's prepared strings.
+        unsafe {
+            if libc::unshare(NAMESPACES) != 0 {
+                return Err(Step::Namespaces.error());
+            }
+            write_file(c"/proc/self/setgroups", c"deny").map_err(|()| Step::IdMaps.error())?;
+            write_file(c"/proc/self/uid_map", &self.uid_map).map_err(|()| Step::IdMaps.error())?;
+            write_file(c"/proc/self/gid_map", &self.gid_map).map_err(|()| Step::IdMaps.error())?;
+            Ok(())
+        }
+    }
+
+    /// The keeper's namespaces, mounts, masks, loopback and egress listener: everything before
+    /// the PID namespace's init is started. Raw system calls only.
+    pub(crate) unsafe fn enter_namespaces(&self) -> io::Result<()> {
+        // SAFETY: raw system calls on memory owned by `self` or on the stack.
+        unsafe {
+            let own_net = match &self.warm {
+                Some((_, fds)) => join(fds)?,
+                None => {
+                    self.create_namespaces()?;
+                    true
+                }
+            };
+            let flags = libc::MS_REC | libc::MS_PRIVATE;
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(Step::PrivateMounts.error());
+            }
+            for mask in &self.masks {
+                cover(mask).map_err(|()| Step::Mask.error())?;
+            }
+            if own_net {
+                loopback_up().map_err(|()| Step::Loopback.error())?;
+            }
+            if let Some((_, theirs)) = &self.egress {
+                send_listener(theirs.as_raw_fd()).map_err(|()| Step::Egress.error())?;
+            }
+            Ok(())
+        }
+    }
+
     /// The program process: drops privileges and restricts itself.
-    unsafe fn confine_program(&self) -> io::Result<()> {
+    pub(crate) unsafe fn confine_program(&self) -> io::Result<()> {
         // SAFETY: raw system calls on stack data and on `self`'s prepared fields.
         unsafe {
             drop_capabilities().map_err(|()| Step::Capabilities.error())?;
@@ -308,10 +353,39 @@ impl Plan {
     }
 }
 
+/// Joins warm namespaces (the user namespace first: it gives the capabilities the others need)
+/// and creates the per-process ones. Returns whether the process has a network namespace of
+/// its own (whose loopback it must bring up).
+unsafe fn join(fds: &JoinFds) -> io::Result<bool> {
+    // SAFETY: raw system calls on descriptors the plan keeps open.
+    unsafe {
+        let shared = [
+            (fds.user, libc::CLONE_NEWUSER),
+            (fds.ipc, libc::CLONE_NEWIPC),
+            (fds.uts, libc::CLONE_NEWUTS),
+        ];
+        for (fd, kind) in shared
+            .into_iter()
+            .chain(fds.net.map(|fd| (fd, libc::CLONE_NEWNET)))
+        {
+            if libc::setns(fd, kind) != 0 {
+                return Err(Step::Join.error());
+            }
+        }
+        let own_net = fds.net.is_none();
+        let flags = NAMESPACES_PER_PROCESS | if own_net { libc::CLONE_NEWNET } else { 0 };
+        if libc::unshare(flags) != 0 {
+            return Err(Step::Namespaces.error());
+        }
+        Ok(own_net)
+    }
+}
+
 /// Signals passed on down the chain keeper → init → program, so a teardown's SIGTERM reaches
 /// the program (an init ignores signals it has no handler for) and its grace period means
 /// something.
-const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+pub(crate) const FORWARDED: [libc::c_int; 4] =
+    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
 
 /// The process the forwarding handler signals (per process: each fork has its own copy).
 static FORWARD_TO: AtomicI32 = AtomicI32::new(0);
@@ -351,7 +425,7 @@ unsafe fn raw_fork() -> libc::pid_t {
 }
 
 /// Closes every descriptor but `keep` (sorted, at most two).
-unsafe fn close_all_except(keep: [RawFd; 2]) {
+pub(crate) unsafe fn close_all_except(keep: [RawFd; 2]) {
     let (a, b) = if keep[0] <= keep[1] {
         (keep[0], keep[1])
     } else {
@@ -420,6 +494,15 @@ unsafe fn keep(init: libc::pid_t, lifeline: RawFd, status_read: RawFd) -> ! {
         } else {
             init_status
         };
+        exit_as(status)
+    }
+}
+
+/// Ends this process the way `status` (a wait status) says: by the same signal, or with the same
+/// exit code.
+pub(crate) unsafe fn exit_as(status: libc::c_int) -> ! {
+    // SAFETY: raw system calls only; the process ends here.
+    unsafe {
         if libc::WIFSIGNALED(status) {
             let signal = libc::WTERMSIG(status);
             libc::signal(signal, libc::SIG_DFL);
@@ -435,7 +518,7 @@ unsafe fn keep(init: libc::pid_t, lifeline: RawFd, status_read: RawFd) -> ! {
 }
 
 /// Writes `text` to `path` in one call.
-unsafe fn write_file(path: &CStr, text: &CStr) -> Result<(), ()> {
+pub(super) unsafe fn write_file(path: &CStr, text: &CStr) -> Result<(), ()> {
     // SAFETY: raw system calls on the given strings.
     unsafe {
         let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
@@ -504,7 +587,7 @@ unsafe fn read_only(target: *const libc::c_char, locked: libc::c_ulong) -> bool 
 }
 
 /// Sets `lo` up in the new network namespace.
-unsafe fn loopback_up() -> Result<(), ()> {
+pub(super) unsafe fn loopback_up() -> Result<(), ()> {
     // SAFETY: raw socket and ioctl calls on a stack `ifreq`.
     unsafe {
         let socket = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);

@@ -4,10 +4,13 @@
 //! to a workspace and to ring0's protected paths. Before a confined program's first instruction
 //! its process has:
 //!
-//! - **its own user, mount, network and PID namespaces**: no network but a loopback that is up
-//!   (a profile that allows egress gets one TCP listener on 127.0.0.1, handed to ring0's egress
-//!   proxy, and the proxy variables pointing at it); the program is the PID namespace's init, so
-//!   when it ends the kernel kills every process it left behind, daemons included;
+//! - **its own mount and PID namespaces** inside the user, IPC, UTS and network namespaces its
+//!   sandbox keeps warm ([`warm`]: created once, joined by each process): no network but a
+//!   loopback that is up (a profile that allows egress gets a network namespace of its own per
+//!   process, with one TCP listener on 127.0.0.1 handed to ring0's egress proxy, and the proxy
+//!   variables pointing at it); the program's PID namespace ends with it, so the kernel kills
+//!   every process it left behind, daemons included ([`Sandbox::without_warm_namespaces`]
+//!   creates every namespace per process instead);
 //! - **masks** mounted over ring0's protected paths, `.git/hooks` (read-only) and the system
 //!   secrets a profile hides (`/etc/shadow` …): empty and read-only;
 //! - **Landlock** rules: the workspace and a private scratch directory (`HOME` and `TMPDIR`)
@@ -25,15 +28,16 @@
 mod child;
 mod fs;
 mod syscalls;
+mod warm;
 
 pub use child::EgressListener;
-pub(crate) use child::{Plan, step_failure};
+pub(crate) use child::{FORWARDED, Plan, Step, close_all_except, exit_as, step_failure};
 
 use crate::limits;
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The name of the profile used when the configuration names none.
 pub const PROFILE_DEFAULT: &str = "workspace";
@@ -155,6 +159,43 @@ struct Bound {
     workspace: PathBuf,
     protected: Vec<PathBuf>,
     egress: Option<Arc<dyn EgressProxy>>,
+    /// The namespaces this sandbox's processes join ([`warm`]); `None` until the first spawn,
+    /// and for good when every process must create all of its own.
+    warm: Option<Mutex<Option<Arc<warm::WarmNamespaces>>>>,
+}
+
+impl Bound {
+    fn new(
+        profile: SandboxProfile,
+        workspace: PathBuf,
+        protected: Vec<PathBuf>,
+        egress: Option<Arc<dyn EgressProxy>>,
+        warm: bool,
+    ) -> Self {
+        Self {
+            profile,
+            workspace,
+            protected,
+            egress,
+            warm: warm.then(|| Mutex::new(None)),
+        }
+    }
+
+    /// The warm namespaces, created on first use (an error is not kept: the next spawn tries
+    /// again). `None` when this sandbox creates every namespace per process.
+    fn warm(&self) -> Result<Option<Arc<warm::WarmNamespaces>>, SandboxError> {
+        let Some(slot) = &self.warm else {
+            return Ok(None);
+        };
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(warm) = slot.as_ref() {
+            return Ok(Some(warm.clone()));
+        }
+        let share_net = matches!(self.profile.network, NetworkPolicy::None);
+        let warm = Arc::new(warm::WarmNamespaces::create(share_net)?);
+        *slot = Some(warm.clone());
+        Ok(Some(warm))
+    }
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -186,12 +227,31 @@ impl Sandbox {
         protected: Vec<PathBuf>,
     ) -> Self {
         Self {
-            inner: Some(Arc::new(Bound {
+            inner: Some(Arc::new(Bound::new(
                 profile,
-                workspace: workspace.into(),
+                workspace.into(),
                 protected,
-                egress: None,
-            })),
+                None,
+                true,
+            ))),
+        }
+    }
+
+    /// The same sandbox, with every process creating all of its namespaces instead of joining
+    /// the user, IPC, UTS and (without egress) network namespaces its sandbox keeps warm: no
+    /// two processes share any namespace, at several milliseconds per spawn.
+    pub fn without_warm_namespaces(&self) -> Self {
+        let Some(bound) = &self.inner else {
+            return self.clone();
+        };
+        Self {
+            inner: Some(Arc::new(Bound::new(
+                bound.profile.clone(),
+                bound.workspace.clone(),
+                bound.protected.clone(),
+                bound.egress.clone(),
+                false,
+            ))),
         }
     }
 
@@ -200,15 +260,14 @@ impl Sandbox {
         let Some(bound) = self.inner else {
             return self;
         };
-        let mut bound = Arc::try_unwrap(bound).unwrap_or_else(|shared| Bound {
-            profile: shared.profile.clone(),
-            workspace: shared.workspace.clone(),
-            protected: shared.protected.clone(),
-            egress: shared.egress.clone(),
-        });
-        bound.egress = Some(proxy);
         Self {
-            inner: Some(Arc::new(bound)),
+            inner: Some(Arc::new(Bound::new(
+                bound.profile.clone(),
+                bound.workspace.clone(),
+                bound.protected.clone(),
+                Some(proxy),
+                bound.warm.is_some(),
+            ))),
         }
     }
 
@@ -271,12 +330,13 @@ impl Sandbox {
         let mut profile = bound.profile.clone();
         profile.read.extend(extra);
         Self {
-            inner: Some(Arc::new(Bound {
+            inner: Some(Arc::new(Bound::new(
                 profile,
-                workspace: bound.workspace.clone(),
-                protected: bound.protected.clone(),
-                egress: bound.egress.clone(),
-            })),
+                bound.workspace.clone(),
+                bound.protected.clone(),
+                bound.egress.clone(),
+                bound.warm.is_some(),
+            ))),
         }
     }
 
@@ -318,7 +378,8 @@ impl Sandbox {
                 profile: bound.profile.name.clone(),
             });
         }
-        let plan = child::Plan::new(ruleset, syscalls::filter()?, masks, egress_wanted)?;
+        let warm = bound.warm()?;
+        let plan = child::Plan::new(ruleset, syscalls::filter()?, masks, egress_wanted, warm)?;
         Ok(Some(Prepared {
             plan: Arc::new(plan),
             scratch,
