@@ -278,12 +278,13 @@ impl Sandbox {
             return self.clone();
         };
         Self {
-            inner: Some(Arc::new(Bound {
+            inner: Some(Arc::new(Bound::new(
                 profile,
-                workspace: bound.workspace.clone(),
-                protected: bound.protected.clone(),
-                egress: bound.egress.clone(),
-            })),
+                bound.workspace.clone(),
+                bound.protected.clone(),
+                bound.egress.clone(),
+                bound.warm.is_some(),
+            ))),
         }
     }
 
