@@ -15,12 +15,16 @@
 //! Calls held for approval are asked over MCP (elicitation), or with a confirmation code printed
 //! here for the person when the client cannot be asked.
 //!
+//! Operations: over HTTP, `/healthz`, `/readyz` and `/metrics` (behind the same credentials as
+//! `/mcp`) are served beside `/mcp`; `--metrics-addr` serves them on a loopback address of
+//! their own, for a stdio deployment (see `ring0_ops`).
+//!
 //! `ring0 approve-tool NAME` (see `crate::approve_cmd`) approves a quarantined upstream tool (its
 //! new definition's pin is written to `ring0.lock`; a running server picks it up within a second).
 
 use crate::LogLevel;
 use clap::Args;
-use ring0_config::{Config, Loaded, build_kernel};
+use ring0_config::{Config, Loaded, build_kernel_tapped};
 use ring0_mcp::approval::{Approvals, McpApprover};
 use ring0_mcp::http::{HttpOptions, MCP_PATH};
 use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log};
@@ -58,6 +62,11 @@ pub struct ServeArgs {
     /// idempotency key, which decides across scopes.
     #[arg(long, value_name = "SCOPE")]
     scope: Option<String>,
+    /// Serve `/metrics`, `/healthz` and `/readyz` on this loopback address of their own (e.g.
+    /// 127.0.0.1:9464), for a stdio deployment. Over --http they are served beside /mcp
+    /// anyway.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<SocketAddr>,
 }
 
 /// The generation holding the tools of every upstream that is up. An upstream publishes its
@@ -162,8 +171,15 @@ pub fn run(
         let log = Log::stderr();
         // The policy engine holds calls for approval itself; the session does not gate A3 again.
         let approvals = Approvals::new(log.clone(), false);
-        let built = build_kernel(&loaded, Arc::new(McpApprover::new(approvals.clone())))
-            .map_err(|e| e.to_string())?;
+        let metrics = Arc::new(ring0_ops::metrics::Metrics::new(Duration::from_secs(
+            loaded.config.approval.timeout_secs,
+        )));
+        let built = build_kernel_tapped(
+            &loaded,
+            Arc::new(McpApprover::new(approvals.clone())),
+            Some(metrics.clone()),
+        )
+        .map_err(|e| e.to_string())?;
         let builtins = built
             .kernel
             .registry()
@@ -193,7 +209,32 @@ pub fn run(
             session_end: Some(end_jobs_with_session(built.jobs.clone())),
             upstream_sandboxes: ring0_config::sandbox::upstream_sandboxes(&loaded)
                 .map_err(|e| e.to_string())?,
+            observer: Some(metrics.clone()),
         })?;
+        let operations = Arc::new(ring0_ops::Operations::new(metrics, gw.clone()));
+        let shutdown = CancellationToken::new();
+        if let Some(metrics_addr) = args.metrics_addr {
+            // Bound before serving anything, so that a bad address is refused at start.
+            let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+            let served = operations.clone().serve(
+                metrics_addr,
+                log.clone(),
+                shutdown.clone(),
+                move |bound| {
+                    let _ = bound_tx.send(bound);
+                },
+            );
+            let failed = tokio::spawn(served);
+            match bound_rx.await {
+                Ok(bound) => log.line(&format!("metrics on http://{bound}/metrics")),
+                Err(_) => {
+                    return Err(match failed.await {
+                        Ok(Err(why)) => why,
+                        _ => "the metrics address could not be served".to_string(),
+                    });
+                }
+            }
+        }
         // Each upstream is waited for at most its own `start_timeout_ms`, all at once.
         let down = gw.wait_for_start().await;
         for alias in &down {
@@ -284,7 +325,6 @@ pub fn run(
                 ring0_mcp::serve_stdio(server).await
             }
             Some(addr) => {
-                let shutdown = CancellationToken::new();
                 let stop = shutdown.clone();
                 tokio::spawn(async move {
                     let _ = tokio::signal::ctrl_c().await;
@@ -302,6 +342,7 @@ pub fn run(
                         .map(|h| format!("http://{h}:*"))
                         .collect(),
                     door: loaded.config.http.clone(),
+                    operations: Some(operations.routes()),
                 };
                 let log2 = log.clone();
                 ring0_mcp::http::serve_http(

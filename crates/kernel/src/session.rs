@@ -56,6 +56,7 @@ pub(crate) struct KernelInner {
     pub(crate) settled: Arc<tokio::sync::Notify>,
     pub(crate) key_retention_ms: u64,
     pub(crate) in_flight_wait_ms: u64,
+    pub(crate) observer: Option<Arc<dyn crate::events::EventObserver>>,
 }
 
 /// The mediation kernel: tools, journal and default policy, shared by its sessions.
@@ -75,6 +76,7 @@ pub struct KernelBuilder {
     spill: Option<Arc<SpillStore>>,
     key_retention_ms: u64,
     in_flight_wait_ms: u64,
+    observer: Option<Arc<dyn crate::events::EventObserver>>,
 }
 
 /// A list of secret values the kernel or a session cannot redact.
@@ -231,6 +233,13 @@ impl KernelBuilder {
         self
     }
 
+    /// Every event of every session goes to `observer` as well, as it is sent (see
+    /// [`crate::events::EventObserver`]): what an operations host counts its metrics from.
+    pub fn observer(mut self, observer: Arc<dyn crate::events::EventObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
     pub fn build(mut self) -> Kernel {
         self.registry.apply_traits(&self.traits);
         let spill = self.spill.map(|store| KernelSpill {
@@ -262,6 +271,7 @@ impl KernelBuilder {
                 settled: Default::default(),
                 key_retention_ms: self.key_retention_ms,
                 in_flight_wait_ms: self.in_flight_wait_ms,
+                observer: self.observer,
             }),
         }
     }
@@ -493,6 +503,7 @@ impl Kernel {
             spill: None,
             key_retention_ms: IDEMPOTENCY_KEY_RETENTION_MS_DEFAULT,
             in_flight_wait_ms: IN_FLIGHT_WAIT_MS_DEFAULT,
+            observer: None,
         }
     }
 
@@ -537,7 +548,7 @@ impl Kernel {
 
     pub fn open_session(&self, config: SessionConfig) -> Session {
         let n = self.inner.sessions.fetch_add(1, Ordering::Relaxed);
-        let events = crate::events::EventHub::default();
+        let events = crate::events::EventHub::observed(self.inner.observer.clone());
         let authorizer = config
             .authorizer
             .clone()

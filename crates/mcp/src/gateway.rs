@@ -70,6 +70,8 @@ pub struct GatewayOptions {
     /// The OS sandbox of each stdio upstream, by alias. An alias not named runs in the default
     /// profile over `workspace`, with `protected_paths` masked.
     pub upstream_sandboxes: BTreeMap<String, ring0_exec::Sandbox>,
+    /// Sees every event of every kernel generation's sessions (an operations host's metrics).
+    pub observer: Option<Arc<dyn ring0_kernel::EventObserver>>,
 }
 
 /// What a front end does when a client session ends, given the session's scope.
@@ -106,6 +108,7 @@ struct Inner {
     /// downstream session (each stateless request is a session of its own).
     parked: Parked,
     spill: Option<Arc<SpillStore>>,
+    observer: Option<Arc<dyn ring0_kernel::EventObserver>>,
     log: Log,
     generation: RwLock<Arc<Generation>>,
     counter: AtomicU64,
@@ -462,6 +465,7 @@ impl Gateway {
             pins,
             parked: Parked::default(),
             spill: options.spill,
+            observer: options.observer,
             max_concurrent_tools: options.max_concurrent_tools.max(1),
             log: options.log.clone(),
             generation: RwLock::new(Arc::new(builtin_kernel)),
@@ -595,6 +599,7 @@ impl Gateway {
             journal: self.inner.journal.clone(),
             authorizer: self.inner.authorizer.clone(),
             spill: self.inner.spill.clone(),
+            observer: self.inner.observer.clone(),
         };
         let mut generation = build(
             &self.inner.builtins,
@@ -631,6 +636,7 @@ struct BuildEnv {
     journal: Arc<dyn Journal>,
     authorizer: Arc<dyn Authorizer>,
     spill: Option<Arc<SpillStore>>,
+    observer: Option<Arc<dyn ring0_kernel::EventObserver>>,
 }
 
 fn build_kernel(
@@ -646,6 +652,7 @@ fn build_kernel(
             journal: options.journal.clone(),
             authorizer: options.authorizer.clone(),
             spill: options.spill.clone(),
+            observer: options.observer.clone(),
         },
         log,
     )
@@ -658,6 +665,9 @@ fn build(
     log: &Log,
 ) -> Generation {
     let mut builder = Kernel::builder().journal(env.journal.clone());
+    if let Some(observer) = &env.observer {
+        builder = builder.observer(observer.clone());
+    }
     let mut tools = BTreeMap::new();
     let mut quarantined = BTreeMap::new();
     for (spec, tool) in builtins {

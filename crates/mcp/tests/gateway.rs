@@ -45,6 +45,7 @@ fn start(workspace: &Path, up: UpstreamConfig) -> Gateway {
         protected_paths: vec![workspace.join("ring0.lock"), workspace.join(".ring0")],
         session_end: None,
         upstream_sandboxes: Default::default(),
+        observer: None,
     })
     .expect("gateway")
 }
