@@ -43,7 +43,8 @@ pub mod schema;
 pub mod state;
 
 pub use build::{
-    Built, Checked, Parts, build_kernel, build_kernel_tapped, build_parts, build_parts_tapped, check,
+    Built, Checked, Parts, build_kernel, build_kernel_tapped, build_parts, build_parts_tapped,
+    check,
 };
 pub use load::{Loaded, approvals_dir, read_bounded};
 /// Ends a client session's background jobs (see [`Built::jobs`]).

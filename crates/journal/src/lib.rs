@@ -130,7 +130,9 @@ pub trait Journal: Send + Sync {
 
     /// How many records are in each state (states without records left out), for operators'
     /// gauges. `None` from a backend that cannot count without reading every record.
-    async fn count_by_state(&self) -> Result<Option<Vec<(ring0_core::IntentState, u64)>>, JournalError> {
+    async fn count_by_state(
+        &self,
+    ) -> Result<Option<Vec<(ring0_core::IntentState, u64)>>, JournalError> {
         Ok(None)
     }
 

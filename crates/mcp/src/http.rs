@@ -333,12 +333,13 @@ pub fn router(
     }
     if let Some(operations) = &options.operations {
         use crate::door::operations::host_checked;
-        let gated = operations
-            .gated
-            .clone()
-            .layer(middleware::from_fn(move |req: Request, next: Next| {
-                gate(operations_gate.clone(), req, next)
-            }));
+        let gated =
+            operations
+                .gated
+                .clone()
+                .layer(middleware::from_fn(move |req: Request, next: Next| {
+                    gate(operations_gate.clone(), req, next)
+                }));
         app = app
             .merge(host_checked(gated, operations_hosts.clone()))
             .merge(host_checked(operations.open.clone(), operations_hosts));

@@ -44,8 +44,7 @@ pub const READY_PATH: &str = "/readyz";
 pub const JOURNAL_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// The content type of the Prometheus text exposition (OpenMetrics, which prometheus-client
 /// writes: counters end in `_total` and the text ends in `# EOF`).
-const OPENMETRICS_CONTENT_TYPE: &str =
-    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The operations endpoints of one running ring0.
 pub struct Operations {
@@ -171,7 +170,8 @@ impl Operations {
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         bound(local);
         let routes = self.routes();
-        let hosts: Arc<[String]> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()].into();
+        let hosts: Arc<[String]> =
+            vec!["localhost".into(), "127.0.0.1".into(), "::1".into()].into();
         let app = host_checked(routes.open.merge(routes.gated), hosts);
         let door = ring0_mcp::door::DoorConfig::default();
         ring0_mcp::door::listener::serve(listener, app, &door, log, shutdown).await

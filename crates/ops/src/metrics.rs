@@ -56,6 +56,9 @@ pub struct Metrics {
     intents: Family<Label1, Gauge>,
     raw_tokens: Counter,
     shaped_tokens: Counter,
+    stream_raw_bytes: Counter,
+    stream_shown_bytes: Counter,
+    observation_bytes: Counter,
     truncated: Counter,
     redactions: Family<Label1, Counter>,
     repeat_guard: Family<Label1, Counter>,
@@ -147,7 +150,7 @@ impl Metrics {
         let raw_tokens = Counter::default();
         registry.register(
             "shaping_raw_tokens",
-            "Tokens tools produced before shaping",
+            "Tokens processes produced before shaping (where the shaper counts tokens)",
             raw_tokens.clone(),
         );
         let shaped_tokens = Counter::default();
@@ -155,6 +158,24 @@ impl Metrics {
             "shaping_shaped_tokens",
             "Tokens of the shaped observations the model was shown",
             shaped_tokens.clone(),
+        );
+        let stream_raw_bytes = Counter::default();
+        registry.register(
+            "shaping_stream_raw_bytes",
+            "Bytes processes wrote to their output streams before shaping",
+            stream_raw_bytes.clone(),
+        );
+        let stream_shown_bytes = Counter::default();
+        registry.register(
+            "shaping_stream_shown_bytes",
+            "Bytes of those streams the model was shown after shaping",
+            stream_shown_bytes.clone(),
+        );
+        let observation_bytes = Counter::default();
+        registry.register(
+            "observation_bytes",
+            "Bytes of model-visible observation text, every tool",
+            observation_bytes.clone(),
         );
         let truncated = Counter::default();
         registry.register(
@@ -210,6 +231,9 @@ impl Metrics {
             intents,
             raw_tokens,
             shaped_tokens,
+            stream_raw_bytes,
+            stream_shown_bytes,
+            observation_bytes,
             truncated,
             redactions,
             repeat_guard,
@@ -302,6 +326,14 @@ impl Metrics {
             self.raw_tokens.inc_by(tokens.raw);
             self.shaped_tokens.inc_by(tokens.shaped);
         }
+        for stream in [&observation.stdout, &observation.stderr]
+            .into_iter()
+            .flatten()
+        {
+            self.stream_raw_bytes.inc_by(stream.raw_bytes);
+            self.stream_shown_bytes.inc_by(stream.text.len() as u64);
+        }
+        self.observation_bytes.inc_by(observation.text.len() as u64);
         if observation.truncated {
             self.truncated.inc();
         }
@@ -311,7 +343,9 @@ impl Metrics {
             ("framing", observation.framing_neutralized),
         ] {
             if n > 0 {
-                self.redactions.get_or_create(&label("kind", kind)).inc_by(n);
+                self.redactions
+                    .get_or_create(&label("kind", kind))
+                    .inc_by(n);
             }
         }
     }
