@@ -379,10 +379,8 @@ impl Metrics {
         };
         let mut held = self.held.lock().expect("held approvals");
         match entry.decision {
-            AuditDecision::Held => {
-                if held.since_ms.len() < HELD_APPROVALS_TRACKED_MAX {
-                    held.since_ms.insert(id.clone(), entry.at_ms);
-                }
+            AuditDecision::Held if held.since_ms.len() < HELD_APPROVALS_TRACKED_MAX => {
+                held.since_ms.insert(id.clone(), entry.at_ms);
             }
             AuditDecision::Approved
             | AuditDecision::ApprovalDenied
@@ -448,4 +446,173 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ring0_kernel::EventObserver;
+    use ring0_policy::AuditSink;
+
+    fn entry(
+        decision: AuditDecision,
+        rule: &str,
+        approval_id: Option<&str>,
+        at_ms: u64,
+    ) -> AuditEntry {
+        AuditEntry {
+            at_ms,
+            decision,
+            rule: rule.into(),
+            reason: String::new(),
+            tool: "write_file".into(),
+            call_id: "c1".into(),
+            principal: "local".into(),
+            scope: "s".into(),
+            session_id: "s1".into(),
+            args_hash: "h".into(),
+            approval_id: approval_id.map(str::to_string),
+            args: None,
+        }
+    }
+
+    fn empty() -> Snapshot {
+        Snapshot {
+            intents: None,
+            upstreams: Vec::new(),
+        }
+    }
+
+    fn line_value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn a_hold_is_counted_until_the_person_answers() {
+        let m = Metrics::new(Duration::from_secs(300));
+        let now = now_ms();
+        m.record(&entry(AuditDecision::Held, "a3_approval", Some("ap1"), now))
+            .unwrap();
+        assert_eq!(
+            line_value(&m.render(&empty()), "ring0_approvals_held"),
+            Some(1.0)
+        );
+        m.record(&entry(
+            AuditDecision::Approved,
+            "approved:ap1",
+            Some("ap1"),
+            now,
+        ))
+        .unwrap();
+        let text = m.render(&empty());
+        assert_eq!(line_value(&text, "ring0_approvals_held"), Some(0.0));
+        // The approval's id is not a label value.
+        assert!(
+            text.contains("ring0_decisions_total{rule=\"approved\",outcome=\"approved\"} 1"),
+            "{text}"
+        );
+        assert!(!text.contains("ap1"), "{text}");
+    }
+
+    #[test]
+    fn a_hold_never_answered_is_forgotten_after_the_approval_timeout() {
+        let m = Metrics::new(Duration::from_secs(60));
+        let long_ago = now_ms() - 61_000;
+        m.record(&entry(
+            AuditDecision::Held,
+            "a3_approval",
+            Some("ap1"),
+            long_ago,
+        ))
+        .unwrap();
+        assert_eq!(
+            line_value(&m.render(&empty()), "ring0_approvals_held"),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn rule_labels_are_bounded() {
+        let m = Metrics::new(Duration::from_secs(60));
+        for i in 0..DECISION_RULES_MAX + 5 {
+            m.record(&entry(
+                AuditDecision::Allowed,
+                &format!("grant:g{i}"),
+                None,
+                0,
+            ))
+            .unwrap();
+        }
+        let text = m.render(&empty());
+        let rules = text
+            .lines()
+            .filter(|l| l.starts_with("ring0_decisions_total{"))
+            .count();
+        assert_eq!(
+            rules,
+            DECISION_RULES_MAX + 1,
+            "every named rule and `other`"
+        );
+        assert!(
+            text.contains("ring0_decisions_total{rule=\"other\",outcome=\"allowed\"} 5"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn upstream_restarts_follow_the_gateways_count_and_intents_every_state() {
+        let m = Metrics::new(Duration::from_secs(60));
+        let snapshot = |starts| Snapshot {
+            intents: Some(vec![(IntentState::DeadLetter, 2)]),
+            upstreams: vec![UpstreamVitals {
+                alias: "up".into(),
+                connected: starts > 0,
+                starts,
+            }],
+        };
+        m.render(&snapshot(1));
+        let text = m.render(&snapshot(3));
+        assert_eq!(
+            line_value(&text, "ring0_upstream_restarts_total{upstream=\"up\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            line_value(&text, "ring0_upstream_up{upstream=\"up\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            line_value(&text, "ring0_intents{state=\"DEAD_LETTER\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            line_value(&text, "ring0_intents{state=\"UNKNOWN\"}"),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn a_replayed_receipt_is_a_call_but_not_a_settlement() {
+        let m = Metrics::new(Duration::from_secs(60));
+        let receipt = Receipt {
+            intent_id: Some("i1".into()),
+            state: Some(IntentState::Acked),
+            ..Receipt::new(
+                "c1",
+                0,
+                "write_file",
+                Disposition::Replayed,
+                CallOutcome::Completed {
+                    observation: Observation::text("ok"),
+                },
+            )
+        };
+        m.observe(&Event::Receipt(Box::new(receipt)));
+        let text = m.render(&empty());
+        assert_eq!(
+            line_value(&text, "ring0_calls_total{disposition=\"replayed\"}"),
+            Some(1.0)
+        );
+        assert!(!text.contains("ring0_settlements_total{"), "{text}");
+    }
 }
