@@ -261,6 +261,52 @@ impl UpstreamExecutor {
     }
 }
 
+impl UpstreamExecutor {
+    /// Asks the probe, waiting out a restart of its upstream: the call whose outcome it settles
+    /// often failed because the upstream went away, and the supervisor is bringing it back just
+    /// when the probe is due. While the upstream is not connected, the probe is asked again
+    /// after a doubling pause (from `PROBE_RETRY_BACKOFF_START` up to
+    /// `PROBE_RETRY_BACKOFF_MAX`) until it answers or `PROBE_RECONNECT_WAIT` has passed. An
+    /// answer, or a failure of a connected upstream, is final at once.
+    async fn ask_probe_until_reachable(
+        &self,
+        probe: &str,
+        arguments: Value,
+    ) -> Result<Value, String> {
+        use crate::limits::{
+            PROBE_RECONNECT_WAIT, PROBE_RETRY_BACKOFF_MAX, PROBE_RETRY_BACKOFF_START,
+        };
+        let deadline = tokio::time::Instant::now() + PROBE_RECONNECT_WAIT;
+        let mut pause = PROBE_RETRY_BACKOFF_START;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if !self.upstream.is_connected() && !self.upstream.wait_connected(left).await {
+                return Err(format!(
+                    "upstream {} did not come back within {} ms to answer probe {probe:?}",
+                    self.upstream.alias(),
+                    PROBE_RECONNECT_WAIT.as_millis()
+                ));
+            }
+            let why = match self.ask_probe(probe, arguments.clone()).await {
+                Ok(answer) => return Ok(answer),
+                Err(why) => why,
+            };
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if self.upstream.is_connected() || left <= pause {
+                return Err(why);
+            }
+            self.log.line(&format!(
+                "[{}] probe {probe:?} for {} could not be asked ({why}); the upstream is \
+                 restarting, asking again",
+                self.upstream.alias(),
+                self.tool
+            ));
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(PROBE_RETRY_BACKOFF_MAX);
+        }
+    }
+}
+
 /// Reads a probe tool's verdict. Anything but the two recognized verdicts is inconclusive.
 fn probe_verdict(answer: &Value) -> ProbeFinding {
     match answer.get("verdict").and_then(Value::as_str) {
@@ -330,7 +376,7 @@ impl Tool for UpstreamExecutor {
             "arguments": args,
             "snapshot": snapshot.cloned().unwrap_or(Value::Null),
         });
-        match self.ask_probe(probe, arguments).await {
+        match self.ask_probe_until_reachable(probe, arguments).await {
             Ok(answer) => probe_verdict(&answer),
             Err(why) => ProbeFinding::Indeterminate(why),
         }
