@@ -12,8 +12,9 @@
 //! `--token-env` name who may call and as which principal; without any credential, only loopback
 //! addresses are served and every client is the local user.
 //!
-//! Calls held for approval are asked over MCP (elicitation), or with a confirmation code printed
-//! here for the person when the client cannot be asked.
+//! Calls held for approval are asked over MCP (elicitation) and offered at the same time to
+//! `ring0 approve` / `ring0 deny` in another terminal (the first answer decides), or, when the
+//! client cannot be asked, answered with a confirmation code printed here for the person.
 //!
 //! Operations: over HTTP, `/healthz`, `/readyz` and `/metrics` (behind the same credentials as
 //! `/mcp`) are served beside `/mcp`; `--metrics-addr` serves them on a loopback address of
@@ -174,12 +175,14 @@ pub fn run(
         let metrics = Arc::new(ring0_ops::metrics::Metrics::new(Duration::from_secs(
             loaded.config.approval.timeout_secs,
         )));
-        let built = build_kernel_tapped(
-            &loaded,
+        // A held call is offered to the client and to `ring0 approve` in another terminal.
+        let approver = ring0_ops::approvals::ClientOrTerminal::new(
             Arc::new(McpApprover::new(approvals.clone())),
-            Some(metrics.clone()),
-        )
-        .map_err(|e| e.to_string())?;
+            ring0_policy::DirectoryApprover::new(ring0_config::approvals_dir(&loaded.state_dir)),
+            log.clone(),
+        );
+        let built = build_kernel_tapped(&loaded, Arc::new(approver), Some(metrics.clone()))
+            .map_err(|e| e.to_string())?;
         let builtins = built
             .kernel
             .registry()

@@ -1,7 +1,8 @@
 //! Operating a running ring0 from the outside: `/metrics` (Prometheus text, `ring0_*`) moves
 //! with the calls a real client made, `/healthz` and `/readyz` say whether ring0 lives and can
-//! take calls, metrics need the listener's credentials, and a stdio deployment serves them on
-//! an address of its own.
+//! take calls, metrics need the listener's credentials, a stdio deployment serves them on an
+//! address of its own, and `ring0 approve` in another terminal decides a call a running server
+//! holds.
 
 mod common;
 
@@ -384,4 +385,82 @@ fn a_metrics_address_beyond_loopback_is_refused_at_start() {
     let status = child.wait().unwrap();
     assert!(!status.success());
     assert!(printed.contains("not a loopback address"), "{printed}");
+}
+
+/// The approval ids `ring0 approve` lists in `dir` now.
+fn pending_approvals(dir: &Path) -> Vec<String> {
+    let out = Command::new(ring0())
+        .arg("approve")
+        .current_dir(dir)
+        .env("RING0_STATE_DIR", dir.join(".ring0"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with("ap_"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn ring0_approve_in_another_terminal_releases_a_call_held_by_a_running_server() {
+    let Some(peers) = peers() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    workspace(dir.path());
+    let server = start_http(serve_http_command(dir.path()));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/py_client_held.py");
+    let client = Command::new(python(&peers))
+        .arg(&script)
+        .arg(server.url())
+        .env("HOME", test_home())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The held call appears in the terminal's list while its client is being asked.
+    let deadline = std::time::Instant::now() + HTTP_WAIT;
+    let id = loop {
+        if let Some(id) = pending_approvals(dir.path()).into_iter().next() {
+            break id;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no pending approval listed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let approved = Command::new(ring0())
+        .args(["approve", &id])
+        .current_dir(dir.path())
+        .env("RING0_STATE_DIR", dir.path().join(".ring0"))
+        .output()
+        .unwrap();
+    assert!(
+        approved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
+    let out = client.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap();
+    assert_eq!(seen["asked"], 1, "the client was asked too: {seen}");
+    assert_eq!(seen["is_error"], false, "the call ran: {seen}");
+    assert!(
+        pending_approvals(dir.path()).is_empty(),
+        "the request is withdrawn"
+    );
+    let samples = scrape(&server.addr);
+    assert_eq!(
+        sample(
+            &samples,
+            "ring0_decisions_total{rule=\"approved\",outcome=\"approved\"}"
+        ),
+        1.0,
+        "{samples:?}"
+    );
 }

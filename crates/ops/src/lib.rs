@@ -8,6 +8,8 @@
 //!   answers and every upstream is connected), as routes on the MCP listener
 //!   ([`Operations::routes`]) or on an address of their own for a stdio deployment
 //!   ([`Operations::serve`]).
+//! - [`approvals`]: `ring0 approve` / `ring0 deny` as a channel of a running server, beside
+//!   the MCP client's.
 //!
 //! ```no_run
 //! # async fn example(gateway: ring0_mcp::Gateway) {
@@ -20,6 +22,7 @@
 //! # }
 //! ```
 
+pub mod approvals;
 pub mod metrics;
 
 use axum::extract::State;
