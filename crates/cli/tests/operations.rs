@@ -464,3 +464,43 @@ fn ring0_approve_in_another_terminal_releases_a_call_held_by_a_running_server() 
         "{samples:?}"
     );
 }
+
+#[test]
+fn ring0_status_reports_the_journal_approvals_and_what_a_running_server_says() {
+    let dir = tempfile::tempdir().unwrap();
+    workspace(dir.path());
+    let server = start_http(serve_http_command(dir.path()));
+    let out = Command::new(ring0())
+        .args(["status", "--server", &server.addr])
+        .current_dir(dir.path())
+        .env("RING0_STATE_DIR", dir.path().join(".ring0"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "intents: none",
+        "approvals pending: 0",
+        "upstreams configured: up",
+        &format!("server {}: ready", server.addr),
+        "  journal: ok",
+        "  upstream up: up",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in:\n{text}");
+    }
+    drop(server);
+    // Without a server to ask, what the state directory holds; a server that is gone is named.
+    let out = Command::new(ring0())
+        .args(["status", "--server", "127.0.0.1:9"])
+        .current_dir(dir.path())
+        .env("RING0_STATE_DIR", dir.path().join(".ring0"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--server 127.0.0.1:9"), "{stderr}");
+}

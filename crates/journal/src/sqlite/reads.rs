@@ -235,6 +235,11 @@ impl JournalReader {
         recent(&self.conn, &self.files, limit)
     }
 
+    /// How many records are in each state (states without records left out).
+    pub fn count_by_state(&self) -> Result<Vec<(ring0_core::IntentState, u64)>, JournalError> {
+        count_by_state(&self.conn, &self.files)
+    }
+
     /// The record whose id is `id`, or the only one whose id starts with `id` (at least 4
     /// characters). An ambiguous prefix is an error naming how many matched.
     pub fn find(&self, id: &str) -> Result<Option<IntentRecord>, JournalError> {
