@@ -18,6 +18,7 @@ mod journal_cmd;
 mod run_cmd;
 mod serve_cmd;
 mod shape_cmd;
+mod status_cmd;
 mod token_cmd;
 mod turn_cmd;
 
@@ -87,6 +88,9 @@ enum Command {
     Approve(approve_cmd::DecideArgs),
     /// Deny a call held for approval (`ring0 deny ap_… --reason TEXT`).
     Deny(approve_cmd::DecideArgs),
+    /// What this workspace's ring0 holds: intents by state, pending approvals, upstreams, and
+    /// with --server ADDR what a running `ring0 serve` says of itself.
+    Status(status_cmd::StatusArgs),
     /// Manage the static bearer tokens of `serve --http` (`ring0 token add NAME`).
     Token(token_cmd::TokenArgs),
     /// Check the audit log (`ring0 audit verify`).
@@ -153,6 +157,7 @@ fn main() -> ExitCode {
         Command::Turn(args) => turn_cmd::run(args, state),
         Command::Approve(args) => approve_cmd::run(args, true, state),
         Command::Deny(args) => approve_cmd::run(args, false, state),
+        Command::Status(args) => status_cmd::run(args, state),
         Command::Token(args) => token_cmd::run(args),
         Command::Audit { command } => audit_cmd::run(command, state),
         Command::Checkpoint { command } => checkpoint_cmd::run(command, state),

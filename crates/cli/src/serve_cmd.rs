@@ -12,15 +12,20 @@
 //! `--token-env` name who may call and as which principal; without any credential, only loopback
 //! addresses are served and every client is the local user.
 //!
-//! Calls held for approval are asked over MCP (elicitation), or with a confirmation code printed
-//! here for the person when the client cannot be asked.
+//! Calls held for approval are asked over MCP (elicitation) and offered at the same time to
+//! `ring0 approve` / `ring0 deny` in another terminal (the first answer decides), or, when the
+//! client cannot be asked, answered with a confirmation code printed here for the person.
+//!
+//! Operations: over HTTP, `/healthz`, `/readyz` and `/metrics` (behind the same credentials as
+//! `/mcp`) are served beside `/mcp`; `--metrics-addr` serves them on a loopback address of
+//! their own, for a stdio deployment (see `ring0_ops`).
 //!
 //! `ring0 approve-tool NAME` (see `crate::approve_cmd`) approves a quarantined upstream tool (its
 //! new definition's pin is written to `ring0.lock`; a running server picks it up within a second).
 
 use crate::LogLevel;
 use clap::Args;
-use ring0_config::{Config, Loaded, build_kernel};
+use ring0_config::{Config, Loaded, build_kernel_tapped};
 use ring0_mcp::approval::{Approvals, McpApprover};
 use ring0_mcp::http::{HttpOptions, MCP_PATH};
 use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log};
@@ -64,6 +69,11 @@ pub struct ServeArgs {
     /// across them, and a replica that stops leaves its calls in flight to the others.
     #[arg(long, value_name = "URL")]
     journal: Option<String>,
+    /// Serve `/metrics`, `/healthz` and `/readyz` on this loopback address of their own (e.g.
+    /// 127.0.0.1:9464), for a stdio deployment. Over --http they are served beside /mcp
+    /// anyway.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<SocketAddr>,
 }
 
 /// The generation holding the tools of every upstream that is up. An upstream publishes its
@@ -201,7 +211,16 @@ pub fn run(
         let log = Log::stderr();
         // The policy engine holds calls for approval itself; the session does not gate A3 again.
         let approvals = Approvals::new(log.clone(), false);
-        let built = build_kernel(&loaded, Arc::new(McpApprover::new(approvals.clone())))
+        let metrics = Arc::new(ring0_ops::metrics::Metrics::new(Duration::from_secs(
+            loaded.config.approval.timeout_secs,
+        )));
+        // A held call is offered to the client and to `ring0 approve` in another terminal.
+        let approver = ring0_ops::approvals::ClientOrTerminal::new(
+            Arc::new(McpApprover::new(approvals.clone())),
+            ring0_policy::DirectoryApprover::new(ring0_config::approvals_dir(&loaded.state_dir)),
+            log.clone(),
+        );
+        let built = build_kernel_tapped(&loaded, Arc::new(approver), Some(metrics.clone()))
             .map_err(|e| e.to_string())?;
         let builtins = built
             .kernel
@@ -236,7 +255,32 @@ pub fn run(
                 built.audit.clone(),
             )
             .map_err(|e| e.to_string())?,
+            observer: Some(metrics.clone()),
         })?;
+        let operations = Arc::new(ring0_ops::Operations::new(metrics, gw.clone()));
+        let shutdown = CancellationToken::new();
+        if let Some(metrics_addr) = args.metrics_addr {
+            // Bound before serving anything, so that a bad address is refused at start.
+            let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+            let served = operations.clone().serve(
+                metrics_addr,
+                log.clone(),
+                shutdown.clone(),
+                move |bound| {
+                    let _ = bound_tx.send(bound);
+                },
+            );
+            let failed = tokio::spawn(served);
+            match bound_rx.await {
+                Ok(bound) => log.line(&format!("metrics on http://{bound}/metrics")),
+                Err(_) => {
+                    return Err(match failed.await {
+                        Ok(Err(why)) => why,
+                        _ => "the metrics address could not be served".to_string(),
+                    });
+                }
+            }
+        }
         // Each upstream is waited for at most its own `start_timeout_ms`, all at once.
         let down = gw.wait_for_start().await;
         for alias in &down {
@@ -350,7 +394,6 @@ pub fn run(
                 ring0_mcp::serve_stdio(server).await
             }
             Some(addr) => {
-                let shutdown = CancellationToken::new();
                 let stop = shutdown.clone();
                 tokio::spawn(async move {
                     let _ = tokio::signal::ctrl_c().await;
@@ -368,6 +411,7 @@ pub fn run(
                         .map(|h| format!("http://{h}:*"))
                         .collect(),
                     door: loaded.config.http.clone(),
+                    operations: Some(operations.routes()),
                 };
                 let log2 = log.clone();
                 ring0_mcp::http::serve_http(

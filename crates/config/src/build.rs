@@ -109,6 +109,32 @@ pub struct Parts {
 /// `state_dir/journal.db`. `approver` decides held calls (the terminal's approvals directory for
 /// the CLI; an MCP client's elicitation for a server).
 pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts, ConfigError> {
+    build_parts_tapped(loaded, approver, None)
+}
+
+/// The audit log, and behind it a tap that sees each decision once the log recorded it (an
+/// operations host's metrics). A decision the log refuses never reaches the tap: the policy
+/// denies it.
+struct TappedAudit {
+    log: Arc<dyn ring0_policy::AuditSink>,
+    tap: Arc<dyn ring0_policy::AuditSink>,
+}
+
+impl ring0_policy::AuditSink for TappedAudit {
+    fn record(&self, entry: &ring0_policy::AuditEntry) -> Result<(), String> {
+        self.log.record(entry)?;
+        // The tap counts; what it says cannot undo a recorded decision.
+        let _ = self.tap.record(entry);
+        Ok(())
+    }
+}
+
+/// [`build_parts`], with `audit_tap` told every decision the audit log recorded.
+pub fn build_parts_tapped(
+    loaded: &Loaded,
+    approver: Arc<dyn Approver>,
+    audit_tap: Option<Arc<dyn ring0_policy::AuditSink>>,
+) -> Result<Parts, ConfigError> {
     let config = &loaded.config;
     let err = |key: &str, why: String| ConfigError {
         file: loaded.source.clone(),
@@ -146,6 +172,10 @@ pub fn build_parts(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Parts
             .map_err(|e| err("audit.path", format!("{}: {e}", audit_path.display())))?,
     );
     tools_config.shell.egress_proxy = Some(crate::egress::shell_egress(audit.clone()));
+    let audit: Arc<dyn ring0_policy::AuditSink> = match audit_tap {
+        Some(tap) => Arc::new(TappedAudit { log: audit, tap }),
+        None => audit,
+    };
     crate::sandbox::announce(config);
     let shell_sandbox = tools_config
         .shell
@@ -378,7 +408,17 @@ pub fn check(loaded: &Loaded) -> Result<Checked, ConfigError> {
 /// Builds the kernel (built-in tools, SQLite journal) and the session's authorizer from a loaded
 /// configuration; see [`build_parts`].
 pub fn build_kernel(loaded: &Loaded, approver: Arc<dyn Approver>) -> Result<Built, ConfigError> {
-    let parts = build_parts(loaded, approver)?;
+    build_kernel_tapped(loaded, approver, None)
+}
+
+/// [`build_kernel`], with `audit_tap` told every decision the audit log recorded (see
+/// [`build_parts_tapped`]).
+pub fn build_kernel_tapped(
+    loaded: &Loaded,
+    approver: Arc<dyn Approver>,
+    audit_tap: Option<Arc<dyn ring0_policy::AuditSink>>,
+) -> Result<Built, ConfigError> {
+    let parts = build_parts_tapped(loaded, approver, audit_tap)?;
     let mut builder = Kernel::builder()
         .journal(parts.journal)
         .spill_store(parts.spill);

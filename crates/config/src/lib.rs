@@ -42,7 +42,10 @@ pub mod sandbox;
 pub mod schema;
 pub mod state;
 
-pub use build::{Built, Checked, Parts, SharedJournal, build_kernel, build_parts, check};
+pub use build::{
+    Built, Checked, Parts, SharedJournal, build_kernel, build_kernel_tapped, build_parts,
+    build_parts_tapped, check,
+};
 pub use load::{Loaded, approvals_dir, read_bounded};
 /// Ends a client session's background jobs (see [`Built::jobs`]).
 pub use ring0_tools::JobSessions;

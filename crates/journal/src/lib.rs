@@ -134,6 +134,14 @@ pub trait Journal: Send + Sync {
     /// [`limits::RECENT_LIMIT_MAX`]).
     async fn recent(&self, limit: usize) -> Result<Vec<IntentRecord>, JournalError>;
 
+    /// How many records are in each state (states without records left out), for operators'
+    /// gauges. `None` from a backend that cannot count without reading every record.
+    async fn count_by_state(
+        &self,
+    ) -> Result<Option<Vec<(ring0_core::IntentState, u64)>>, JournalError> {
+        Ok(None)
+    }
+
     /// Records that the intent's result reached its caller: an identical call without a key
     /// after this is a new attempt, where before it would be answered with this result. Never
     /// waits for the disk: the record is written with the next commit, and a delivery lost in a

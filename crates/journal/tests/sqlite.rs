@@ -45,6 +45,24 @@ fn records_survive_closing_and_reopening() {
 }
 
 #[test]
+fn records_are_counted_by_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j.db");
+    let c = clock();
+    let j = SqliteJournal::open_with(&path, options(&c)).unwrap();
+    assert_eq!(block_on(j.count_by_state()).unwrap(), Some(vec![]));
+    let a = recorded(block_on(j.propose(refund(20, "t1"))).unwrap());
+    recorded(block_on(j.propose(refund(30, "t2"))).unwrap());
+    block_on(j.transition(Transition::to(&a, IntentState::Dispatched))).unwrap();
+    let mut counts = block_on(j.count_by_state()).unwrap().unwrap();
+    counts.sort_by_key(|(s, _)| s.as_str());
+    assert_eq!(
+        counts,
+        vec![(IntentState::Dispatched, 1), (IntentState::Recorded, 1)]
+    );
+}
+
+#[test]
 fn a_second_writer_gets_a_clear_lock_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("j.db");

@@ -91,7 +91,7 @@ pub mod validate;
 pub use admit::{RepeatLimits, ToolChoice};
 pub use delivery::DeliveryTicket;
 pub use dispatch::SETTLE_REDISPATCH_MAX;
-pub use events::Event;
+pub use events::{Event, EventObserver};
 pub use plan::SchedulingMode;
 pub use policy::{
     AuthAdmission, AuthDecision, AuthRequest, Authorizer, GrantTable, PolicyRewrite, SessionInfo,

@@ -353,7 +353,7 @@ fn project_round(
     let projector = session.config.projector.as_deref();
     let mut results = Vec::with_capacity(receipts.len());
     for (pos, receipt) in receipts.iter().enumerate() {
-        if session.events.receiver_count() > 0 {
+        if session.events.is_watched() {
             session.emit(Event::Receipt(Box::new(receipt.clone())));
         }
         let notice = book.notices.get(&pos).map(String::as_str);

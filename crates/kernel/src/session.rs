@@ -58,6 +58,7 @@ pub(crate) struct KernelInner {
     pub(crate) in_flight_wait_ms: u64,
     /// The catalog index, its mode and pinned core (see [`crate::catalog`]).
     pub(crate) catalog: Arc<crate::catalog::Catalog>,
+    pub(crate) observer: Option<Arc<dyn crate::events::EventObserver>>,
 }
 
 /// The mediation kernel: tools, journal and default policy, shared by its sessions.
@@ -81,6 +82,7 @@ pub struct KernelBuilder {
     unlisted: std::collections::BTreeSet<String>,
     titles: BTreeMap<String, String>,
     ranker: Option<crate::catalog::RankerFactory>,
+    observer: Option<Arc<dyn crate::events::EventObserver>>,
 }
 
 /// A list of secret values the kernel or a session cannot redact.
@@ -265,6 +267,13 @@ impl KernelBuilder {
         self
     }
 
+    /// Every event of every session goes to `observer` as well, as it is sent (see
+    /// [`crate::events::EventObserver`]): what an operations host counts its metrics from.
+    pub fn observer(mut self, observer: Arc<dyn crate::events::EventObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
     pub fn build(mut self) -> Kernel {
         self.registry.apply_traits(&self.traits);
         let catalog = Arc::new(crate::catalog::Catalog::build(
@@ -306,6 +315,7 @@ impl KernelBuilder {
                 key_retention_ms: self.key_retention_ms,
                 in_flight_wait_ms: self.in_flight_wait_ms,
                 catalog,
+                observer: self.observer,
             }),
         }
     }
@@ -551,6 +561,7 @@ impl Kernel {
             unlisted: Default::default(),
             titles: BTreeMap::new(),
             ranker: None,
+            observer: None,
         }
     }
 
@@ -600,7 +611,7 @@ impl Kernel {
 
     pub fn open_session(&self, config: SessionConfig) -> Session {
         let n = self.inner.sessions.fetch_add(1, Ordering::Relaxed);
-        let events = crate::events::EventHub::default();
+        let events = crate::events::EventHub::observed(self.inner.observer.clone());
         let mut authorizer = config
             .authorizer
             .clone()

@@ -74,6 +74,8 @@ pub struct GatewayOptions {
     /// How sessions list the catalog (`[catalog]`): full, search or auto (see
     /// [`ring0_kernel::catalog`]). Each generation decides `auto` on its own catalog.
     pub catalog: CatalogConfig,
+    /// Sees every event of every kernel generation's sessions (an operations host's metrics).
+    pub observer: Option<Arc<dyn ring0_kernel::EventObserver>>,
 }
 
 /// What a front end does when a client session ends, given the session's scope.
@@ -111,6 +113,7 @@ struct Inner {
     /// downstream session (each stateless request is a session of its own).
     parked: Parked,
     spill: Option<Arc<SpillStore>>,
+    observer: Option<Arc<dyn ring0_kernel::EventObserver>>,
     log: Log,
     generation: RwLock<Arc<Generation>>,
     counter: AtomicU64,
@@ -264,6 +267,52 @@ impl UpstreamExecutor {
     }
 }
 
+impl UpstreamExecutor {
+    /// Asks the probe, waiting out a restart of its upstream: the call whose outcome it settles
+    /// often failed because the upstream went away, and the supervisor is bringing it back just
+    /// when the probe is due. While the upstream is not connected, the probe is asked again
+    /// after a doubling pause (from `PROBE_RETRY_BACKOFF_START` up to
+    /// `PROBE_RETRY_BACKOFF_MAX`) until it answers or `PROBE_RECONNECT_WAIT` has passed. An
+    /// answer, or a failure of a connected upstream, is final at once.
+    async fn ask_probe_until_reachable(
+        &self,
+        probe: &str,
+        arguments: Value,
+    ) -> Result<Value, String> {
+        use crate::limits::{
+            PROBE_RECONNECT_WAIT, PROBE_RETRY_BACKOFF_MAX, PROBE_RETRY_BACKOFF_START,
+        };
+        let deadline = tokio::time::Instant::now() + PROBE_RECONNECT_WAIT;
+        let mut pause = PROBE_RETRY_BACKOFF_START;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if !self.upstream.is_connected() && !self.upstream.wait_connected(left).await {
+                return Err(format!(
+                    "upstream {} did not come back within {} ms to answer probe {probe:?}",
+                    self.upstream.alias(),
+                    PROBE_RECONNECT_WAIT.as_millis()
+                ));
+            }
+            let why = match self.ask_probe(probe, arguments.clone()).await {
+                Ok(answer) => return Ok(answer),
+                Err(why) => why,
+            };
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if self.upstream.is_connected() || left <= pause {
+                return Err(why);
+            }
+            self.log.line(&format!(
+                "[{}] probe {probe:?} for {} could not be asked ({why}); the upstream is \
+                 restarting, asking again",
+                self.upstream.alias(),
+                self.tool
+            ));
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(PROBE_RETRY_BACKOFF_MAX);
+        }
+    }
+}
+
 /// Reads a probe tool's verdict. Anything but the two recognized verdicts is inconclusive.
 fn probe_verdict(answer: &Value) -> ProbeFinding {
     match answer.get("verdict").and_then(Value::as_str) {
@@ -333,7 +382,7 @@ impl Tool for UpstreamExecutor {
             "arguments": args,
             "snapshot": snapshot.cloned().unwrap_or(Value::Null),
         });
-        match self.ask_probe(probe, arguments).await {
+        match self.ask_probe_until_reachable(probe, arguments).await {
             Ok(answer) => probe_verdict(&answer),
             Err(why) => ProbeFinding::Indeterminate(why),
         }
@@ -469,6 +518,7 @@ impl Gateway {
             pins,
             parked: Parked::default(),
             spill: options.spill,
+            observer: options.observer,
             max_concurrent_tools: options.max_concurrent_tools.max(1),
             log: options.log.clone(),
             generation: RwLock::new(Arc::new(builtin_kernel)),
@@ -603,6 +653,7 @@ impl Gateway {
             authorizer: self.inner.authorizer.clone(),
             spill: self.inner.spill.clone(),
             catalog: self.inner.catalog.clone(),
+            observer: self.inner.observer.clone(),
         };
         let mut generation = build(
             &self.inner.builtins,
@@ -640,6 +691,7 @@ struct BuildEnv {
     authorizer: Arc<dyn Authorizer>,
     spill: Option<Arc<SpillStore>>,
     catalog: CatalogConfig,
+    observer: Option<Arc<dyn ring0_kernel::EventObserver>>,
 }
 
 fn build_kernel(
@@ -656,6 +708,7 @@ fn build_kernel(
             authorizer: options.authorizer.clone(),
             spill: options.spill.clone(),
             catalog: options.catalog.clone(),
+            observer: options.observer.clone(),
         },
         log,
     )
@@ -670,6 +723,9 @@ fn build(
     let mut builder = Kernel::builder()
         .journal(env.journal.clone())
         .catalog(env.catalog.clone());
+    if let Some(observer) = &env.observer {
+        builder = builder.observer(observer.clone());
+    }
     let mut tools = BTreeMap::new();
     let mut quarantined = BTreeMap::new();
     for (spec, tool) in builtins {

@@ -63,6 +63,9 @@ pub struct HttpOptions {
     pub extra_origins: Vec<String>,
     /// `[http]`: timeouts, the connection cap and the session cap (see [`crate::door`]).
     pub door: crate::door::DoorConfig,
+    /// Liveness, readiness and metrics routes served beside `/mcp`, if any (see
+    /// [`crate::door::operations`]).
+    pub operations: Option<crate::door::operations::OperationsRoutes>,
 }
 
 impl HttpOptions {
@@ -261,6 +264,7 @@ pub fn router(
         "http://[::1]:*".into(),
     ];
     origins.extend(options.extra_origins.iter().cloned());
+    let operations_hosts: Arc<[String]> = hosts.clone().into();
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
         .with_allowed_origins(origins)
@@ -289,6 +293,11 @@ pub fn router(
     );
     let resume_log = log.clone();
     let cuts = crate::stream_cut::CutStreams::default();
+    let operations_gate = Arc::new(Gate {
+        auth: auth.clone(),
+        owners: SessionOwners::default(),
+        log: log.clone(),
+    });
     let gate_state = Arc::new(Gate {
         auth: auth.clone(),
         owners: SessionOwners::default(),
@@ -321,6 +330,19 @@ pub fn router(
                 &format!("{METADATA_PATH}{MCP_PATH}"),
                 axum::routing::get(serve),
             );
+    }
+    if let Some(operations) = &options.operations {
+        use crate::door::operations::host_checked;
+        let gated =
+            operations
+                .gated
+                .clone()
+                .layer(middleware::from_fn(move |req: Request, next: Next| {
+                    gate(operations_gate.clone(), req, next)
+                }));
+        app = app
+            .merge(host_checked(gated, operations_hosts.clone()))
+            .merge(host_checked(operations.open.clone(), operations_hosts));
     }
     app
 }

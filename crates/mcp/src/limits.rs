@@ -174,3 +174,12 @@ pub use ring0_core::limits::IDEMPOTENCY_KEY_BYTES_MAX;
 /// Largest HTTP request body to `/mcp`, read by ring0 (for fields rmcp's model drops) and by
 /// rmcp, which is given the same bound explicitly.
 pub const REQUEST_BODY_BYTES_MAX: usize = CLIENT_MESSAGE_BYTES_MAX;
+/// How long a reconciliation probe waits for its upstream to come back (a crash mid-call
+/// leaves the upstream restarting just when the probe is due) before its outcome is called
+/// inconclusive and the intent dead-lettered for a person.
+pub const PROBE_RECONNECT_WAIT: Duration = Duration::from_secs(30);
+/// The first pause before a probe is asked again after its upstream's connection failed; each
+/// next pause doubles, up to [`PROBE_RETRY_BACKOFF_MAX`], all within [`PROBE_RECONNECT_WAIT`].
+pub const PROBE_RETRY_BACKOFF_START: Duration = Duration::from_millis(50);
+/// The longest pause between two asks of a probe whose upstream is restarting.
+pub const PROBE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);

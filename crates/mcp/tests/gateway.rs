@@ -46,6 +46,7 @@ fn start(workspace: &Path, up: UpstreamConfig) -> Gateway {
         session_end: None,
         upstream_sandboxes: Default::default(),
         catalog: Default::default(),
+        observer: None,
     })
     .expect("gateway")
 }

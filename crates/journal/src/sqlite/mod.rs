@@ -316,6 +316,12 @@ impl Journal for SqliteJournal {
             .await
     }
 
+    async fn count_by_state(
+        &self,
+    ) -> Result<Option<Vec<(ring0_core::IntentState, u64)>>, JournalError> {
+        self.read(reads::count_by_state).await.map(Some)
+    }
+
     fn incarnation(&self) -> Option<u64> {
         Some(self.incarnation)
     }

@@ -101,6 +101,28 @@ pub(crate) fn open_records(
     load_many(conn, files, SELECT_OPEN, [])
 }
 
+/// How many records are in each state. One aggregate over the `state` column: cheap enough
+/// for every scrape of the metrics endpoint.
+pub(crate) fn count_by_state(
+    conn: &Connection,
+    files: &Files,
+) -> Result<Vec<(ring0_core::IntentState, u64)>, JournalError> {
+    let mut statement = conn
+        .prepare_cached("SELECT state, COUNT(*) FROM intents GROUP BY state")
+        .map_err(|e| files.sql(e))?;
+    let rows = statement
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+        .map_err(|e| files.sql(e))?;
+    let mut counts = Vec::new();
+    for row in rows {
+        let (state, count) = row.map_err(|e| files.sql(e))?;
+        let state = ring0_core::IntentState::parse(&state)
+            .ok_or_else(|| files.corrupt(format!("a record in the unknown state {state:?}")))?;
+        counts.push((state, u64::try_from(count).unwrap_or(0)));
+    }
+    Ok(counts)
+}
+
 /// The record a key-index entry names. Rows are never deleted and an entry joins the index only
 /// with its row, so a missing row means the file was changed behind the journal's back.
 pub(crate) fn load_indexed(
@@ -211,6 +233,11 @@ impl JournalReader {
     pub fn recent(&self, limit: usize) -> Result<Vec<IntentRecord>, JournalError> {
         let limit = i64::try_from(limit.min(RECENT_LIMIT_MAX)).unwrap_or(0);
         recent(&self.conn, &self.files, limit)
+    }
+
+    /// How many records are in each state (states without records left out).
+    pub fn count_by_state(&self) -> Result<Vec<(ring0_core::IntentState, u64)>, JournalError> {
+        count_by_state(&self.conn, &self.files)
     }
 
     /// The record whose id is `id`, or the only one whose id starts with `id` (at least 4

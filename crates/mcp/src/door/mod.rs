@@ -15,9 +15,11 @@
 //! body-read timeouts, and ([`sessions`]) a per-principal cap on sessionful sessions with idle
 //! expiry, so neither half-open connections nor a flood of `initialize`s exhaust descriptors or
 //! memory. The stdio transport is [`stdio`]. The bounds are [`DoorLimits`], `[http]` in the
-//! configuration.
+//! configuration. [`operations`] is how liveness, readiness and metrics routes join the
+//! listener, each behind the door it needs.
 
 pub mod listener;
+pub mod operations;
 pub mod sessions;
 pub mod stdio;
 
