@@ -237,6 +237,7 @@ pub fn run(
             .map(|u| u.alias.clone())
             .collect();
         let gw = Gateway::start(GatewayOptions {
+            audit: Some(built.audit.clone()),
             builtins,
             upstreams: loaded.config.upstreams.clone(),
             journal: built.kernel.journal().clone(),

@@ -265,6 +265,15 @@ fn a_changed_prompt_is_quarantined_until_approved() {
         waiting.contains("fx__greet") && waiting.contains("sends ~/.ssh/id_rsa"),
         "{waiting}"
     );
+    // The quarantine is recorded in the audit log as a denial, as the upstream's.
+    let audit = std::fs::read_to_string(dir.path().join(".ring0/audit.jsonl")).unwrap();
+    let quarantined = audit
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|r| r["rule"] == "pin:quarantined" && r["tool"] == "prompt fx__greet")
+        .unwrap_or_else(|| panic!("no quarantine record in {audit}"));
+    assert_eq!(quarantined["decision"], "denied", "{quarantined}");
+    assert_eq!(quarantined["principal"], "upstream:fx", "{quarantined}");
 }
 
 #[test]
@@ -332,6 +341,40 @@ fn prompts_resources_and_completions_are_cleaned_and_bounded() {
     );
     let list = c.request("resources/list", json!({}));
     assert_eq!(list["result"]["resources"][0]["name"], "big", "{list}");
+    drop(c);
+
+    // What mediation did is in the audit log, beside the policy's decisions, as the upstream's.
+    let audit = std::fs::read_to_string(dir.path().join(".ring0/audit.jsonl")).unwrap();
+    let records: Vec<Value> = audit
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["principal"] == "upstream:fx")
+        .collect();
+    let record = |tool: &str, rule: &str| {
+        records
+            .iter()
+            .find(|r| r["tool"] == tool && r["rule"] == rule)
+            .unwrap_or_else(|| panic!("no {rule} record for {tool} in {records:#?}"))
+    };
+    let cut = record("resource test://big", "mediate:cut");
+    let why = cut["reason"].as_str().unwrap();
+    assert!(
+        why.contains("framing strings") && why.contains("cut 1 texts by"),
+        "{why}"
+    );
+    let cleaned = record("prompt fx__greet", "mediate:cleaned");
+    assert!(
+        cleaned["reason"]
+            .as_str()
+            .is_some_and(|w| w.contains("framing strings")),
+        "{cleaned}"
+    );
+    record("prompt fx__greet", "pin:trusted_on_first_use");
+    let verify = ring0_cmd(
+        dir.path(),
+        &["audit", "verify", "--path", ".ring0/audit.jsonl"],
+    );
+    assert!(verify.contains("chain intact"), "{verify}");
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {

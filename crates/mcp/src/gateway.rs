@@ -44,6 +44,9 @@ const KERNEL_TIMEOUT_GRACE: Duration = Duration::from_secs(2);
 
 /// What a gateway is built from.
 pub struct GatewayOptions {
+    /// The audit log, where what mediation did to each upstream's definitions and texts is
+    /// recorded beside the policy's decisions (`None`: ring0's log only).
+    pub audit: Option<Arc<dyn ring0_policy::AuditSink>>,
     /// Built-in tools with their specs.
     pub builtins: Vec<(ToolSpec, Arc<dyn Tool>)>,
     pub upstreams: Vec<UpstreamConfig>,
@@ -574,6 +577,7 @@ impl Gateway {
                     workspace: options.workspace.clone(),
                     spill: inner.spill.clone(),
                     sandbox,
+                    audit: options.audit.clone(),
                 },
             ));
         }

@@ -143,9 +143,17 @@ async fn prompt_owner(
     ))
 }
 
+/// The mediated message, with what mediation did said in ring0's log and recorded in the audit
+/// log.
 fn noted(up: &Upstream, what: &str, (value, report): (Value, Mediated)) -> Value {
     if let Some(summary) = report.summary() {
         up.note(&format!("{what}: {summary}"));
+        let rule = if report.cut > 0 {
+            "mediate:cut"
+        } else {
+            "mediate:cleaned"
+        };
+        up.audit_mediation(what, rule, ring0_policy::AuditDecision::Allowed, &summary);
     }
     value
 }

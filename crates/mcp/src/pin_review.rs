@@ -129,6 +129,7 @@ pub async fn refresh(
             workspace: workspace.to_path_buf(),
             spill: None,
             sandbox,
+            audit: None,
         },
     );
     upstream.start();

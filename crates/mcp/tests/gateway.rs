@@ -32,6 +32,7 @@ env = ["PATH"]
 
 fn start(workspace: &Path, up: UpstreamConfig) -> Gateway {
     Gateway::start(GatewayOptions {
+        audit: None,
         builtins: Vec::new(),
         upstreams: vec![up],
         journal: Arc::new(MemoryJournal::new()),

@@ -478,6 +478,34 @@ pub fn egress_audit(
     })
 }
 
+/// What ring0 did to something an upstream server said before any client saw it (a definition
+/// or text cleaned or cut, a definition pinned, reported or quarantined), as an audit record.
+/// `source` is the upstream (`upstream:ALIAS`), `subject` what it said (`tool fs__read`,
+/// `prompt …`, `resources/read`), `rule` the mediation (`mediate:cleaned`, `pin:quarantined`, …)
+/// and `what` the account of it, which the record's digest covers.
+pub fn mediation_entry(
+    source: &str,
+    subject: &str,
+    rule: &str,
+    decision: AuditDecision,
+    what: &str,
+) -> AuditEntry {
+    AuditEntry {
+        at_ms: crate::approval::now_ms(),
+        decision,
+        rule: rule.to_string(),
+        reason: what.to_string(),
+        tool: subject.to_string(),
+        call_id: String::new(),
+        principal: source.to_string(),
+        scope: String::new(),
+        session_id: String::new(),
+        args_hash: line_hash(what.as_bytes()),
+        approval_id: None,
+        args: None,
+    }
+}
+
 /// One egress decision as an audit record (see [`egress_audit`]).
 pub fn egress_entry(
     decision: &ring0_egress::EgressDecision,

@@ -104,7 +104,7 @@ pub use approval::{
 pub use audit::{
     AUDIT_GENESIS, AUDIT_LINE_BYTES_MAX, AuditDecision, AuditEntry, AuditSink, ChainBreak,
     ChainReport, Head, JsonlAudit, MEMORY_AUDIT_ENTRIES_MAX, MemoryAudit, egress_audit,
-    egress_entry, head_path, verify_chain,
+    egress_entry, head_path, mediation_entry, verify_chain,
 };
 pub use engine::{
     APPROVAL_SCOPE_MAX, APPROVALS_REMEMBERED_MAX, ApprovalScope, GRANT_PRINCIPALS_MAX, GRANTS_MAX,

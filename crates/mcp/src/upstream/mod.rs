@@ -29,6 +29,7 @@ use crate::rpc::{InboundHandler, RpcError, RpcPeer, code, error_object};
 use jsonschema::Validator;
 use ring0_core::Observation;
 use ring0_kernel::{CallContext, ToolError};
+use ring0_policy::AuditDecision;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -124,6 +125,8 @@ pub struct Upstream {
     spill: Option<Arc<ring0_shape::SpillStore>>,
     /// The OS sandbox a stdio server runs in.
     sandbox: ring0_exec::Sandbox,
+    /// Where mediation records go ([`Upstream::audit_mediation`]).
+    audit: Option<Arc<dyn ring0_policy::AuditSink>>,
 }
 
 /// What an upstream is given of the workspace.
@@ -136,6 +139,9 @@ pub struct WorkspaceView {
     pub spill: Option<Arc<ring0_shape::SpillStore>>,
     /// The OS sandbox a stdio server runs in.
     pub sandbox: ring0_exec::Sandbox,
+    /// The audit log, where what mediation did to this server's definitions and texts is
+    /// recorded (`None`: ring0's log only).
+    pub audit: Option<Arc<dyn ring0_policy::AuditSink>>,
 }
 
 struct Handler(Weak<Upstream>);
@@ -293,6 +299,7 @@ impl Upstream {
             workspace: view.workspace,
             sandbox: view.sandbox,
             spill: view.spill,
+            audit: view.audit,
         })
     }
 
@@ -308,6 +315,43 @@ impl Upstream {
     /// A line in the gateway's log, prefixed with the alias.
     pub fn note(&self, line: &str) {
         self.log.line(&format!("[{}] {line}", self.config.alias));
+    }
+
+    /// Records a pin's verdict on a definition (nothing for one already approved).
+    fn audit_pin(&self, subject: &str, verdict: &PinVerdict) {
+        let (rule, decision, what) = match verdict {
+            PinVerdict::Approved => return,
+            PinVerdict::Quarantined(why) => {
+                ("pin:quarantined", AuditDecision::Denied, why.as_str())
+            }
+            PinVerdict::Reported(what) => ("pin:reported", AuditDecision::Allowed, what.as_str()),
+            PinVerdict::TrustedOnFirstUse => (
+                "pin:trusted_on_first_use",
+                AuditDecision::Allowed,
+                "recorded in the lock file",
+            ),
+        };
+        self.audit_mediation(subject, rule, decision, what);
+    }
+
+    /// Records in the audit log what mediation did to `subject` (a definition or text this
+    /// server sent): `rule` names the mediation, `what` tells it. A record that cannot be
+    /// written is said in ring0's log.
+    pub fn audit_mediation(
+        &self,
+        subject: &str,
+        rule: &str,
+        decision: ring0_policy::AuditDecision,
+        what: &str,
+    ) {
+        let Some(audit) = &self.audit else {
+            return;
+        };
+        let source = format!("upstream:{}", self.config.alias);
+        let entry = ring0_policy::mediation_entry(&source, subject, rule, decision, what);
+        if let Err(e) = audit.record(&entry) {
+            self.note(&format!("the audit log refused a mediation record: {e}"));
+        }
     }
 
     /// The last published listing, if any.
@@ -710,10 +754,12 @@ impl Upstream {
         let mut tools = Vec::with_capacity(named.len());
         for ((name, qualified, raw), verdict) in named.into_iter().zip(verdicts) {
             let (clean, mediated) = crate::mediate::definition(&raw);
+            let subject = format!("tool {qualified}");
             if let Some(what) = mediated.summary() {
                 self.log.line(&format!(
                     "[{alias}] tool {qualified}: its definition was cleaned before any client sees it ({what})"
                 ));
+                self.audit_mediation(&subject, "mediate:cleaned", AuditDecision::Allowed, &what);
             }
             match &verdict {
                 PinVerdict::Quarantined(why) => self.log.line(&format!(
@@ -728,6 +774,7 @@ impl Upstream {
                 )),
                 PinVerdict::Approved => {}
             }
+            self.audit_pin(&subject, &verdict);
             tools.push(ListedTool {
                 name,
                 qualified,
@@ -812,11 +859,14 @@ impl Upstream {
                 )),
                 _ => {}
             }
+            let subject = format!("prompt {exposed}");
+            self.audit_pin(&subject, &verdict);
             let (mut clean, mediated) = crate::mediate::definition(&raw);
             if let Some(what) = mediated.summary() {
                 self.log.line(&format!(
                     "[{alias}] prompt {exposed}: its definition was cleaned before any client sees it ({what})"
                 ));
+                self.audit_mediation(&subject, "mediate:cleaned", AuditDecision::Allowed, &what);
             }
             clean["name"] = Value::String(exposed.clone());
             out.push(ListedPrompt {
