@@ -183,3 +183,7 @@ pub const PROBE_RECONNECT_WAIT: Duration = Duration::from_secs(30);
 pub const PROBE_RETRY_BACKOFF_START: Duration = Duration::from_millis(50);
 /// The longest pause between two asks of a probe whose upstream is restarting.
 pub const PROBE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Longest a call's response waits for the progress notifications relayed before it to be sent
+/// to its client (they go first; a client that stopped reading does not hold the response).
+pub const RELAY_FLUSH_WAIT: Duration = Duration::from_secs(5);

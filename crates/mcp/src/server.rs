@@ -22,7 +22,7 @@
 use crate::approval::{Approvals, CONFIRM_ARGUMENT, CONFIRM_META_KEY};
 use crate::delivery::{Answer, Delivery};
 use crate::gateway::{Gateway, Generation};
-use crate::limits::{APPROVAL_WAIT_DEFAULT, CATALOG_TTL_MS, TOOLS_PAGE_SIZE};
+use crate::limits::{APPROVAL_WAIT_DEFAULT, CATALOG_TTL_MS, RELAY_FLUSH_WAIT, TOOLS_PAGE_SIZE};
 use crate::lossless::{RawKind, RawStash, adapt_to_era};
 use crate::route::{CallRoute, Downstream};
 use crate::rpc::{code, error_object};
@@ -140,13 +140,20 @@ struct Relay {
     /// The downstream request the call reports to and its progress token: the request that
     /// made the call or, in the 2026-07-28 era, the latest retry that carried answers.
     target: Arc<Mutex<(Peer<RoleServer>, Option<Value>)>>,
-    progress: mpsc::UnboundedSender<Value>,
+    progress: mpsc::UnboundedSender<Relayed>,
     asker: Option<crate::input::Asker>,
     /// Whether the client declared elicitation: a client that did not is never sent an
     /// `elicitation/create`, whoever asks.
     elicitation: bool,
     /// Ends the request's response stream for a client that resumes it.
     cut: Option<crate::stream_cut::StreamCut>,
+}
+
+/// What the relay's sender is given, in order: a progress notification to send, or a request to
+/// say when everything before it was sent.
+enum Relayed {
+    Progress(Value),
+    Flush(tokio::sync::oneshot::Sender<()>),
 }
 
 impl Relay {
@@ -158,10 +165,17 @@ impl Relay {
         cut: Option<crate::stream_cut::StreamCut>,
     ) -> Arc<Self> {
         let target = Arc::new(Mutex::new((peer, token)));
-        let (progress, mut rx) = mpsc::unbounded_channel::<Value>();
+        let (progress, mut rx) = mpsc::unbounded_channel::<Relayed>();
         let to = target.clone();
         tokio::spawn(async move {
-            while let Some(mut p) = rx.recv().await {
+            while let Some(relayed) = rx.recv().await {
+                let mut p = match relayed {
+                    Relayed::Progress(p) => p,
+                    Relayed::Flush(done) => {
+                        let _ = done.send(());
+                        continue;
+                    }
+                };
                 let (peer, token) = to.lock().expect("relay target").clone();
                 let Some(token) = token else { continue };
                 p["progressToken"] = token;
@@ -182,6 +196,15 @@ impl Relay {
     fn peer(&self) -> Peer<RoleServer> {
         self.target.lock().expect("relay target").0.clone()
     }
+
+    /// Waits (at most [`RELAY_FLUSH_WAIT`]) until every progress notification relayed so far
+    /// was sent: a call's response never overtakes its own progress.
+    async fn flush(&self) {
+        let (done, sent) = tokio::sync::oneshot::channel();
+        if self.progress.send(Relayed::Flush(done)).is_ok() {
+            let _ = tokio::time::timeout(RELAY_FLUSH_WAIT, sent).await;
+        }
+    }
 }
 
 impl crate::input::Retarget for Relay {
@@ -200,7 +223,7 @@ impl Downstream for Relay {
         if let Some(m) = message {
             p["message"] = json!(m);
         }
-        let _ = self.progress.send(p);
+        let _ = self.progress.send(Relayed::Progress(p));
     }
 
     fn poll_later(&self) {
@@ -555,12 +578,13 @@ impl GatewayServer {
         let identity = read_identity(&metas)?;
         let scope = self.scope_of(&identity, &context);
         let modern = relay.is_some();
-        let (route, cut) = call_route(&context, relay, confirm);
+        let (route, relay, cut) = call_route(&context, relay, confirm);
         let session = self.open(&generation, &scope);
         let round = proposed_round(call_id, request, &identity);
         let options = round_options(route, &context);
         let outcome =
             run_round_cancellable(&session, round, &options, &cancel, &context, modern).await;
+        relay.flush().await;
         // A stream that was let close mid-call gets the response once its client resumed it.
         if let Some(cut) = &cut {
             cut.wait_for_resume().await;
@@ -627,7 +651,7 @@ fn call_route(
     context: &RequestContext<RoleServer>,
     relay: Option<Arc<Relay>>,
     confirm: Option<String>,
-) -> (CallRoute, Option<crate::stream_cut::StreamCut>) {
+) -> (CallRoute, Arc<Relay>, Option<crate::stream_cut::StreamCut>) {
     let token = context
         .meta
         .get_progress_token()
@@ -642,11 +666,11 @@ fn call_route(
     let relay = relay
         .unwrap_or_else(|| Relay::new(context.peer.clone(), token, None, elicitation, cut.clone()));
     let route = if modern {
-        CallRoute::modern(Some(relay), confirm, elicitation)
+        CallRoute::modern(Some(relay.clone()), confirm, elicitation)
     } else {
-        CallRoute::sessionful(Some(relay), confirm, elicitation)
+        CallRoute::sessionful(Some(relay.clone()), confirm, elicitation)
     };
-    (route, cut)
+    (route, relay, cut)
 }
 
 /// The one-call round a `tools/call` proposes.
