@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use serde_json::Value;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -141,21 +141,7 @@ fn the_request_of_a_killed_call_expires_and_cannot_be_approved() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = call.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if let Some(rest) = line.split("approval required [").nth(1) {
-                let _ = tx.send(rest.trim_end_matches(']').to_string());
-            }
-        }
-    });
-    let id = rx
-        .recv_timeout(WAIT)
-        .expect("the call is held for approval");
+    let id = common::held_request_id(&mut call, WAIT);
     let listed = Command::new(ring0())
         .arg("approve")
         .current_dir(dir.path())

@@ -7,7 +7,6 @@
 mod common;
 
 use serde_json::{Value, json};
-use std::io::BufRead;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -113,21 +112,7 @@ fn held_call(s: &Scene, args: &Value) -> (std::process::Child, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = call.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if let Some(rest) = line.split("approval required [").nth(1) {
-                let _ = tx.send(rest.trim_end_matches(']').to_string());
-            }
-        }
-    });
-    let id = rx
-        .recv_timeout(HOLD_WAIT)
-        .expect("the call is held for approval");
+    let id = common::held_request_id(&mut call, HOLD_WAIT);
     (call, id)
 }
 

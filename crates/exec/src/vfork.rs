@@ -224,12 +224,40 @@ pub(crate) fn spawn(request: &Request) -> io::Result<Child> {
         }
         let errno = request.errno.load(Ordering::Acquire);
         if errno != 0 {
-            let mut raw = 0;
-            while libc::waitpid(pid, &mut raw, 0) < 0
-                && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
-            {}
-            return Err(io::Error::from_raw_os_error(errno));
+            return Err(reap_failed(pid, errno));
         }
+        let pidfd = watch(pid)?;
+        Ok(Child {
+            pid,
+            pidfd,
+            status: None,
+        })
+    }
+}
+
+/// Reaps a child whose setup failed with `errno` (it exits, or was killed), and returns that
+/// error.
+///
+/// # Safety
+/// `pid` is this process's own unreaped child.
+unsafe fn reap_failed(pid: libc::pid_t, errno: libc::c_int) -> io::Error {
+    let mut raw = 0;
+    // SAFETY: waitpid on our own child (the caller's contract).
+    while unsafe { libc::waitpid(pid, &mut raw, 0) } < 0
+        && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+    {}
+    io::Error::from_raw_os_error(errno)
+}
+
+/// A pidfd of a started child, registered for readiness (it becomes readable when the child
+/// exits). The child is killed when it cannot be watched, so none runs unsupervised.
+///
+/// # Safety
+/// `pid` is this process's own unreaped child.
+unsafe fn watch(pid: libc::pid_t) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: pidfd_open and kill on our own unreaped child (the caller's contract); the
+    // returned descriptor is fresh and owned here, then by the AsyncFd for its whole life.
+    unsafe {
         let fd = libc::syscall(libc::SYS_pidfd_open, pid, libc::PIDFD_NONBLOCK);
         if fd < 0 {
             let e = io::Error::last_os_error();
@@ -237,18 +265,9 @@ pub(crate) fn spawn(request: &Request) -> io::Result<Child> {
             return Err(e);
         }
         let pidfd = OwnedFd::from_raw_fd(fd as RawFd);
-        // The descriptor is owned by the AsyncFd for its whole life.
-        let pidfd = match AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) {
-            Ok(fd) => fd,
-            Err(e) => {
-                libc::kill(pid, libc::SIGKILL);
-                return Err(e.into());
-            }
-        };
-        Ok(Child {
-            pid,
-            pidfd,
-            status: None,
+        AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE).map_err(|e| {
+            libc::kill(pid, libc::SIGKILL);
+            e.into()
         })
     }
 }
@@ -440,26 +459,9 @@ pub(crate) fn spawn_confined(
     unsafe {
         if errno != 0 {
             libc::kill(pid, libc::SIGKILL);
-            let mut raw = 0;
-            while libc::waitpid(pid, &mut raw, 0) < 0
-                && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
-            {}
-            return Err(io::Error::from_raw_os_error(errno));
+            return Err(reap_failed(pid, errno));
         }
-        let fd = libc::syscall(libc::SYS_pidfd_open, pid, libc::PIDFD_NONBLOCK);
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            libc::kill(pid, libc::SIGKILL);
-            return Err(e);
-        }
-        let pidfd = OwnedFd::from_raw_fd(fd as RawFd);
-        let pidfd = match AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) {
-            Ok(fd) => fd,
-            Err(e) => {
-                libc::kill(pid, libc::SIGKILL);
-                return Err(e.into());
-            }
-        };
+        let pidfd = watch(pid)?;
         Ok(ConfinedChild {
             child: Child {
                 pid,

@@ -496,3 +496,20 @@ impl Drop for Serve {
         let _ = self.child.wait();
     }
 }
+
+/// The request id a held `ring0 call` prints for the person ("approval required [ID]") on its
+/// piped stderr, waited for at most `wait`.
+#[allow(dead_code)]
+pub fn held_request_id(call: &mut Child, wait: Duration) -> String {
+    let stderr = call.stderr.take().expect("the call's stderr is piped");
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("approval required [").nth(1) {
+                let _ = tx.send(rest.trim_end_matches(']').to_string());
+            }
+        }
+    });
+    rx.recv_timeout(wait)
+        .expect("the call is held for approval")
+}
