@@ -285,22 +285,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         let errno = || *libc::__errno_location();
         // Handlers belong to ring0's memory: back to the default for every handled signal, and
         // SIGPIPE too (ring0 ignores it; a program expects the default).
-        for signal in 1..=SIGNAL_NUMBER_MAX {
-            if signal == libc::SIGKILL || signal == libc::SIGSTOP {
-                continue;
-            }
-            let mut current: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(signal, std::ptr::null(), &mut current) != 0 {
-                continue;
-            }
-            let handled =
-                current.sa_sigaction != libc::SIG_DFL && current.sa_sigaction != libc::SIG_IGN;
-            if handled || signal == libc::SIGPIPE {
-                let mut default: libc::sigaction = std::mem::zeroed();
-                default.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(signal, &default, std::ptr::null_mut());
-            }
-        }
+        reset_signal_handlers();
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
