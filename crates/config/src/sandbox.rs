@@ -12,6 +12,7 @@
 //! write = []                       # more to read and write
 //! hide = []                        # more to mask
 //! network = "none"                 # or "proxy", with `allow = ["host:port", …]` (port or *)
+//! processes = 4096                 # most tasks of one process tree (its pids cgroup)
 //! ```
 //!
 //! The built-in profile `workspace` (the workspace read-write, the system read-only, no network)
@@ -28,6 +29,11 @@ pub const SANDBOX_OFF: &str = "off";
 pub const SANDBOX_PROFILES_MAX: usize = 64;
 /// Most paths one profile may list in each of `read`, `write`, `hide` and `allow`.
 pub const SANDBOX_PROFILE_PATHS_MAX: usize = 256;
+/// The smallest `processes` a profile may set: a confined tree has a keeper, an init and the
+/// program before the program starts anything.
+pub const SANDBOX_PROCESSES_MIN: u64 = 8;
+/// The largest `processes` a profile may set (the kernel's own ceiling on process ids).
+pub const SANDBOX_PROCESSES_MAX: u64 = 4_194_304;
 
 /// `[sandbox]`
 #[derive(Debug, Clone, Deserialize)]
@@ -86,6 +92,10 @@ pub struct ProfileSection {
     /// name, `*.suffix` or an IP literal; `port` a number or `*`). Default none.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// Most tasks (processes and threads) one process tree of this profile may have at once,
+    /// enforced by its pids cgroup. Default: the run's own limit (4096).
+    #[serde(default)]
+    pub processes: Option<u64>,
 }
 
 /// `network` of a profile.
@@ -115,6 +125,16 @@ impl SandboxSection {
             let key = format!("sandbox.profiles.{name}");
             if name == SANDBOX_OFF || name.is_empty() {
                 return Err((key, format!("{name:?} cannot name a profile")));
+            }
+            if let Some(n) = p.processes
+                && !(SANDBOX_PROCESSES_MIN..=SANDBOX_PROCESSES_MAX).contains(&n)
+            {
+                return Err((
+                    format!("{key}.processes"),
+                    format!(
+                        "{n} is outside {SANDBOX_PROCESSES_MIN}..={SANDBOX_PROCESSES_MAX}"
+                    ),
+                ));
             }
             for (list, len) in [
                 ("read", p.read.len()),
@@ -257,6 +277,7 @@ impl SandboxSection {
                     allow: p.allow.clone(),
                 },
             },
+            processes_max: p.processes,
         }))
     }
 }

@@ -14,6 +14,7 @@ use crate::sandbox::Plan;
 use crate::spec::ResourceLimits;
 use rustix::process::{self, Pid, Resource, Rlimit, Signal};
 use std::io;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 /// Most limits one child gets (CPU, open files, processes, address space, core size).
@@ -24,6 +25,8 @@ const LIMITS_MAX: usize = 5;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ChildSetup {
     parent: Pid,
+    /// The run's `cgroup.procs`, open for writing (see [`crate::cgroup`]); -1 for none.
+    cgroup_procs: RawFd,
     limits: [(Resource, Rlimit); LIMITS_MAX],
     limit_count: usize,
 }
@@ -34,6 +37,7 @@ impl ChildSetup {
     pub(crate) fn new(limits: &ResourceLimits) -> Self {
         let mut setup = Self {
             parent: process::getpid(),
+            cgroup_procs: -1,
             limits: [(
                 Resource::Core,
                 Rlimit {
@@ -65,8 +69,24 @@ impl ChildSetup {
         setup
     }
 
+    /// The child joins the cgroup whose `cgroup.procs` is open as `procs` first of all, so
+    /// that nothing it starts is ever outside it. The caller keeps `procs` open until the
+    /// spawn returns.
+    pub(crate) fn join_cgroup(mut self, procs: RawFd) -> Self {
+        self.cgroup_procs = procs;
+        self
+    }
+
     /// Runs in the child. Only raw system calls: no allocation, no locks.
     pub(crate) fn apply(&self) -> io::Result<()> {
+        if self.cgroup_procs >= 0 {
+            // SAFETY: a raw write of two static bytes to a descriptor the parent keeps open.
+            // "0" names the writing process itself.
+            let written = unsafe { libc::write(self.cgroup_procs, c"0".as_ptr().cast(), 1) };
+            if written != 1 {
+                return Err(io::Error::last_os_error());
+            }
+        }
         process::set_parent_process_death_signal(Some(Signal::KILL))?;
         // The parent may have died between fork and prctl; then no signal will ever come.
         if process::getppid() != Some(self.parent) {
@@ -98,14 +118,21 @@ fn run(setup: &ChildSetup, confinement: &Confinement) -> io::Result<()> {
 
 /// Registers a sandbox (and the parent-death signal, with no resource limits but a zero core
 /// size) on a command another crate spawns: ring0's stdio upstreams.
-pub(crate) fn install_confinement(command: &mut tokio::process::Command, plan: Arc<Plan>) {
-    let setup = ChildSetup::new(&ResourceLimits {
+pub(crate) fn install_confinement(
+    command: &mut tokio::process::Command,
+    plan: Arc<Plan>,
+    cgroup_procs: Option<RawFd>,
+) {
+    let mut setup = ChildSetup::new(&ResourceLimits {
         cpu_seconds: None,
         open_files: None,
         processes: None,
         address_space_bytes: None,
         core_file_bytes: Some(0),
     });
+    if let Some(procs) = cgroup_procs {
+        setup = setup.join_cgroup(procs);
+    }
     install(command, setup, Some(plan));
 }
 

@@ -34,6 +34,7 @@
 //! Linux only: supervision reads `/proc` and uses `prctl`.
 
 mod capture;
+mod cgroup;
 mod error;
 mod hooks;
 mod jobs;
@@ -49,6 +50,7 @@ mod supervise;
 mod teardown;
 mod vfork;
 
+pub use cgroup::{LeftoverReport, settle_leftover_runs};
 pub use error::{ExecError, JobError};
 pub use jobs::{
     InputReceipt, JOB_TIMEOUT_DEFAULT, JobEvent, JobEvents, JobHandle, JobManager, JobReceipt,

@@ -11,6 +11,7 @@
 //! on the calling task's thread: a runtime worker, which lives as long as its runtime. Do not
 //! drive this crate from `spawn_blocking` threads, which the runtime retires when idle.
 
+use crate::cgroup;
 use crate::error::ExecError;
 use crate::hooks::{self, ChildSetup};
 use crate::reaper::{self, DirectChild};
@@ -120,12 +121,21 @@ fn base_command(
 pub(crate) fn spawn(command: &PreparedCommand) -> Result<Spawned, ExecError> {
     reaper::ensure_subreaper().map_err(ExecError::Setup)?;
     let token = uuid::Uuid::new_v4().simple().to_string();
-    let setup = ChildSetup::new(&command.limits);
     let confined = command.sandbox.prepare()?;
+    let tasks_max = confined
+        .as_ref()
+        .and_then(sandbox::Prepared::processes_max)
+        .or(command.limits.processes);
+    let cgroup = cgroup::for_run(tasks_max, confined.is_some())?;
+    let mut setup = ChildSetup::new(&command.limits);
+    if let Some(cgroup) = &cgroup {
+        setup = setup.join_cgroup(cgroup.procs_fd());
+    }
     let mut spawned = match command.stdin {
         StdinMode::Null | StdinMode::Pipe => spawn_lean(command, token, setup, confined.as_ref()),
         StdinMode::Tty => spawn_tty(command, token, setup, confined.as_ref()),
     }?;
+    spawned.identity.cgroup = cgroup.map(std::sync::Arc::new);
     if let Some(confined) = confined {
         match confined.started() {
             Ok(guard) => spawned.sandbox = Some(guard),
@@ -249,7 +259,11 @@ fn spawn_lean(
         readers: OutputReaders::Pipes { stdout, stderr },
         writer,
         input_object,
-        identity: RunIdentity { root: pid, token },
+        identity: RunIdentity {
+            root: pid,
+            token,
+            cgroup: None,
+        },
         registration,
         sandbox: None,
     })
@@ -291,7 +305,11 @@ fn spawn_tty(
         readers: OutputReaders::Tty(read),
         writer: Some(InputWriter::Tty(write)),
         input_object: Some(InputObject::Tty(tty_path)),
-        identity: RunIdentity { root: pid, token },
+        identity: RunIdentity {
+            root: pid,
+            token,
+            cgroup: None,
+        },
         registration,
         sandbox: None,
     })

@@ -29,6 +29,10 @@ pub(crate) struct RunIdentity {
     pub root: i32,
     /// The random token in every member's environment.
     pub token: String,
+    /// The run's pids cgroup, which holds every descendant whatever it did (see
+    /// [`crate::cgroup`]). Not recorded: a later ring0 finds the cgroups of dead owners itself.
+    #[serde(skip)]
+    pub cgroup: Option<std::sync::Arc<crate::cgroup::RunCgroup>>,
 }
 
 /// What a teardown did.
@@ -49,12 +53,20 @@ pub struct TeardownReport {
 pub(crate) fn live_members(identity: &RunIdentity) -> Vec<ProcStatus> {
     let me = rustix::process::getpid().as_raw_nonzero().get();
     let all = proc::all();
-    members_in(&all, me, identity, |pid| {
+    let mut members = members_in(&all, me, identity, |pid| {
         proc::has_env_marker(pid, SUPERVISION_TOKEN_ENV, &identity.token)
-    })
-    .into_iter()
-    .filter(|p| !p.is_zombie())
-    .collect()
+    });
+    if let Some(cgroup) = &identity.cgroup {
+        for pid in cgroup.members() {
+            if let Some(status) = all.get(&pid).copied().or_else(|| proc::status(pid))
+                && !members.iter().any(|m| m.pid == pid)
+            {
+                members.push(status);
+            }
+        }
+    }
+    members.retain(|p| !p.is_zombie());
+    members
 }
 
 /// Membership over a snapshot of `/proc`. `has_token` is asked only about descendants of `me`.
@@ -144,7 +156,12 @@ fn members_in(
 pub(crate) fn may_have_survivors(identity: &RunIdentity) -> bool {
     let group_alive = Pid::from_raw(identity.root)
         .is_some_and(|pid| rustix::process::test_kill_process_group(pid).is_ok());
-    group_alive || reaper::has_adopted_children()
+    group_alive
+        || reaper::has_adopted_children()
+        || identity
+            .cgroup
+            .as_ref()
+            .is_some_and(|c| !c.members().is_empty())
 }
 
 fn signal_all(group: Option<i32>, members: &[ProcStatus], signal: Signal) {
@@ -263,6 +280,7 @@ mod tests {
         RunIdentity {
             root: 200,
             token: "t".into(),
+            cgroup: None,
         }
     }
 

@@ -76,8 +76,8 @@ async fn a_job_running_when_ring0_dies_is_reported_killed_after_restart() {
 
     helper.kill().unwrap();
     helper.wait().unwrap();
-    // The daemon left the job's session before ring0 died: nothing killed it yet.
-    assert!(alive(daemon), "the setsid daemon outlived the dead ring0");
+    // The daemon left the job's session before ring0 died. Any ring0 that starts a run now
+    // ends it with the dead ring0's other leftovers; the one opened here settles the record.
 
     let (jobs, recovery) = JobManager::open(config(ws.root())).await.unwrap();
     assert_eq!(recovery.killed.len(), 1);

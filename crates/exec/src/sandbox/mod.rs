@@ -89,6 +89,9 @@ pub struct SandboxProfile {
     pub hide: Vec<PathBuf>,
     /// Network reach.
     pub network: NetworkPolicy,
+    /// Most tasks (processes and threads) one run may have at once, enforced by its pids cgroup
+    /// (see [`crate::cgroup`]); `None` keeps the run's own `processes` limit.
+    pub processes_max: Option<u64>,
 }
 
 impl SandboxProfile {
@@ -100,6 +103,7 @@ impl SandboxProfile {
             write: Vec::new(),
             hide: Vec::new(),
             network: NetworkPolicy::None,
+            processes_max: None,
         }
     }
 }
@@ -357,7 +361,8 @@ impl Sandbox {
         if self.inner.is_none() {
             return Ok(());
         }
-        kernel_support()
+        kernel_support()?;
+        crate::cgroup::check_confinable()
     }
 
     /// Prepares the confinement of one process (everything the child needs, computed here).
@@ -385,6 +390,7 @@ impl Sandbox {
             plan: Arc::new(plan),
             scratch,
             bound: bound.clone(),
+            cgroup: None,
         }))
     }
 }
@@ -398,11 +404,17 @@ impl Sandbox {
         &self,
         command: &mut tokio::process::Command,
     ) -> Result<Option<PendingConfinement>, SandboxError> {
-        let Some(prepared) = self.prepare()? else {
+        let Some(mut prepared) = self.prepare()? else {
             return Ok(None);
         };
+        let cgroup = crate::cgroup::for_run(prepared.bound.profile.processes_max, true)?;
         command.envs(prepared.env());
-        crate::hooks::install_confinement(command, prepared.plan.clone());
+        crate::hooks::install_confinement(
+            command,
+            prepared.plan.clone(),
+            cgroup.as_ref().map(|c| c.procs_fd()),
+        );
+        prepared.cgroup = cgroup;
         Ok(Some(PendingConfinement(prepared)))
     }
 }
@@ -428,6 +440,9 @@ pub(crate) struct Prepared {
     pub(crate) plan: Arc<child::Plan>,
     scratch: tempfile::TempDir,
     bound: Arc<Bound>,
+    /// The cgroup of a process spawned outside this crate (a stdio upstream), kept by its
+    /// [`Guard`]; the runs of [`crate::run_command`] keep theirs in their identity.
+    cgroup: Option<crate::cgroup::RunCgroup>,
 }
 
 impl Prepared {
@@ -472,7 +487,13 @@ impl Prepared {
         Ok(Guard {
             _egress: egress,
             _scratch: self.scratch,
+            _cgroup: self.cgroup,
         })
+    }
+
+    /// The most tasks the profile lets one process tree have, if it says.
+    pub(crate) fn processes_max(&self) -> Option<u64> {
+        self.bound.profile.processes_max
     }
 }
 
@@ -481,6 +502,8 @@ impl Prepared {
 pub struct Guard {
     _egress: Option<EgressServing>,
     _scratch: tempfile::TempDir,
+    /// Dropped last: whatever is left in the process's cgroup is ended with it.
+    _cgroup: Option<crate::cgroup::RunCgroup>,
 }
 
 impl std::fmt::Debug for Guard {
