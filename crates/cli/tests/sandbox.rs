@@ -403,15 +403,43 @@ fn a_double_forking_setsid_daemon_is_reaped_with_its_call() {
     assert!(text(&r).contains("started"), "{r:#}");
 }
 
+/// A profile that bounds each process tree to this many tasks.
+const BOUNDED_PROFILE: &str = "\n[sandbox.profiles.workspace]\nprocesses = 64\n";
+
 #[test]
 fn a_fork_bomb_is_bounded_and_reaped() {
-    let s = Scene::new();
+    let s = Scene::with_config(BOUNDED_PROFILE);
     let r = s.shell_with(json!({
         "command": "b() { b | b & }; b; sleep 2",
         "timeout_ms": 3_000,
     }));
     assert_no_survivors(&s.mark);
     assert!(r["outcome"].is_object(), "{r:#}");
+}
+
+#[test]
+fn a_process_tree_stops_at_the_profiles_process_limit() {
+    let s = Scene::with_config(BOUNDED_PROFILE);
+    std::fs::write(
+        s.ws.join("fork.py"),
+        "import os, sys, time\nmade = 0\nwhile made < 1000:\n    try:\n        pid = os.fork()\n\
+         \x20   except OSError as e:\n        print(f'forked {made} then errno {e.errno}')\n\
+         \x20       sys.exit(0)\n    if pid == 0:\n        time.sleep(120)\n        os._exit(0)\n\
+         \x20   made += 1\nprint(f'forked {made} then errno none')\n",
+    )
+    .unwrap();
+    let r = s.shell("python3 fork.py");
+    let out = text(&r);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("forked "))
+        .unwrap_or_else(|| panic!("no report: {r:#}"));
+    let words: Vec<&str> = line.split(' ').collect();
+    let made: u64 = words[1].parse().unwrap();
+    // EAGAIN: the tree's pids cgroup refused the fork, though ring0 may run as root.
+    assert_eq!(words[4], "11", "{line}");
+    assert!(made < 64, "{made} children under a limit of 64");
+    assert_no_survivors(&s.mark);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -702,6 +730,36 @@ fn serve_tree_then(
     end(&mut child, stdin);
     let _ = child.wait();
     wait_for_argument_count(&mark, |n| n == 0, "processes survive ring0");
+}
+
+#[test]
+fn an_unconfined_call_left_by_a_killed_serve_is_ended_when_the_next_one_starts() {
+    let s = Scene::new();
+    // Unconfined: no PID namespace to die with; only the run's cgroup remembers its processes.
+    std::fs::write(
+        s.ws.join("ring0.toml"),
+        "[workspace]\nstate_dir = \".ring0\"\n\n[sandbox]\ndefault = \"off\"\n\n\
+         [[grants]]\nname = \"tree\"\ntools = [\"shell\"]\nceiling = \"A2\"\n\
+         rules = [\"args.argv[0] == 'sh'\"]\nunattended = true\n",
+    )
+    .unwrap();
+    let mark = format!("{}", 8_000_000 + rand_u128() % 1_000_000);
+    let serve = || {
+        let mut cmd = s.ring0();
+        cmd.arg("serve");
+        StdioClient::initialized(cmd, "2025-06-18")
+    };
+    std::fs::write(s.ws.join("tree.sh"), hiding_tree(&mark)).unwrap();
+    let mut client = serve();
+    client.send(
+        &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"shell",
+            "arguments":{"argv": ["sh", "tree.sh"]}}}),
+    );
+    wait_for_argument_count(&mark, |n| n > 5, "the tree never appeared");
+    client.child.kill().unwrap();
+    let _ = client.child.wait();
+    let _next = serve();
+    wait_for_argument_count(&mark, |n| n == 0, "processes survive the killed ring0");
 }
 
 #[test]

@@ -336,7 +336,7 @@ pub fn settle_leftover_runs() -> LeftoverReport {
 }
 
 /// Sweeps leftovers once per process, before its first run of its own.
-fn sweep_once() {
+pub(crate) fn sweep_once() {
     static SWEPT: OnceLock<LeftoverReport> = OnceLock::new();
     SWEPT.get_or_init(settle_leftover_runs);
 }

@@ -314,6 +314,8 @@ impl JobManager {
     /// Must be called inside a tokio runtime, which then runs every job's supervision.
     pub async fn open(config: JobsConfig) -> Result<(Self, Recovery), JobError> {
         crate::reaper::ensure_subreaper().map_err(|e| JobError::Exec(ExecError::Setup(e)))?;
+        // What a killed ring0's runs left (foreground ones too) ends before anything starts.
+        crate::cgroup::sweep_once();
         let store = Store::open(&config.state_dir)?;
         let (mut records, unreadable) = store.load();
         let mut recovery = Recovery {
