@@ -212,3 +212,63 @@ async fn a_profile_with_egress_reaches_only_the_proxy_through_its_variables() {
     assert!(text.contains("proxy=http://127.0.0.1:3128"), "{text}");
     assert!(text.contains("proxied"), "{text}");
 }
+
+/// Listens on 127.0.0.1:PORT (argv[1]), says so in `ready`, and answers one connection.
+const LISTEN_ONCE: &str = "\
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('127.0.0.1', int(sys.argv[1])))
+s.listen(1)
+open('ready', 'w').write('ready')
+s.settimeout(60)
+c, _ = s.accept()
+c.sendall(b'hello from inside')
+c.close()
+";
+
+/// Connects to 127.0.0.1:PORT (argv[1]) and prints what happened.
+const CONNECT: &str = "\
+import socket, sys
+try:
+    c = socket.create_connection(('127.0.0.1', int(sys.argv[1])), 5)
+    print('connected', c.recv(64).decode())
+except OSError as e:
+    print('refused', type(e).__name__)
+";
+
+#[tokio::test]
+async fn two_sandboxes_do_not_share_a_loopback() {
+    let (a, b) = (Workspace::new(), Workspace::new());
+    for ws in [&a, &b] {
+        std::fs::write(ws.root().join("listen.py"), LISTEN_ONCE).unwrap();
+        std::fs::write(ws.root().join("connect.py"), CONNECT).unwrap();
+    }
+    let port = (40_000 + std::process::id() % 20_000).to_string();
+    // One policy, one sandbox: its processes share a loopback.
+    let policy_a = a.policy();
+    let policy_b = b.policy();
+    let listen =
+        CommandSpec::argv(["python3", "listen.py", &port]).timeout(Duration::from_secs(90));
+    let connect =
+        CommandSpec::argv(["python3", "connect.py", &port]).timeout(Duration::from_secs(30));
+    let server = run_command(&policy_a, &listen, never());
+    let clients = async {
+        let ready = a.root().join("ready");
+        let deadline = Instant::now() + PROC_WAIT;
+        while !ready.exists() {
+            assert!(Instant::now() < deadline, "the listener never started");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let from_b = run_command(&policy_b, &connect, never()).await.unwrap();
+        let from_a = run_command(&policy_a, &connect, never()).await.unwrap();
+        (from_b.observation.text, from_a.observation.text)
+    };
+    let (server, (from_b, from_a)) = tokio::join!(server, clients);
+    assert!(
+        from_b.contains("refused ConnectionRefusedError"),
+        "{from_b}"
+    );
+    assert!(from_a.contains("connected hello from inside"), "{from_a}");
+    assert_eq!(server.unwrap().summary.exit.and_then(|e| e.code), Some(0));
+}
