@@ -131,9 +131,7 @@ impl SandboxSection {
             {
                 return Err((
                     format!("{key}.processes"),
-                    format!(
-                        "{n} is outside {SANDBOX_PROCESSES_MIN}..={SANDBOX_PROCESSES_MAX}"
-                    ),
+                    format!("{n} is outside {SANDBOX_PROCESSES_MIN}..={SANDBOX_PROCESSES_MAX}"),
                 ));
             }
             for (list, len) in [

@@ -51,7 +51,10 @@ struct Hierarchy {
 
 fn hierarchy() -> Result<&'static Hierarchy, String> {
     static HIERARCHY: OnceLock<Result<Hierarchy, String>> = OnceLock::new();
-    HIERARCHY.get_or_init(find_hierarchy).as_ref().map_err(Clone::clone)
+    HIERARCHY
+        .get_or_init(find_hierarchy)
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// Checks that confined runs can start here: a ring0 running as root needs a pids cgroup for
@@ -73,8 +76,8 @@ fn unavailable(detail: String) -> crate::sandbox::SandboxError {
 fn find_hierarchy() -> Result<Hierarchy, String> {
     let mounts = fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
-    let own = fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+    let own =
+        fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
     if let Some(mount) = mount_point(&mounts, |fstype, options| {
         fstype == "cgroup" && options.split(',').any(|o| o == "pids")
     }) {
@@ -151,12 +154,8 @@ fn enable_pids(dir: &Path) -> Result<(), String> {
         return Ok(());
     }
     // Refused (EBUSY) in a non-root cgroup that holds processes: ring0's own, undelegated.
-    fs::write(&control, "+pids").map_err(|e| {
-        format!(
-            "enabling the pids controller in {}: {e}",
-            control.display()
-        )
-    })
+    fs::write(&control, "+pids")
+        .map_err(|e| format!("enabling the pids controller in {}: {e}", control.display()))
 }
 
 /// One run's cgroup: removed (after ending whatever is left in it) when dropped.
@@ -288,9 +287,7 @@ pub(crate) fn for_run(
 ) -> Result<Option<RunCgroup>, crate::sandbox::SandboxError> {
     match RunCgroup::create(tasks_max) {
         Ok(cgroup) => Ok(Some(cgroup)),
-        Err(detail) if confined && rustix::process::geteuid().is_root() => {
-            Err(unavailable(detail))
-        }
+        Err(detail) if confined && rustix::process::geteuid().is_root() => Err(unavailable(detail)),
         Err(_) => Ok(None),
     }
 }

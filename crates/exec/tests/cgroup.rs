@@ -92,7 +92,10 @@ async fn a_fork_bomb_in_the_sandbox_stops_at_the_profiles_process_limit() {
     let report = run_command(&policy, &spec, never()).await.unwrap();
     let (made, errno) = forks(&report.observation.text);
     assert_eq!(errno, EAGAIN, "{}", report.observation.text);
-    assert!(made < TASKS_MAX, "{made} children under a limit of {TASKS_MAX}");
+    assert!(
+        made < TASKS_MAX,
+        "{made} children under a limit of {TASKS_MAX}"
+    );
 }
 
 #[tokio::test]
@@ -104,7 +107,10 @@ async fn an_unconfined_fork_bomb_stops_at_the_run_limit_whoever_runs_ring0() {
     let report = run_command(&policy, &spec, never()).await.unwrap();
     let (made, errno) = forks(&report.observation.text);
     assert_eq!(errno, EAGAIN, "{}", report.observation.text);
-    assert!(made < TASKS_MAX, "{made} children under a limit of {TASKS_MAX}");
+    assert!(
+        made < TASKS_MAX,
+        "{made} children under a limit of {TASKS_MAX}"
+    );
 }
 
 #[tokio::test]
@@ -128,8 +134,8 @@ async fn cgroup_helper_runs_a_hiding_tree_and_waits_to_be_killed() {
     };
     let ws = Workspace::new();
     let policy = ws.unconfined_policy().allow_shell(true);
-    let spec = CommandSpec::shell(hiding_tree(&mark.to_string_lossy()))
-        .timeout(Duration::from_secs(600));
+    let spec =
+        CommandSpec::shell(hiding_tree(&mark.to_string_lossy())).timeout(Duration::from_secs(600));
     let _ = run_command(&policy, &spec, never()).await;
 }
 
