@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{StdioClient, hiding_tree, live_processes, marked_by_argument};
+use common::{StdioClient, hiding_tree, hiding_tree_then, live_processes, marked_by_argument};
 
 use serde_json::{Value, json};
 use std::io::Write;
@@ -573,6 +573,20 @@ app.run()
 
 /// `ring0 serve` with one stdio upstream that runs scripts; returns the text of each result.
 fn through_upstream(s: &Scene, scripts: &[&str]) -> Option<Vec<String>> {
+    through_upstream_then(s, scripts, "", |child, stdin| {
+        drop(stdin);
+        let _ = child.kill();
+    })
+}
+
+/// As [`through_upstream`], with `extra` appended to the configuration and `end` ending
+/// `ring0 serve` once the scripts ran.
+fn through_upstream_then(
+    s: &Scene,
+    scripts: &[&str],
+    extra: &str,
+    end: impl FnOnce(&mut std::process::Child, std::process::ChildStdin),
+) -> Option<Vec<String>> {
     let peers = common::peers()?;
     let server_dir = s.root.join("server");
     std::fs::create_dir_all(&server_dir).unwrap();
@@ -590,7 +604,7 @@ fn through_upstream(s: &Scene, scripts: &[&str]) -> Option<Vec<String>> {
                 server_dir.join("escape.py").display().to_string(),
                 s.mark
             ),
-            "",
+            extra,
         )
     );
     std::fs::write(s.ws.join("ring0.toml"), config).unwrap();
@@ -636,10 +650,56 @@ fn through_upstream(s: &Scene, scripts: &[&str]) -> Option<Vec<String>> {
         );
         out.push(wait(id).to_string());
     }
-    drop(stdin);
-    let _ = child.kill();
+    end(&mut child, stdin);
     let _ = child.wait();
     Some(out)
+}
+
+/// An unconfined upstream's tool leaves the five hidden processes behind, then `end` ends
+/// `ring0 serve`; `then` runs after it exited.
+fn unconfined_upstream_tree_then(
+    end: impl FnOnce(&mut std::process::Child, std::process::ChildStdin),
+    then: impl FnOnce(&Scene),
+) {
+    let s = Scene::new();
+    let mark = format!("{}", 9_000_000 + rand_u128() % 1_000_000);
+    let tree = format!(
+        "{{ {}; }} >/dev/null 2>&1 </dev/null; echo spawned",
+        hiding_tree_then(&mark, "true")
+    );
+    let extra = "\n[sandbox]\nupstreams = { esc = \"off\" }\n";
+    let Some(results) = through_upstream_then(&s, &[tree.as_str()], extra, |child, stdin| {
+        wait_for_argument_count(&mark, |n| n >= 5, "the tree never appeared");
+        end(child, stdin);
+    }) else {
+        return;
+    };
+    assert!(results[0].contains("spawned"), "{results:?}");
+    then(&s);
+    wait_for_argument_count(&mark, |n| n == 0, "processes of the upstream survive ring0");
+}
+
+#[test]
+fn an_unconfined_upstreams_processes_end_when_serve_exits_cleanly() {
+    unconfined_upstream_tree_then(|_child, stdin| drop(stdin), |_| {});
+}
+
+#[test]
+fn an_unconfined_upstreams_processes_left_by_a_killed_serve_end_when_the_next_one_starts() {
+    unconfined_upstream_tree_then(
+        |child, _stdin| child.kill().unwrap(),
+        |s| {
+            let mut cmd = s.ring0();
+            cmd.arg("serve");
+            // The next ring0 needs no upstream of its own to end what the killed one left.
+            std::fs::write(
+                s.ws.join("ring0.toml"),
+                "[workspace]\nstate_dir = \".ring0\"\n",
+            )
+            .unwrap();
+            let _next = StdioClient::initialized(cmd, "2025-06-18");
+        },
+    );
 }
 
 #[test]

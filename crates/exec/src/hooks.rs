@@ -136,6 +136,21 @@ pub(crate) fn install_confinement(
     install(command, setup, Some(plan));
 }
 
+/// Registers the parent-death signal, a zero core size and the cgroup whose `cgroup.procs` is
+/// open as `procs` on a command another crate spawns unconfined (a stdio upstream with the
+/// sandbox off).
+pub(crate) fn install_cgroup(command: &mut tokio::process::Command, procs: RawFd) {
+    let setup = ChildSetup::new(&ResourceLimits {
+        cpu_seconds: None,
+        open_files: None,
+        processes: None,
+        address_space_bytes: None,
+        core_file_bytes: Some(0),
+    })
+    .join_cgroup(procs);
+    install(command, setup, None);
+}
+
 /// Registers the setup on a tokio command (the pipe path, spawned through process-wrap).
 pub(crate) fn install(
     command: &mut tokio::process::Command,

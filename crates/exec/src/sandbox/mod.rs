@@ -399,13 +399,19 @@ impl Sandbox {
     /// Confines a command spawned outside this crate (a stdio upstream server): registers the
     /// sandbox on `command` and sets its variables. Spawn it, then call
     /// [`PendingConfinement::started`] and keep the guard while it runs. A spawn error is
-    /// explained by [`explain_spawn_error`]. `None` when the sandbox is off.
+    /// explained by [`explain_spawn_error`]. When the sandbox is off the command still gets a
+    /// pids cgroup where one can be made, so that nothing it starts outlives the guard, or a
+    /// killed ring0 past the next one's start.
     pub fn confine_command(
         &self,
         command: &mut tokio::process::Command,
-    ) -> Result<Option<PendingConfinement>, SandboxError> {
+    ) -> Result<PendingConfinement, SandboxError> {
         let Some(mut prepared) = self.prepare()? else {
-            return Ok(None);
+            let cgroup = crate::cgroup::for_run(None, false)?;
+            if let Some(cgroup) = &cgroup {
+                crate::hooks::install_cgroup(command, cgroup.procs_fd());
+            }
+            return Ok(PendingConfinement(Pending::Unconfined(cgroup)));
         };
         let cgroup = crate::cgroup::for_run(prepared.bound.profile.processes_max, true)?;
         command.envs(prepared.env());
@@ -415,18 +421,31 @@ impl Sandbox {
             cgroup.as_ref().map(|c| c.procs_fd()),
         );
         prepared.cgroup = cgroup;
-        Ok(Some(PendingConfinement(prepared)))
+        Ok(PendingConfinement(Pending::Confined(prepared)))
     }
 }
 
 /// A confinement registered on a command that has not been spawned yet.
-pub struct PendingConfinement(Prepared);
+pub struct PendingConfinement(Pending);
+
+enum Pending {
+    Confined(Prepared),
+    /// The sandbox is off: only the cgroup, if one could be made.
+    Unconfined(Option<crate::cgroup::RunCgroup>),
+}
 
 impl PendingConfinement {
     /// After a successful spawn: hands over the egress listener, returns what must live as
     /// long as the process.
     pub fn started(self) -> Result<Guard, SandboxError> {
-        self.0.started()
+        match self.0 {
+            Pending::Confined(prepared) => prepared.started(),
+            Pending::Unconfined(cgroup) => Ok(Guard {
+                _egress: None,
+                _scratch: None,
+                _cgroup: cgroup,
+            }),
+        }
     }
 }
 
@@ -486,7 +505,7 @@ impl Prepared {
         }
         Ok(Guard {
             _egress: egress,
-            _scratch: self.scratch,
+            _scratch: Some(self.scratch),
             _cgroup: self.cgroup,
         })
     }
@@ -501,7 +520,7 @@ impl Prepared {
 /// scratch directory when dropped.
 pub struct Guard {
     _egress: Option<EgressServing>,
-    _scratch: tempfile::TempDir,
+    _scratch: Option<tempfile::TempDir>,
     /// Dropped last: whatever is left in the process's cgroup is ended with it.
     _cgroup: Option<crate::cgroup::RunCgroup>,
 }

@@ -66,8 +66,8 @@ impl Outbound for StdinQueue {
 pub struct StdioConnection {
     pub peer: Arc<RpcPeer>,
     stop: CancellationToken,
-    /// The sandbox's scratch directory, removed when the connection goes.
-    _sandbox: Option<ring0_exec::sandbox::Guard>,
+    /// The sandbox (its scratch directory, egress proxy and cgroup), ended when the connection goes.
+    _sandbox: ring0_exec::sandbox::Guard,
 }
 
 impl Drop for StdioConnection {
@@ -114,10 +114,7 @@ pub fn spawn(
                 Some(why) => sandbox_error(why),
                 None => e,
             })?;
-    let guard = pending
-        .map(|p| p.started())
-        .transpose()
-        .map_err(sandbox_error)?;
+    let guard = pending.started().map_err(sandbox_error)?;
     let stdin = child.stdin().take().expect("piped stdin");
     let stdout = child.stdout().take().expect("piped stdout");
     let stderr = child.stderr().take().expect("piped stderr");
