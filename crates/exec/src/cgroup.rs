@@ -30,6 +30,8 @@ use std::time::{Duration, Instant};
 
 /// The directory under ring0's own cgroup that holds the runs' cgroups.
 const RUNS_DIR: &str = "ring0";
+/// The leaf ring0 moves itself into in a cgroup v2 subtree delegated to it.
+const SUPERVISOR_DIR: &str = "ring0-supervisor";
 /// How long ending a cgroup's members may take before it is left for the next sweep. Members
 /// are killed with SIGKILL; only a task in uninterruptible sleep outlives that for long.
 const KILL_WAIT: Duration = Duration::from_secs(5);
@@ -96,7 +98,20 @@ fn find_hierarchy() -> Result<Hierarchy, String> {
         .ok_or("neither a cgroup v1 pids hierarchy nor a cgroup2 file system is mounted")?;
     let path = own_path(&own, str::is_empty).ok_or("no cgroup2 line in /proc/self/cgroup")?;
     let own_dir = mount.join(path.trim_start_matches('/'));
-    enable_pids(&own_dir)?;
+    if let Err(why) = enable_pids(&own_dir) {
+        // A non-root cgroup that holds processes cannot hand controllers to children (cgroup
+        // v2's rule of no internal processes): ring0 moves itself into a leaf of its own
+        // first, as a service with a delegated subtree (systemd's `Delegate=yes`) must.
+        if path == "/" {
+            return Err(why);
+        }
+        let leaf = own_dir.join(SUPERVISOR_DIR);
+        make_dir(&leaf)?;
+        fs::write(leaf.join("cgroup.procs"), "0").map_err(|e| {
+            format!("moving ring0 into {}: {e} (after: {why})", leaf.display())
+        })?;
+        enable_pids(&own_dir)?;
+    }
     let runs = own_dir.join(RUNS_DIR);
     make_dir(&runs)?;
     enable_pids(&runs)?;
