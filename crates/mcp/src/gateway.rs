@@ -188,6 +188,10 @@ impl Authorizer for QuarantineGate {
     fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool {
         self.inner.visible(session, spec)
     }
+
+    fn record_decided(&self, request: &AuthRequest<'_>, decision: AuthDecision) -> AuthDecision {
+        self.inner.record_decided(request, decision)
+    }
 }
 
 /// Runs a tool of an upstream.

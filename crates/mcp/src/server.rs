@@ -132,6 +132,10 @@ impl Authorizer for SessionGate {
     fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool {
         self.inner.visible(session, spec)
     }
+
+    fn record_decided(&self, request: &AuthRequest<'_>, decision: AuthDecision) -> AuthDecision {
+        self.inner.record_decided(request, decision)
+    }
 }
 
 /// Forwards progress and relays server requests to one downstream client: as requests in the
