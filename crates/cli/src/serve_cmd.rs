@@ -79,7 +79,7 @@ pub struct ServeArgs {
 /// The generation holding the tools of every upstream that is up. An upstream publishes its
 /// listing a moment before the gateway's catalog is rebuilt from it; recovery must see the
 /// rebuilt catalog, or it would take the upstream's tools for missing ones.
-async fn settled_generation(gw: &Gateway) -> Arc<ring0_mcp::gateway::Generation> {
+pub(crate) async fn settled_generation(gw: &Gateway) -> Arc<ring0_mcp::gateway::Generation> {
     let deadline = tokio::time::Instant::now() + CATALOG_REBUILD_WAIT;
     loop {
         let generation = gw.generation();

@@ -308,6 +308,63 @@ impl LoadedTools {
     }
 }
 
+/// Most loaded sets [`LoadedSets`] keeps at once.
+pub const LOADED_SETS_MAX: usize = 4096;
+/// A loaded set in [`LoadedSets`] no session holds is forgotten after this long unused (1 h,
+/// the kernel's scope idle expiry).
+pub const LOADED_SET_IDLE_MS: u64 = crate::scope::SCOPE_IDLE_MS;
+
+/// The loaded sets of conversations a host keeps no session object for, by (principal id,
+/// scope): MCP's stateless 2026-07-28 requests are each a session of their own, so what one
+/// request loads is kept here for the next request of the same scope. Bounded: at most
+/// [`LOADED_SETS_MAX`]; when full, sets idle for [`LOADED_SET_IDLE_MS`] are forgotten, then the
+/// least recently used one (a forgotten set only means its tools must be loaded again).
+#[derive(Default)]
+pub struct LoadedSets {
+    sets: Mutex<HashMap<(String, String), (Arc<LoadedTools>, std::time::Instant)>>,
+}
+
+impl LoadedSets {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The set of (principal, scope), made empty on first use.
+    pub fn get(&self, principal: &str, scope: &str) -> Arc<LoadedTools> {
+        let mut sets = self.sets.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        let key = (principal.to_string(), scope.to_string());
+        if let Some((set, used)) = sets.get_mut(&key) {
+            *used = now;
+            return set.clone();
+        }
+        if sets.len() >= LOADED_SETS_MAX {
+            let idle = std::time::Duration::from_millis(LOADED_SET_IDLE_MS);
+            sets.retain(|_, (_, used)| now - *used < idle);
+        }
+        if sets.len() >= LOADED_SETS_MAX
+            && let Some(oldest) = sets
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+        {
+            sets.remove(&oldest);
+        }
+        let set = LoadedTools::new();
+        sets.insert(key, (set.clone(), now));
+        set
+    }
+
+    /// Sets kept.
+    pub fn len(&self) -> usize {
+        self.sets.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// What [`LoadedTools::add`] did.
 enum Added {
     Yes,
