@@ -380,6 +380,10 @@ pub fn run(
             index.len(),
             index.reason()
         ));
+        // A budget overrun is said whatever the log level: it costs every turn.
+        for line in index.over_budget() {
+            log.line(&format!("over budget: {line}"));
+        }
         // Every tool is either listed or said here why not; a grant that names nothing is named.
         let report =
             ring0_config::report::CatalogReport::new(&loaded.config, &built.policy, &catalog);
