@@ -748,3 +748,30 @@ impl crate::Session {
         extensions
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loaded_sets_share_a_scope_keep_scopes_apart_and_stay_bounded() {
+        let sets = LoadedSets::new();
+        let first = sets.get("alice", "conv-1");
+        first.add("wx__forecast", |_| true);
+        assert_eq!(sets.get("alice", "conv-1").names(), ["wx__forecast"]);
+        assert!(sets.get("alice", "conv-2").names().is_empty());
+        assert!(
+            sets.get("bob", "conv-1").names().is_empty(),
+            "never across principals"
+        );
+        for n in 0..LOADED_SETS_MAX + 10 {
+            sets.get("carol", &format!("scope-{n}"));
+        }
+        assert_eq!(sets.len(), LOADED_SETS_MAX);
+        assert!(
+            sets.get("carol", &format!("scope-{}", LOADED_SETS_MAX + 9))
+                .names()
+                .is_empty()
+        );
+    }
+}
