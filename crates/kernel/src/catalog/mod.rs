@@ -321,8 +321,11 @@ pub const LOADED_SET_IDLE_MS: u64 = crate::scope::SCOPE_IDLE_MS;
 /// least recently used one (a forgotten set only means its tools must be loaded again).
 #[derive(Default)]
 pub struct LoadedSets {
-    sets: Mutex<HashMap<(String, String), (Arc<LoadedTools>, std::time::Instant)>>,
+    sets: Mutex<HashMap<ScopeKey, (Arc<LoadedTools>, std::time::Instant)>>,
 }
+
+/// (principal id, scope).
+type ScopeKey = (String, String);
 
 impl LoadedSets {
     pub fn new() -> Self {
