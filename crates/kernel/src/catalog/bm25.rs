@@ -6,8 +6,8 @@
 //! each kernel generation, and it needs per-field weights (a term in a tool's name says far more
 //! than the same term in a parameter's description). The crates that rank with BM25 either
 //! index a single text per document (`bm25`, no field weights) or bring a whole search engine
-//! with its on-disk segments, threads and dozens of dependencies (`tantivy`). The tokenizer, a
-//! light English suffix stripper and the BM25F sum are all that is needed here.
+//! with its on-disk segments, threads and dozens of dependencies (`tantivy`). The tokenizer, an
+//! English stemmer (`rust-stemmers`' Snowball) and the BM25F sum are all that is needed here.
 
 use std::collections::HashMap;
 
@@ -94,41 +94,20 @@ fn push_term(out: &mut Vec<String>, word: &mut String) {
     word.clear();
 }
 
-/// A light English suffix stripper, so that "calculate", "calculating", "calculated" and
-/// "calculation" meet, as do plurals. Not a full Porter stemmer: it only has to map a query's
-/// word and a definition's word to the same term, and both go through it.
+/// The English Snowball (Porter2) stemmer, so that "calculate", "calculating", "calculated"
+/// and "calculation" meet, as do plurals and "invented" / "invention", "genetics" /
+/// "genetically". A query's words and a definition's go through the same stemmer, so only
+/// agreement matters; Porter2 is the standard for English retrieval and needs no data.
+/// Words that are not plain ASCII letters (identifiers with digits, other scripts) are kept
+/// as they are.
 pub fn stem(word: &str) -> String {
-    let mut w = word.to_string();
-    if !w.chars().all(|c| c.is_ascii_lowercase()) || w.len() <= 3 {
-        return w;
+    static ENGLISH: std::sync::LazyLock<rust_stemmers::Stemmer> = std::sync::LazyLock::new(|| {
+        rust_stemmers::Stemmer::create(rust_stemmers::Algorithm::English)
+    });
+    if !word.chars().all(|c| c.is_ascii_lowercase()) || word.len() <= 3 {
+        return word.to_string();
     }
-    if let Some(base) = w.strip_suffix("ies").filter(|b| b.len() >= 2) {
-        w = format!("{base}y");
-    } else if w.ends_with("sses") {
-        w.truncate(w.len() - 2);
-    } else if w.ends_with('s') && !w.ends_with("ss") && !w.ends_with("us") && !w.ends_with("is") {
-        w.pop();
-    }
-    for (suffix, replacement) in [
-        ("ational", "ate"),
-        ("ation", "ate"),
-        ("ating", "ate"),
-        ("ated", "ate"),
-        ("ing", ""),
-        ("ed", ""),
-        ("ly", ""),
-    ] {
-        if let Some(base) = w.strip_suffix(suffix)
-            && base.len() >= 3
-        {
-            w = format!("{base}{replacement}");
-            break;
-        }
-    }
-    if w.len() > 3 && w.ends_with('e') {
-        w.pop();
-    }
-    w
+    ENGLISH.stem(word).into_owned()
 }
 
 /// One document's occurrences of a term, per field.
@@ -240,8 +219,11 @@ mod tests {
     #[test]
     fn names_split_at_case_changes_separators_and_digits() {
         assert_eq!(terms("getWeather"), ["get", "weather"]);
-        assert_eq!(terms("math.factorial"), ["math", "factorial"]);
-        assert_eq!(terms("fx__read_file"), ["fx", "read", "fil"]);
+        assert_eq!(
+            terms("math.factorial"),
+            ["math".to_string(), stem("factorial")]
+        );
+        assert_eq!(terms("fx__read_file"), ["fx", "read", "file"]);
         assert_eq!(terms("sha256sum"), ["sha", "256", "sum"]);
     }
 
@@ -254,10 +236,12 @@ mod tests {
             "calculating",
             "calculation",
         ] {
-            assert_eq!(stem(w), "calculat", "{w}");
+            assert_eq!(stem(w), stem("calculate"), "{w}");
         }
         assert_eq!(stem("triangles"), stem("triangle"));
-        assert_eq!(stem("cities"), "city");
+        assert_eq!(stem("cities"), stem("city"));
+        assert_eq!(stem("invented"), stem("invention"));
+        assert_eq!(stem("genetically"), stem("genetics"));
     }
 
     #[test]
