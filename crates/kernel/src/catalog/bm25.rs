@@ -32,6 +32,9 @@ const STOP_WORDS: &[&str] = &[
     "given", "has", "have", "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "of",
     "on", "or", "please", "so", "that", "the", "their", "then", "there", "this", "to", "us", "use",
     "using", "was", "we", "what", "when", "where", "which", "who", "will", "with", "you", "your",
+    // The fillers of a spoken request.
+    "also", "about", "could", "would", "should", "like", "want", "need", "tell", "show", "know",
+    "just", "let", "some", "am", "our", "these", "those", "been", "did", "does",
 ];
 
 /// The text of one tool, split into the fields the ranker weighs.
