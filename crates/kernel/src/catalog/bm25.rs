@@ -21,8 +21,11 @@ pub const FIELD_WEIGHTS: [f32; FIELDS] = [3.0, 2.0, 1.5, 1.0, 0.4];
 const FIELD_B: [f32; FIELDS] = [0.3, 0.3, 0.75, 0.5, 0.75];
 /// Term-frequency saturation (BM25's `k1`).
 const K1: f32 = 1.2;
-/// Terms taken from one query; the rest are ignored (a query is a few words, not a document).
-pub const QUERY_TERMS_MAX: usize = 32;
+/// Distinct terms taken from one query, in its order; the rest are ignored. Sized for the
+/// longest query the meta-tool accepts (1 KiB, about 150 words): a request restating a long
+/// task must not lose its last words (at 32, recall@5 on the BFCL catalog was 0.885; at 64
+/// and above, 0.903).
+pub const QUERY_TERMS_MAX: usize = 128;
 /// Terms of one field of one document; the rest are ignored.
 const FIELD_TERMS_MAX: usize = 4096;
 
@@ -170,10 +173,13 @@ impl Bm25Index {
     pub fn rank(&self, query: &str, scores: &mut Vec<f32>) -> Vec<(u32, f32)> {
         scores.clear();
         scores.resize(self.lengths.len(), 0.0);
-        let mut query_terms = terms(query);
-        query_terms.sort();
-        query_terms.dedup();
-        query_terms.truncate(QUERY_TERMS_MAX);
+        // The first distinct terms in the query's own order: a cut must not depend on spelling.
+        let mut seen = std::collections::HashSet::new();
+        let query_terms: Vec<String> = terms(query)
+            .into_iter()
+            .filter(|t| seen.insert(t.clone()))
+            .take(QUERY_TERMS_MAX)
+            .collect();
         let n = self.lengths.len() as f32;
         let mut touched: Vec<u32> = Vec::new();
         for term in &query_terms {
@@ -230,7 +236,11 @@ mod tests {
             ["math".to_string(), stem("factorial")]
         );
         assert_eq!(terms("fx__read_file"), ["fx", "read", "file"]);
-        assert_eq!(terms("sha256sum"), ["sha", "sum"], "a number is a value, not a word");
+        assert_eq!(
+            terms("sha256sum"),
+            ["sha", "sum"],
+            "a number is a value, not a word"
+        );
     }
 
     #[test]
@@ -264,6 +274,17 @@ mod tests {
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
         assert_eq!(ranked[0].0, 1, "{ranked:?}");
         assert!(scratch.iter().all(|s| *s == 0.0), "scratch left zeroed");
+    }
+
+    #[test]
+    fn a_long_request_keeps_its_last_words() {
+        let index = Bm25Index::build(&[doc("get_weather", "Current conditions of a city")]);
+        // A hundred distinct words that spell before "weather", then "weather".
+        let words: Vec<String> = (0..100u8)
+            .map(|i| format!("a{}{}", (b'a' + i / 26) as char, (b'a' + i % 26) as char))
+            .collect();
+        let query = format!("{} weather", words.join(" "));
+        assert_eq!(index.rank(&query, &mut Vec::new()).len(), 1, "{query}");
     }
 
     #[test]
