@@ -543,7 +543,9 @@ fn quoted_words(text: &str) -> Vec<String> {
         };
         let inner = &after[..close];
         if !inner.is_empty() && inner.len() <= 40 && !inner.contains(char::is_whitespace) {
-            out.push(inner.to_string());
+            if !out.iter().any(|w| w == inner) {
+                out.push(inner.to_string());
+            }
             rest = &after[close + 1..];
         } else {
             // An apostrophe, or a quoted phrase: step past the opening quote only.
