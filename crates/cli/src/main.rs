@@ -2,7 +2,8 @@
 //!
 //! Every subcommand parses its arguments, calls one library entry point and prints the result;
 //! no mediation logic lives here. Exit codes: 0 success, 1 the operation failed (reported on
-//! stderr), 2 bad usage; `ring0 run` exits with its command's code (see `run_cmd`).
+//! stderr), 2 bad usage; `ring0 run` exits with its command's code (see `run_cmd`), `ring0
+//! tools --lint` with 3 when a finding is at error level (see `tools_cmd`).
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use std::io::{self, Write};
@@ -20,6 +21,7 @@ mod serve_cmd;
 mod shape_cmd;
 mod status_cmd;
 mod token_cmd;
+mod tools_cmd;
 mod turn_cmd;
 
 #[derive(Parser)]
@@ -93,6 +95,11 @@ enum Command {
     Status(status_cmd::StatusArgs),
     /// Manage the static bearer tokens of `serve --http` (`ring0 token add NAME`).
     Token(token_cmd::TokenArgs),
+    /// Print the resolved tool catalog — built-ins and every upstream's, as `ring0 serve` would
+    /// serve it — with each tool's effect, authority, settlement, traits, budget, pin state and
+    /// schema tokens, and the totals of each listing (--json for one JSON object); --lint adds
+    /// the catalog's lint and exits 3 when a finding is at error level.
+    Tools(tools_cmd::ToolsArgs),
     /// Check the audit log (`ring0 audit verify`).
     Audit {
         #[command(subcommand)]
@@ -151,6 +158,7 @@ fn main() -> ExitCode {
         Command::Journal(args) => journal_cmd::run(args.command, args.path.as_deref(), state),
         Command::Shape(args) => shape_cmd::run(args),
         Command::Run(args) => return run(args),
+        Command::Tools(args) => return tools(args, state),
         Command::Serve(args) => serve_cmd::run(args, state, log_level),
         Command::ApproveTool(args) => approve_cmd::approve_tool(args, state),
         Command::Call(args) => call_cmd::run(args, state),
@@ -175,6 +183,20 @@ fn main() -> ExitCode {
             // A closed pipe (`ring0 journal ls | head`) is not an error worth reporting.
             let _ = stdout.write_all(output.as_bytes());
             ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("ring0: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `ring0 tools`: prints the catalog (and its lint) and exits with the code the lint decides.
+fn tools(args: tools_cmd::ToolsArgs, state: Option<&Path>) -> ExitCode {
+    match tools_cmd::run(args, state) {
+        Ok(outcome) => {
+            let _ = io::stdout().lock().write_all(outcome.output.as_bytes());
+            ExitCode::from(outcome.code)
         }
         Err(message) => {
             eprintln!("ring0: {message}");

@@ -79,7 +79,7 @@ pub struct ServeArgs {
 /// The generation holding the tools of every upstream that is up. An upstream publishes its
 /// listing a moment before the gateway's catalog is rebuilt from it; recovery must see the
 /// rebuilt catalog, or it would take the upstream's tools for missing ones.
-async fn settled_generation(gw: &Gateway) -> Arc<ring0_mcp::gateway::Generation> {
+pub(crate) async fn settled_generation(gw: &Gateway) -> Arc<ring0_mcp::gateway::Generation> {
     let deadline = tokio::time::Instant::now() + CATALOG_REBUILD_WAIT;
     loop {
         let generation = gw.generation();
@@ -380,6 +380,10 @@ pub fn run(
             index.len(),
             index.reason()
         ));
+        // A budget overrun is said whatever the log level: it costs every turn.
+        for line in index.over_budget() {
+            log.line(&format!("over budget: {line}"));
+        }
         // Every tool is either listed or said here why not; a grant that names nothing is named.
         let report =
             ring0_config::report::CatalogReport::new(&loaded.config, &built.policy, &catalog);

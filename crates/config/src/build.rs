@@ -353,6 +353,10 @@ pub struct Checked {
     /// The built-in tools' specs. `read_spill` is among them only when the state directory
     /// already exists (its spill store lives there).
     pub catalog: Vec<ring0_core::ToolSpec>,
+    /// The same built-in tools, runnable: a front end that lists the catalog with upstreams
+    /// (`ring0 tools`) builds its kernels from them. Nothing in them has touched the state
+    /// directory, and nothing runs until called.
+    pub tools: Vec<ring0_tools::ToolEntry>,
     /// The policy the grants and limits make (no approver, no audit log).
     pub policy: Policy,
     /// What the configuration does to the catalog.
@@ -396,10 +400,11 @@ pub fn check(loaded: &Loaded) -> Result<Checked, ConfigError> {
     let policy = policy_builder(loaded)?
         .sandboxed_tools(shell_contained.then_some("shell"))
         .build();
-    let catalog: Vec<ring0_core::ToolSpec> = tools.into_iter().map(|(spec, _)| spec).collect();
+    let catalog: Vec<ring0_core::ToolSpec> = tools.iter().map(|(spec, _)| spec.clone()).collect();
     let report = crate::report::CatalogReport::new(&loaded.config, &policy, &catalog);
     Ok(Checked {
         catalog,
+        tools,
         policy,
         report,
     })

@@ -217,6 +217,23 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
+        if catalog.tool_tokens_max == 0 {
+            return Err((
+                "catalog.tool_tokens_max".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        // A tool the listing budget cannot hold could never be loaded in search mode.
+        if catalog.listing_tokens_max < catalog.tool_tokens_max {
+            return Err((
+                "catalog.listing_tokens_max".into(),
+                format!(
+                    "{} is below catalog.tool_tokens_max {}: a tool within its own budget \
+                     could not be listed",
+                    catalog.listing_tokens_max, catalog.tool_tokens_max
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -447,6 +464,15 @@ mod tests {
         assert_eq!(e.key, "catalog.pinned[1]");
         let e = Config::parse("[catalog]\nauto_tools_max = 0\n", "t.toml").unwrap_err();
         assert_eq!(e.key, "catalog.auto_tools_max");
+        let e = Config::parse("[catalog]\ntool_tokens_max = 0\n", "t.toml").unwrap_err();
+        assert_eq!(e.key, "catalog.tool_tokens_max");
+        let e = Config::parse(
+            "[catalog]\ntool_tokens_max = 500\nlisting_tokens_max = 400\n",
+            "t.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "catalog.listing_tokens_max");
+        assert!(e.to_string().contains("500"), "{e}");
     }
 
     #[test]

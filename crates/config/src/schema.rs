@@ -140,6 +140,16 @@ pub struct CatalogSection {
     /// Default 16000.
     #[serde(default = "auto_tokens_default")]
     pub auto_tokens_max: u64,
+    /// Schema tokens (o200k) one tool's definition may cost. A tool over it is still served
+    /// and reported (a warning when `ring0 serve` starts, an error of `ring0 tools --lint`).
+    /// Default 2000.
+    #[serde(default = "tool_tokens_default")]
+    pub tool_tokens_max: u64,
+    /// Schema tokens (o200k) of what a session is sent up front (its listing). Search mode
+    /// refuses a `load_tools` that would go over it; in full mode a catalog over it is a warning
+    /// when `ring0 serve` starts and an error of `ring0 tools --lint`. Default 32000.
+    #[serde(default = "listing_tokens_default")]
+    pub listing_tokens_max: u64,
 }
 
 impl Default for CatalogSection {
@@ -149,6 +159,8 @@ impl Default for CatalogSection {
             pinned: pinned_default(),
             auto_tools_max: auto_tools_default(),
             auto_tokens_max: auto_tokens_default(),
+            tool_tokens_max: tool_tokens_default(),
+            listing_tokens_max: listing_tokens_default(),
         }
     }
 }
@@ -161,6 +173,10 @@ impl CatalogSection {
             pinned: self.pinned.clone(),
             auto_tools_max: self.auto_tools_max,
             auto_tokens_max: self.auto_tokens_max,
+            budgets: ring0_kernel::catalog::SchemaBudgets {
+                tool_tokens_max: self.tool_tokens_max,
+                listing_tokens_max: self.listing_tokens_max,
+            },
         }
     }
 }
@@ -443,6 +459,12 @@ fn auto_tools_default() -> usize {
 }
 fn auto_tokens_default() -> u64 {
     ring0_kernel::catalog::AUTO_TOKENS_MAX_DEFAULT
+}
+fn tool_tokens_default() -> u64 {
+    ring0_kernel::catalog::TOOL_TOKENS_MAX_DEFAULT
+}
+fn listing_tokens_default() -> u64 {
+    ring0_kernel::catalog::LISTING_TOKENS_MAX_DEFAULT
 }
 fn shell_authority_default() -> Authority {
     Authority::A2

@@ -14,14 +14,18 @@
 //!   `Session::search_tools`, grants applied as in a real session;
 //! - schema tokens (o200k) per turn: the full listing against search mode's listing (the
 //!   meta-tools, plus the target once loaded), as a ratio;
-//! - query latency p50 / p99 over [`LATENCY_ROUNDS`] passes of every query, after a warm-up pass.
+//! - query latency p50 / p99 over [`LATENCY_ROUNDS`] passes of every query, after a warm-up pass;
+//! - what `ring0 tools --lint` finds in the corpus (findings per rule) and how long it takes.
 //!
 //! `RING0_CATALOG_MISSES=N` prints the first N queries whose target is not in the first five.
 //!
 //! The targets: recall@5 ≥ 0.95, ≥ 95 % fewer schema tokens per turn, p99 ≤ 1 ms.
 
 use ring0_core::{Authority, Observation, ToolSpec};
-use ring0_kernel::catalog::{Catalog, CatalogConfig, CatalogMode, LOAD_TOOL, SEARCH_TOOL};
+use ring0_kernel::catalog::lint::{LintRule, lint};
+use ring0_kernel::catalog::{
+    Catalog, CatalogConfig, CatalogMode, LOAD_TOOL, SEARCH_TOOL, SchemaBudgets,
+};
 use ring0_kernel::{GrantTable, Kernel, SessionConfig, tool_fn};
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -43,6 +47,8 @@ const CATEGORIES: &[&str] = &[
 const RANKS_MAX: usize = 50;
 /// Prints this many queries whose target is not in the first five, to see why.
 const MISSES_ENV: &str = "RING0_CATALOG_MISSES";
+/// Prints this many lint findings, to see what the rules find.
+const LINT_SHOWN_ENV: &str = "RING0_CATALOG_LINT_SHOWN";
 /// Timed passes over every query.
 const LATENCY_ROUNDS: usize = 5;
 
@@ -212,6 +218,8 @@ fn main() {
         100.0 * (1.0 - search_tokens / full_tokens.max(1) as f64)
     );
 
+    lint_summary(&full, full_tokens);
+
     // Latency.
     for q in &queries {
         std::hint::black_box(session.search_tools(&q.text, 10));
@@ -233,4 +241,39 @@ fn main() {
         pick(0.99),
         pick(1.0)
     );
+}
+
+/// The lint of the whole corpus, as `ring0 tools --lint` would report it: findings per rule.
+fn lint_summary(tools: &[&ToolSpec], listing_tokens: u64) {
+    let started = Instant::now();
+    let report = lint(tools, listing_tokens, &SchemaBudgets::default());
+    let lint_ms = started.elapsed().as_secs_f64() * 1e3;
+    let counts: Vec<String> = LintRule::ALL
+        .iter()
+        .map(|rule| {
+            let n = report.findings.iter().filter(|f| f.rule == *rule).count();
+            format!("{} {n}", rule.name())
+        })
+        .collect();
+    println!(
+        "lint of {} tools in {lint_ms:.0} ms: {} errors, {} warnings ({}; {} omitted)",
+        tools.len(),
+        report.errors(),
+        report.warnings(),
+        counts.join(", "),
+        report.omitted
+    );
+    let shown: usize = std::env::var(LINT_SHOWN_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    for f in report.findings.iter().take(shown) {
+        println!(
+            "lint: {} [{}] {} {}",
+            f.tool,
+            f.rule.name(),
+            f.location,
+            f.message
+        );
+    }
 }

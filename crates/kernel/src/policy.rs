@@ -120,6 +120,16 @@ pub trait Authorizer: Send + Sync {
 
     /// Whether the session may see the tool at all. A tool it may not call is never listed.
     fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool;
+
+    /// Records `decision`, taken for `request` by a layer above this authorizer (the
+    /// catalog's grant of its meta-tools, `catalog:meta`), the way this authorizer records its
+    /// own decisions, and returns it — or a denial when it cannot be recorded, as for any of
+    /// its own. So every call, the meta-tools' too, is in the same record. The default records
+    /// nothing; an authorizer that wraps another forwards it.
+    fn record_decided(&self, request: &AuthRequest<'_>, decision: AuthDecision) -> AuthDecision {
+        let _ = request;
+        decision
+    }
 }
 
 /// Rewrites validated arguments (e.g. pins a path root, caps a limit). The result is validated

@@ -123,6 +123,9 @@ struct Inner {
     changes: broadcast::Sender<u64>,
     max_concurrent_tools: usize,
     session_end: Option<SessionEnd>,
+    /// What stateless 2026-07-28 requests loaded in search mode, by principal and scope: such
+    /// a request is a session of its own, so the next one finds its scope's set here.
+    loaded_sets: ring0_kernel::catalog::LoadedSets,
 }
 
 /// The catalog of built-in and upstream tools over one kernel.
@@ -187,6 +190,10 @@ impl Authorizer for QuarantineGate {
     // an unknown tool; the downstream listing leaves quarantined tools out itself.
     fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool {
         self.inner.visible(session, spec)
+    }
+
+    fn record_decided(&self, request: &AuthRequest<'_>, decision: AuthDecision) -> AuthDecision {
+        self.inner.record_decided(request, decision)
     }
 }
 
@@ -528,6 +535,7 @@ impl Gateway {
             counter: AtomicU64::new(0),
             changes,
             session_end: options.session_end,
+            loaded_sets: ring0_kernel::catalog::LoadedSets::new(),
         });
         let http_client = if options.upstreams.iter().any(|u| u.url.is_some()) {
             Some(crate::upstream::http::client()?)
@@ -588,6 +596,16 @@ impl Gateway {
         let gw = Gateway { inner };
         gw.watch_lock();
         Ok(gw)
+    }
+
+    /// The tools loaded in search mode by the stateless requests of `principal` in `scope`
+    /// (kept across catalog generations; see [`ring0_kernel::catalog::LoadedSets`]).
+    pub fn loaded_tools(
+        &self,
+        principal: &ring0_core::Principal,
+        scope: &str,
+    ) -> Arc<ring0_kernel::catalog::LoadedTools> {
+        self.inner.loaded_sets.get(&principal.id, scope)
     }
 
     /// The current generation.

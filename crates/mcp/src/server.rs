@@ -132,6 +132,10 @@ impl Authorizer for SessionGate {
     fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool {
         self.inner.visible(session, spec)
     }
+
+    fn record_decided(&self, request: &AuthRequest<'_>, decision: AuthDecision) -> AuthDecision {
+        self.inner.record_decided(request, decision)
+    }
 }
 
 /// Forwards progress and relays server requests to one downstream client: as requests in the
@@ -387,7 +391,12 @@ impl GatewayServer {
     /// A kernel session on `generation` for calls of `scope`. Every kernel session of one
     /// principal and scope shares the kernel's state of that scope (exact-repeat counts, rounds
     /// of conflicting and unsettled calls), so each call opens its own.
-    fn open(&self, generation: &Generation, scope: &str) -> Arc<Session> {
+    fn open(
+        &self,
+        generation: &Generation,
+        scope: &str,
+        loaded: &Arc<LoadedTools>,
+    ) -> Arc<Session> {
         let authorizer: Arc<dyn Authorizer> = if self.approvals.gates_a3() {
             Arc::new(SessionGate {
                 inner: generation.gate.clone(),
@@ -404,11 +413,23 @@ impl GatewayServer {
                     // catalog generations): approvals and session limits are bound to it.
                     .session_id(self.scope.clone())
                     .authorizer(authorizer)
-                    .loaded_tools(self.loaded.clone())
+                    .loaded_tools(loaded.clone())
                     .projector(generation.projector.clone())
                     .max_concurrent_tools(self.gw.max_concurrent_tools()),
             ),
         )
+    }
+
+    /// The tools a request's kernel session lists as loaded: a sessionful session's (or stdio's)
+    /// own set; for a stateless 2026-07-28 request, which has no session to keep one, the set
+    /// of its kernel scope (the one its `_meta` names, else its principal's), kept by the
+    /// gateway, so a `load_tools` in one request is listed by the next of the same scope.
+    fn loaded_for(&self, scope: &str, context: &RequestContext<RoleServer>) -> Arc<LoadedTools> {
+        if is_stateless_http(context) {
+            self.gw.loaded_tools(&self.principal, scope)
+        } else {
+            self.loaded.clone()
+        }
     }
 
     /// The upstreams this session's grants open: those with a tool in its catalog that is not
@@ -416,7 +437,7 @@ impl GatewayServer {
     /// its behalf.
     fn reachable(&self) -> Vec<Arc<crate::upstream::Upstream>> {
         let generation = self.gw.generation();
-        let session = self.open(&generation, &self.scope);
+        let session = self.open(&generation, &self.scope, &self.loaded);
         let aliases: std::collections::BTreeSet<&str> = session
             .catalog()
             .iter()
@@ -430,9 +451,22 @@ impl GatewayServer {
             .collect()
     }
 
-    fn list(&self, cursor: Option<&str>) -> Result<Value, ErrorData> {
+    fn list(
+        &self,
+        cursor: Option<&str>,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Value, ErrorData> {
         let generation = self.gw.generation();
-        let session = self.open(&generation, &self.scope);
+        let metas: Vec<Map<String, Value>> = serde_json::to_value(&context.meta)
+            .ok()
+            .and_then(|m| match m {
+                Value::Object(m) => Some(m),
+                _ => None,
+            })
+            .into_iter()
+            .collect();
+        let scope = self.scope_of(&read_identity(&metas)?, context);
+        let session = self.open(&generation, &scope, &self.loaded_for(&scope, context));
         // The session's listing: in search mode its pinned core, the meta-tools and what it
         // loaded, in a stable order; otherwise every tool it may see.
         let names: Vec<String> = session
@@ -579,7 +613,7 @@ impl GatewayServer {
         let scope = self.scope_of(&identity, &context);
         let modern = relay.is_some();
         let (route, relay, cut) = call_route(&context, relay, confirm);
-        let session = self.open(&generation, &scope);
+        let session = self.open(&generation, &scope, &self.loaded_for(&scope, &context));
         let round = proposed_round(call_id, request, &identity);
         let options = round_options(route, &context);
         let outcome =
@@ -895,7 +929,7 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let cursor = request.as_ref().and_then(|r| r.cursor.clone());
-        let value = self.list(cursor.as_deref())?;
+        let value = self.list(cursor.as_deref(), &context)?;
         let raw = adapt_to_era(value.clone(), RawKind::ListTools, is_modern(&context));
         typed(self.raw.stand_in(raw, value))
     }
@@ -964,7 +998,7 @@ impl ServerHandler for GatewayServer {
         let owner = self.scope_of(&crate::retry::CallIdentity::default(), &context);
         let can_page = {
             let generation = self.gw.generation();
-            let session = self.open(&generation, &owner);
+            let session = self.open(&generation, &owner, &self.loaded);
             session
                 .catalog()
                 .iter()

@@ -1157,4 +1157,15 @@ impl Authorizer for Policy {
     fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool {
         self.static_check(spec, &session.principal).is_ok()
     }
+
+    /// A decision taken above the policy (the catalog's `catalog:meta`) is audited like the
+    /// policy's own: an allowance that cannot be recorded is a denial.
+    fn record_decided(&self, request: &AuthRequest<'_>, decision: AuthDecision) -> AuthDecision {
+        let audited = match &decision {
+            AuthDecision::Allow { .. } => AuditDecision::Allowed,
+            AuthDecision::RateLimited { .. } => AuditDecision::RateLimited,
+            _ => AuditDecision::Denied,
+        };
+        self.finish(request, audited, None, decision)
+    }
 }

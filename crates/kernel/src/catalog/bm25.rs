@@ -6,8 +6,8 @@
 //! each kernel generation, and it needs per-field weights (a term in a tool's name says far more
 //! than the same term in a parameter's description). The crates that rank with BM25 either
 //! index a single text per document (`bm25`, no field weights) or bring a whole search engine
-//! with its on-disk segments, threads and dozens of dependencies (`tantivy`). The tokenizer, a
-//! light English suffix stripper and the BM25F sum are all that is needed here.
+//! with its on-disk segments, threads and dozens of dependencies (`tantivy`). The tokenizer, an
+//! English stemmer (`rust-stemmers`' Snowball) and the BM25F sum are all that is needed here.
 
 use std::collections::HashMap;
 
@@ -21,8 +21,11 @@ pub const FIELD_WEIGHTS: [f32; FIELDS] = [3.0, 2.0, 1.5, 1.0, 0.4];
 const FIELD_B: [f32; FIELDS] = [0.3, 0.3, 0.75, 0.5, 0.75];
 /// Term-frequency saturation (BM25's `k1`).
 const K1: f32 = 1.2;
-/// Terms taken from one query; the rest are ignored (a query is a few words, not a document).
-pub const QUERY_TERMS_MAX: usize = 32;
+/// Distinct terms taken from one query, in its order; the rest are ignored. Sized for the
+/// longest query the meta-tool accepts (1 KiB, about 150 words): a request restating a long
+/// task must not lose its last words (at 32, recall@5 on the BFCL catalog was 0.885; at 64
+/// and above, 0.903).
+pub const QUERY_TERMS_MAX: usize = 128;
 /// Terms of one field of one document; the rest are ignored.
 const FIELD_TERMS_MAX: usize = 4096;
 
@@ -32,6 +35,9 @@ const STOP_WORDS: &[&str] = &[
     "given", "has", "have", "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "of",
     "on", "or", "please", "so", "that", "the", "their", "then", "there", "this", "to", "us", "use",
     "using", "was", "we", "what", "when", "where", "which", "who", "will", "with", "you", "your",
+    // The fillers of a spoken request.
+    "also", "about", "could", "would", "should", "like", "want", "need", "tell", "show", "know",
+    "just", "let", "some", "am", "our", "these", "those", "been", "did", "does",
 ];
 
 /// The text of one tool, split into the fields the ranker weighs.
@@ -57,8 +63,10 @@ impl ToolDocument {
 }
 
 /// Lowercase terms of `text`: split at anything not alphanumeric, at lower-to-upper case
-/// changes (`getWeather`) and between letters and digits; stop words and one-letter words
-/// dropped; each term reduced by [`stem`].
+/// changes (`getWeather`) and between letters and digits; stop words, one-letter words and
+/// numbers dropped (a number in a request is an argument's value — "5 units", "10 years" —
+/// and says nothing of which tool to use; dropping them raised recall@5 on the BFCL catalog
+/// from 0.880 to 0.886); each term reduced by [`stem`].
 pub fn terms(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut word = String::new();
@@ -88,47 +96,27 @@ pub fn terms(text: &str) -> Vec<String> {
 }
 
 fn push_term(out: &mut Vec<String>, word: &mut String) {
-    if word.chars().count() > 1 && !STOP_WORDS.contains(&word.as_str()) {
+    let numeric = word.chars().all(|c| c.is_ascii_digit());
+    if word.chars().count() > 1 && !numeric && !STOP_WORDS.contains(&word.as_str()) {
         out.push(stem(word));
     }
     word.clear();
 }
 
-/// A light English suffix stripper, so that "calculate", "calculating", "calculated" and
-/// "calculation" meet, as do plurals. Not a full Porter stemmer: it only has to map a query's
-/// word and a definition's word to the same term, and both go through it.
+/// The English Snowball (Porter2) stemmer, so that "calculate", "calculating", "calculated"
+/// and "calculation" meet, as do plurals and "invented" / "invention", "genetics" /
+/// "genetically". A query's words and a definition's go through the same stemmer, so only
+/// agreement matters; Porter2 is the standard for English retrieval and needs no data.
+/// Words that are not plain ASCII letters (identifiers with digits, other scripts) are kept
+/// as they are.
 pub fn stem(word: &str) -> String {
-    let mut w = word.to_string();
-    if !w.chars().all(|c| c.is_ascii_lowercase()) || w.len() <= 3 {
-        return w;
+    static ENGLISH: std::sync::LazyLock<rust_stemmers::Stemmer> = std::sync::LazyLock::new(|| {
+        rust_stemmers::Stemmer::create(rust_stemmers::Algorithm::English)
+    });
+    if !word.chars().all(|c| c.is_ascii_lowercase()) || word.len() <= 3 {
+        return word.to_string();
     }
-    if let Some(base) = w.strip_suffix("ies").filter(|b| b.len() >= 2) {
-        w = format!("{base}y");
-    } else if w.ends_with("sses") {
-        w.truncate(w.len() - 2);
-    } else if w.ends_with('s') && !w.ends_with("ss") && !w.ends_with("us") && !w.ends_with("is") {
-        w.pop();
-    }
-    for (suffix, replacement) in [
-        ("ational", "ate"),
-        ("ation", "ate"),
-        ("ating", "ate"),
-        ("ated", "ate"),
-        ("ing", ""),
-        ("ed", ""),
-        ("ly", ""),
-    ] {
-        if let Some(base) = w.strip_suffix(suffix)
-            && base.len() >= 3
-        {
-            w = format!("{base}{replacement}");
-            break;
-        }
-    }
-    if w.len() > 3 && w.ends_with('e') {
-        w.pop();
-    }
-    w
+    ENGLISH.stem(word).into_owned()
 }
 
 /// One document's occurrences of a term, per field.
@@ -185,10 +173,13 @@ impl Bm25Index {
     pub fn rank(&self, query: &str, scores: &mut Vec<f32>) -> Vec<(u32, f32)> {
         scores.clear();
         scores.resize(self.lengths.len(), 0.0);
-        let mut query_terms = terms(query);
-        query_terms.sort();
-        query_terms.dedup();
-        query_terms.truncate(QUERY_TERMS_MAX);
+        // The first distinct terms in the query's own order: a cut must not depend on spelling.
+        let mut seen = std::collections::HashSet::new();
+        let query_terms: Vec<String> = terms(query)
+            .into_iter()
+            .filter(|t| seen.insert(t.clone()))
+            .take(QUERY_TERMS_MAX)
+            .collect();
         let n = self.lengths.len() as f32;
         let mut touched: Vec<u32> = Vec::new();
         for term in &query_terms {
@@ -240,9 +231,16 @@ mod tests {
     #[test]
     fn names_split_at_case_changes_separators_and_digits() {
         assert_eq!(terms("getWeather"), ["get", "weather"]);
-        assert_eq!(terms("math.factorial"), ["math", "factorial"]);
-        assert_eq!(terms("fx__read_file"), ["fx", "read", "fil"]);
-        assert_eq!(terms("sha256sum"), ["sha", "256", "sum"]);
+        assert_eq!(
+            terms("math.factorial"),
+            ["math".to_string(), stem("factorial")]
+        );
+        assert_eq!(terms("fx__read_file"), ["fx", "read", "file"]);
+        assert_eq!(
+            terms("sha256sum"),
+            ["sha", "sum"],
+            "a number is a value, not a word"
+        );
     }
 
     #[test]
@@ -254,10 +252,12 @@ mod tests {
             "calculating",
             "calculation",
         ] {
-            assert_eq!(stem(w), "calculat", "{w}");
+            assert_eq!(stem(w), stem("calculate"), "{w}");
         }
         assert_eq!(stem("triangles"), stem("triangle"));
-        assert_eq!(stem("cities"), "city");
+        assert_eq!(stem("cities"), stem("city"));
+        assert_eq!(stem("invented"), stem("invention"));
+        assert_eq!(stem("genetically"), stem("genetics"));
     }
 
     #[test]
@@ -274,6 +274,17 @@ mod tests {
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
         assert_eq!(ranked[0].0, 1, "{ranked:?}");
         assert!(scratch.iter().all(|s| *s == 0.0), "scratch left zeroed");
+    }
+
+    #[test]
+    fn a_long_request_keeps_its_last_words() {
+        let index = Bm25Index::build(&[doc("get_weather", "Current conditions of a city")]);
+        // A hundred distinct words that spell before "weather", then "weather".
+        let words: Vec<String> = (0..100u8)
+            .map(|i| format!("a{}{}", (b'a' + i / 26) as char, (b'a' + i % 26) as char))
+            .collect();
+        let query = format!("{} weather", words.join(" "));
+        assert_eq!(index.rank(&query, &mut Vec::new()).len(), 1, "{query}");
     }
 
     #[test]

@@ -134,6 +134,14 @@ impl Tool for MetaTool {
                         super::LOADED_TOOLS_MAX
                     ));
                 }
+                if !outcome.over_budget.is_empty() {
+                    out["over_budget"] = json!(outcome.over_budget);
+                    out["over_budget_reason"] = json!(format!(
+                        "listing them would take this session's tool definitions over {} \
+                         schema tokens; call them without loading, or start a new session",
+                        call.catalog.budgets().listing_tokens_max
+                    ));
+                }
                 Ok(Observation::json(out))
             }
         }
@@ -141,7 +149,9 @@ impl Tool for MetaTool {
 }
 
 /// Grants the meta-tools (A0 reads that show only what the session may see) to every session
-/// of a kernel in search mode; asks `inner` about everything else.
+/// of a kernel in search mode, and has `inner` record each such decision like its own
+/// ([`Authorizer::record_decided`]: the policy's audit line, rule `catalog:meta`); asks
+/// `inner` about everything else.
 pub(crate) struct MetaGrant {
     pub inner: Arc<dyn Authorizer>,
 }
@@ -160,33 +170,37 @@ impl MetaGrant {
 impl Authorizer for MetaGrant {
     async fn authorize(&self, request: &AuthRequest<'_>) -> AuthDecision {
         match Self::decided(request.spec) {
-            Some(allowed) => allowed,
+            Some(allowed) => self.inner.record_decided(request, allowed),
             None => self.inner.authorize(request).await,
         }
     }
 
     async fn admit(&self, request: &AuthRequest<'_>) -> AuthAdmission {
         match Self::decided(request.spec) {
-            Some(allowed) => AuthAdmission::Decided(allowed),
+            Some(allowed) => AuthAdmission::Decided(self.inner.record_decided(request, allowed)),
             None => self.inner.admit(request).await,
         }
     }
 
     async fn hold(&self, request: &AuthRequest<'_>) -> AuthDecision {
         match Self::decided(request.spec) {
-            Some(allowed) => allowed,
+            Some(allowed) => self.inner.record_decided(request, allowed),
             None => self.inner.hold(request).await,
         }
     }
 
     async fn recheck(&self, request: &AuthRequest<'_>) -> AuthDecision {
         match Self::decided(request.spec) {
-            Some(allowed) => allowed,
+            Some(allowed) => self.inner.record_decided(request, allowed),
             None => self.inner.recheck(request).await,
         }
     }
 
     fn visible(&self, session: &SessionInfo, spec: &ToolSpec) -> bool {
         Self::decided(spec).is_some() || self.inner.visible(session, spec)
+    }
+
+    fn record_decided(&self, request: &AuthRequest<'_>, decision: AuthDecision) -> AuthDecision {
+        self.inner.record_decided(request, decision)
     }
 }

@@ -31,6 +31,7 @@
 //! the limit. A hybrid ranker can hold the [`Bm25Index`] and fuse both scores.
 
 pub mod bm25;
+pub mod lint;
 mod meta;
 mod turn;
 
@@ -74,6 +75,34 @@ pub const LOAD_NAMES_MAX: usize = 16;
 pub const LOADED_TOOLS_MAX: usize = 128;
 /// Longest one-line description in a search result (bytes).
 pub const SUMMARY_BYTES_MAX: usize = 200;
+/// Default [`SchemaBudgets::tool_tokens_max`]: a tool whose definition costs more than this
+/// is rare (the built-ins cost 100–400) and usually carries a manual in its description.
+pub const TOOL_TOKENS_MAX_DEFAULT: u64 = 2_000;
+/// Default [`SchemaBudgets::listing_tokens_max`]: about a sixth of a 200k-token context.
+pub const LISTING_TOKENS_MAX_DEFAULT: u64 = 32_000;
+
+/// What tool definitions may cost, in o200k schema tokens ([`schema_tokens`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchemaBudgets {
+    /// One tool's definition. A tool over it is still served (its definition comes from its
+    /// author, and dropping it would change what a model can do behind the operator's back);
+    /// it is reported when the kernel is built ([`Catalog::over_budget`]) and is a lint error.
+    pub tool_tokens_max: u64,
+    /// What a session is sent up front (its listing). In search mode a load that would take
+    /// the listing over it is refused ([`LoadOutcome::over_budget`]); in full mode the listing
+    /// is what the grants show, and a catalog over it is reported when the kernel is built and
+    /// is a lint error.
+    pub listing_tokens_max: u64,
+}
+
+impl Default for SchemaBudgets {
+    fn default() -> Self {
+        Self {
+            tool_tokens_max: TOOL_TOKENS_MAX_DEFAULT,
+            listing_tokens_max: LISTING_TOKENS_MAX_DEFAULT,
+        }
+    }
+}
 
 /// How a session's listing is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -99,6 +128,8 @@ pub struct CatalogConfig {
     pub auto_tools_max: usize,
     /// `auto`: search mode above this many schema tokens for the whole catalog.
     pub auto_tokens_max: u64,
+    /// What one definition and one listing may cost.
+    pub budgets: SchemaBudgets,
 }
 
 impl Default for CatalogConfig {
@@ -108,6 +139,7 @@ impl Default for CatalogConfig {
             pinned: PINNED_DEFAULT.iter().map(|s| s.to_string()).collect(),
             auto_tools_max: AUTO_TOOLS_MAX_DEFAULT,
             auto_tokens_max: AUTO_TOKENS_MAX_DEFAULT,
+            budgets: SchemaBudgets::default(),
         }
     }
 }
@@ -218,6 +250,9 @@ pub struct LoadOutcome {
     pub not_found: Vec<String>,
     /// Names refused because the session already holds [`LOADED_TOOLS_MAX`] loaded tools.
     pub over_limit: Vec<String>,
+    /// Names refused because listing them would take the session's listing over
+    /// [`SchemaBudgets::listing_tokens_max`].
+    pub over_budget: Vec<String>,
 }
 
 /// The tools a conversation loaded, in load order: shared by every kernel session a host opens
@@ -253,20 +288,91 @@ impl LoadedTools {
         self.changed.subscribe()
     }
 
-    /// Adds `name` unless present; `false` when the set is full.
-    fn add(&self, name: &str) -> bool {
+    /// Adds `name` unless present, when `fits` (asked with the names loaded so far, under the
+    /// set's lock, so two loads of one conversation cannot both squeeze past a budget) allows.
+    fn add(&self, name: &str, fits: impl FnOnce(&[String]) -> bool) -> Added {
         let mut names = self.names.lock().expect("loaded tools");
         if names.iter().any(|n| n == name) {
-            return true;
+            return Added::Yes;
         }
         if names.len() >= LOADED_TOOLS_MAX {
-            return false;
+            return Added::OverLimit;
+        }
+        if !fits(&names) {
+            return Added::OverBudget;
         }
         names.push(name.to_string());
         drop(names);
         self.changed.send_modify(|v| *v += 1);
-        true
+        Added::Yes
     }
+}
+
+/// Most loaded sets [`LoadedSets`] keeps at once.
+pub const LOADED_SETS_MAX: usize = 4096;
+/// A loaded set in [`LoadedSets`] no session holds is forgotten after this long unused (1 h,
+/// the kernel's scope idle expiry).
+pub const LOADED_SET_IDLE_MS: u64 = crate::scope::SCOPE_IDLE_MS;
+
+/// The loaded sets of conversations a host keeps no session object for, by (principal id,
+/// scope): MCP's stateless 2026-07-28 requests are each a session of their own, so what one
+/// request loads is kept here for the next request of the same scope. Bounded: at most
+/// [`LOADED_SETS_MAX`]; when full, sets idle for [`LOADED_SET_IDLE_MS`] are forgotten, then the
+/// least recently used one (a forgotten set only means its tools must be loaded again).
+#[derive(Default)]
+pub struct LoadedSets {
+    sets: Mutex<HashMap<ScopeKey, (Arc<LoadedTools>, std::time::Instant)>>,
+}
+
+/// (principal id, scope).
+type ScopeKey = (String, String);
+
+impl LoadedSets {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The set of (principal, scope), made empty on first use.
+    pub fn get(&self, principal: &str, scope: &str) -> Arc<LoadedTools> {
+        let mut sets = self.sets.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        let key = (principal.to_string(), scope.to_string());
+        if let Some((set, used)) = sets.get_mut(&key) {
+            *used = now;
+            return set.clone();
+        }
+        if sets.len() >= LOADED_SETS_MAX {
+            let idle = std::time::Duration::from_millis(LOADED_SET_IDLE_MS);
+            sets.retain(|_, (_, used)| now - *used < idle);
+        }
+        if sets.len() >= LOADED_SETS_MAX
+            && let Some(oldest) = sets
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+        {
+            sets.remove(&oldest);
+        }
+        let set = LoadedTools::new();
+        sets.insert(key, (set.clone(), now));
+        set
+    }
+
+    /// Sets kept.
+    pub fn len(&self) -> usize {
+        self.sets.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What [`LoadedTools::add`] did.
+enum Added {
+    Yes,
+    OverLimit,
+    OverBudget,
 }
 
 /// The catalog of one kernel: its mode, pinned core and index.
@@ -278,6 +384,11 @@ pub struct Catalog {
     /// The indexed tools, by document position.
     tools: Vec<Arc<RegisteredTool>>,
     positions: HashMap<String, usize>,
+    /// Schema tokens of each indexed tool, by document position.
+    tokens: Vec<u64>,
+    /// Schema tokens of the meta-tools (0 outside search mode).
+    meta_tokens: u64,
+    budgets: SchemaBudgets,
     ranker: Box<dyn Ranker>,
 }
 
@@ -332,12 +443,21 @@ impl Catalog {
             .collect();
         let mut pinned = inputs.config.pinned;
         pinned.truncate(PINNED_TOOLS_MAX);
+        let tokens = tools.iter().map(|t| schema_tokens(&t.spec)).collect();
+        let meta_tokens = meta::NAMES
+            .iter()
+            .filter_map(|n| registry.get(n))
+            .map(|t| schema_tokens(&t.spec))
+            .sum();
         Self {
             search,
             reason,
             pinned,
             tools,
             positions,
+            tokens,
+            meta_tokens,
+            budgets: inputs.config.budgets,
             ranker,
         }
     }
@@ -443,7 +563,8 @@ impl Catalog {
             .collect()
     }
 
-    /// Adds the visible indexed tools among `names` to `loaded` and returns their specs.
+    /// Adds the visible indexed tools among `names` to `loaded` and returns their specs. A tool
+    /// that would take the listing over [`SchemaBudgets::listing_tokens_max`] is refused.
     pub fn load(
         &self,
         names: &[String],
@@ -456,16 +577,88 @@ impl Catalog {
             if !seen.insert(name.as_str()) {
                 continue;
             }
-            let Some(spec) = self.spec(name).filter(|s| visible(s)) else {
+            let Some(&position) = self
+                .positions
+                .get(name)
+                .filter(|&&i| visible(&self.tools[i].spec))
+            else {
                 out.not_found.push(name.clone());
                 continue;
             };
-            let pinned = self.pinned.iter().any(|p| p == name);
-            if pinned || loaded.add(name) {
+            let spec = &self.tools[position].spec;
+            if self.pinned.iter().any(|p| p == name) {
                 out.loaded.push(spec.clone());
-            } else {
-                out.over_limit.push(name.clone());
+                continue;
             }
+            let fits = |names: &[String]| {
+                self.search_listing_tokens(names, &visible) + self.tokens[position]
+                    <= self.budgets.listing_tokens_max
+            };
+            match loaded.add(name, fits) {
+                Added::Yes => out.loaded.push(spec.clone()),
+                Added::OverLimit => out.over_limit.push(name.clone()),
+                Added::OverBudget => out.over_budget.push(name.clone()),
+            }
+        }
+        out
+    }
+
+    /// Schema tokens of search mode's listing with `loaded`: the visible pinned core, the
+    /// meta-tools and the visible loaded tools (each once).
+    pub fn search_listing_tokens(
+        &self,
+        loaded: &[String],
+        visible: impl Fn(&ToolSpec) -> bool,
+    ) -> u64 {
+        let mut seen = BTreeSet::new();
+        let indexed: u64 = self
+            .pinned
+            .iter()
+            .chain(loaded)
+            .filter(|n| seen.insert(n.as_str()))
+            .filter_map(|n| self.positions.get(n))
+            .filter(|&&i| visible(&self.tools[i].spec))
+            .map(|&i| self.tokens[i])
+            .sum();
+        indexed + self.meta_tokens
+    }
+
+    /// The schema tokens of the indexed tool called `name`.
+    pub fn tool_tokens(&self, name: &str) -> Option<u64> {
+        self.positions.get(name).map(|&i| self.tokens[i])
+    }
+
+    /// The budgets the catalog was built with.
+    pub fn budgets(&self) -> SchemaBudgets {
+        self.budgets
+    }
+
+    /// What is over budget, one line each: every tool over
+    /// [`SchemaBudgets::tool_tokens_max`], and in full mode the whole catalog over
+    /// [`SchemaBudgets::listing_tokens_max`] (a session sees at most that, fewer under its
+    /// grants). Hosts print these when the kernel is built; `ring0 tools --lint` reports them
+    /// as errors.
+    pub fn over_budget(&self) -> Vec<String> {
+        let budgets = &self.budgets;
+        let mut out: Vec<String> = self
+            .tools
+            .iter()
+            .zip(&self.tokens)
+            .filter(|(_, tokens)| **tokens > budgets.tool_tokens_max)
+            .map(|(t, tokens)| {
+                format!(
+                    "tool {} costs {tokens} schema tokens, over catalog.tool_tokens_max {}",
+                    t.spec.name, budgets.tool_tokens_max
+                )
+            })
+            .collect();
+        let total: u64 = self.tokens.iter().sum();
+        if !self.search && total > budgets.listing_tokens_max {
+            out.push(format!(
+                "the full listing costs up to {total} schema tokens, over \
+                 catalog.listing_tokens_max {}: consider catalog.mode = \"search\" or \"auto\"",
+                budgets.listing_tokens_max
+            ));
         }
         out
     }
@@ -556,5 +749,32 @@ impl crate::Session {
             });
         }
         extensions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loaded_sets_share_a_scope_keep_scopes_apart_and_stay_bounded() {
+        let sets = LoadedSets::new();
+        let first = sets.get("alice", "conv-1");
+        first.add("wx__forecast", |_| true);
+        assert_eq!(sets.get("alice", "conv-1").names(), ["wx__forecast"]);
+        assert!(sets.get("alice", "conv-2").names().is_empty());
+        assert!(
+            sets.get("bob", "conv-1").names().is_empty(),
+            "never across principals"
+        );
+        for n in 0..LOADED_SETS_MAX + 10 {
+            sets.get("carol", &format!("scope-{n}"));
+        }
+        assert_eq!(sets.len(), LOADED_SETS_MAX);
+        assert!(
+            sets.get("carol", &format!("scope-{}", LOADED_SETS_MAX + 9))
+                .names()
+                .is_empty()
+        );
     }
 }
