@@ -55,6 +55,59 @@ struct Cli {
     /// More detail on stderr: the same as `--log-level debug`.
     #[arg(short, long, global = true)]
     verbose: bool,
+    /// How ring0 writes to stderr: `text` (`ring0: message` lines, the default) or `json`
+    /// (one JSON object per line with `timestamp`, `level`, `target` and `message`, for a log
+    /// pipeline).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_name = "FORMAT",
+        env = "RING0_LOG_FORMAT",
+        default_value_t = LogFormat::Text
+    )]
+    log_format: LogFormat,
+}
+
+/// How ring0 writes to stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// `ring0: message`, one line each.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// What `--log-level` and `--log-format` ask of the log.
+#[derive(Clone, Copy, Debug)]
+pub struct LogOptions {
+    pub level: LogLevel,
+    pub format: LogFormat,
+}
+
+impl LogOptions {
+    /// The telemetry's format.
+    pub fn format(self) -> ring0_ops::telemetry::LogFormat {
+        match self.format {
+            LogFormat::Text => ring0_ops::telemetry::LogFormat::Text,
+            LogFormat::Json => ring0_ops::telemetry::LogFormat::Json,
+        }
+    }
+
+    /// The most detailed level written.
+    pub fn level(self) -> tracing::Level {
+        match self.level {
+            LogLevel::Warn => tracing::Level::WARN,
+            LogLevel::Info => tracing::Level::INFO,
+            LogLevel::Debug => tracing::Level::DEBUG,
+        }
+    }
+
+    /// Installs the process's subscriber without traces (every command but `serve`, which
+    /// installs its own once its configuration says where traces go).
+    fn install(self) -> Option<ring0_ops::telemetry::Telemetry> {
+        ring0_ops::telemetry::Telemetry::install(self.format(), self.level(), None).ok()
+    }
 }
 
 /// How much ring0 says about itself on stderr.
@@ -133,25 +186,55 @@ fn enter_workspace(dir: &Path) -> Result<(), String> {
     std::env::set_current_dir(dir).map_err(|e| format!("--workspace {}: {e}", dir.display()))
 }
 
+/// Reports a failure on stderr in the log's format (`serve` may have failed before it
+/// installed its subscriber: one without traces is installed then).
+fn report(log: LogOptions, message: &str) {
+    if !tracing::dispatcher::has_been_set() {
+        // Nothing to export: the guard has no spans to flush.
+        std::mem::forget(log.install());
+    }
+    tracing::error!(target: "ring0", "{message}");
+}
+
+/// In the JSON format a panic is one more JSON line, not free text a log pipeline cannot
+/// parse.
+fn panic_as_json_line() {
+    std::panic::set_hook(Box::new(|info| {
+        tracing::error!(target: "ring0", "panic: {info}");
+    }));
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let log = LogOptions {
+        level: if cli.verbose {
+            LogLevel::Debug
+        } else {
+            cli.log_level
+        },
+        format: cli.log_format,
+    };
+    if log.format == LogFormat::Json {
+        panic_as_json_line();
+    }
+    // `serve` installs its own subscriber, with traces when its configuration asks for them;
+    // it is kept until the process ends, so what is queued is exported.
+    let _telemetry = match cli.command {
+        Command::Serve(_) => None,
+        _ => log.install(),
+    };
     if let Some(dir) = &cli.workspace
         && let Err(message) = enter_workspace(dir)
     {
-        eprintln!("ring0: {message}");
+        report(log, &message);
         return ExitCode::from(2);
     }
     let state = cli.state_dir.as_deref();
-    let log_level = if cli.verbose {
-        LogLevel::Debug
-    } else {
-        cli.log_level
-    };
     let result = match cli.command {
         Command::Journal(args) => journal_cmd::run(args.command, args.path.as_deref(), state),
         Command::Shape(args) => shape_cmd::run(args),
-        Command::Run(args) => return run(args),
-        Command::Serve(args) => serve_cmd::run(args, state, log_level),
+        Command::Run(args) => return run(args, log),
+        Command::Serve(args) => serve_cmd::run(args, state, log),
         Command::ApproveTool(args) => approve_cmd::approve_tool(args, state),
         Command::Call(args) => call_cmd::run(args, state),
         Command::Turn(args) => turn_cmd::run(args, state),
@@ -177,21 +260,21 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(message) => {
-            eprintln!("ring0: {message}");
+            report(log, &message);
             ExitCode::FAILURE
         }
     }
 }
 
 /// `ring0 run`: prints what the command printed (shaped) and exits with its code.
-fn run(args: run_cmd::RunArgs) -> ExitCode {
+fn run(args: run_cmd::RunArgs, log: LogOptions) -> ExitCode {
     match run_cmd::run(args) {
         Ok(outcome) => {
             let _ = io::stdout().lock().write_all(outcome.output.as_bytes());
             ExitCode::from(outcome.code)
         }
         Err((message, code)) => {
-            eprintln!("ring0: {message}");
+            report(log, &message);
             ExitCode::from(code)
         }
     }

@@ -23,12 +23,13 @@
 //! `ring0 approve-tool NAME` (see `crate::approve_cmd`) approves a quarantined upstream tool (its
 //! new definition's pin is written to `ring0.lock`; a running server picks it up within a second).
 
-use crate::LogLevel;
+use crate::{LogLevel, LogOptions};
 use clap::Args;
 use ring0_config::{Config, Loaded, build_kernel_tapped};
 use ring0_mcp::approval::{Approvals, McpApprover};
 use ring0_mcp::http::{HttpOptions, MCP_PATH};
-use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log};
+use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log, Severity};
+use ring0_ops::telemetry::Telemetry;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -148,14 +149,36 @@ async fn recover_lapsed_leases(gw: Gateway, lease_ms: u64, log: Log) {
     }
 }
 
-pub fn run(
-    args: ServeArgs,
-    state_dir: Option<&Path>,
-    log_level: LogLevel,
-) -> Result<String, String> {
+/// Where `[telemetry]` says traces go, its headers read from their variables.
+fn traces_config(loaded: &Loaded) -> Result<ring0_ops::telemetry::TracesConfig, String> {
+    let section = &loaded.config.telemetry;
+    Ok(ring0_ops::telemetry::TracesConfig {
+        endpoint: section.endpoint.clone(),
+        headers: section.headers()?,
+        service_name: section.service_name.clone(),
+        sample_ratio: section.sample_ratio,
+    })
+}
+
+/// The gateway's log as `tracing` events of target `ring0`, at the level each line's severity
+/// says: the subscriber writes them in the format asked for.
+fn gateway_log() -> Log {
+    Log::leveled(|severity, line| match severity {
+        Severity::Debug => tracing::debug!(target: "ring0", "{line}"),
+        Severity::Info => tracing::info!(target: "ring0", "{line}"),
+        Severity::Attention => tracing::warn!(target: "ring0", "{line}"),
+    })
+}
+
+pub fn run(args: ServeArgs, state_dir: Option<&Path>, log: LogOptions) -> Result<String, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let mut loaded =
-        Config::load(args.config.as_deref(), &cwd, state_dir).map_err(|e| e.to_string())?;
+    // What loading says goes to stderr in the log's format; traces start once the file said
+    // where they go.
+    let mut loaded = Telemetry::scoped(log.format(), log.level(), || {
+        Config::load(args.config.as_deref(), &cwd, state_dir)
+    })
+    .map_err(|e| e.to_string())?;
+    let telemetry = Telemetry::install(log.format(), log.level(), Some(&traces_config(&loaded)?))?;
     if let Some(url) = &args.journal {
         loaded.config.journal.url = Some(url.clone());
         loaded
@@ -207,8 +230,22 @@ pub fn run(
             .build(),
     }
     .map_err(|e| format!("starting the runtime: {e}"))?;
-    runtime.block_on(async move {
-        let log = Log::stderr();
+    let served = runtime.block_on(serve(args, loaded, token, log.level));
+    drop(runtime);
+    // What is still queued is exported before the process ends.
+    telemetry.shutdown();
+    served.map(|()| String::new())
+}
+
+/// Serves until stdin closes (stdio) or ctrl-c (HTTP).
+async fn serve(
+    args: ServeArgs,
+    loaded: Loaded,
+    token: Option<String>,
+    log_level: LogLevel,
+) -> Result<(), String> {
+    {
+        let log = gateway_log();
         // The policy engine holds calls for approval itself; the session does not gate A3 again.
         let approvals = Approvals::new(log.clone(), false);
         let metrics = Arc::new(ring0_ops::metrics::Metrics::new(Duration::from_secs(
@@ -310,11 +347,7 @@ pub fn run(
             Some(addr) => format!("http://{addr}{MCP_PATH}"),
             None => "stdio".to_string(),
         };
-        let info = |line: &str| {
-            if log_level >= LogLevel::Info {
-                log.line(line);
-            }
-        };
+        let info = |line: &str| log.info(line);
         info(&format!("serving MCP on {where_}"));
         info(&format!("workspace: {}", loaded.workspace.display()));
         info(&format!("config: {}", loaded.source));
@@ -363,7 +396,7 @@ pub fn run(
         ));
         if log_level >= LogLevel::Debug {
             for spec in &catalog {
-                log.line(&format!(
+                log.debug(&format!(
                     "tool {} {} {:?}{}",
                     spec.name,
                     spec.authority,
@@ -430,6 +463,5 @@ pub fn run(
                 .await
             }
         }
-    })?;
-    Ok(String::new())
+    }
 }

@@ -178,6 +178,7 @@ impl Config {
         }
         self.sandbox.check().map_err(|(key, why)| err(key, why))?;
         self.journal.check().map_err(|(key, why)| err(key, why))?;
+        self.telemetry.check().map_err(|(key, why)| err(key, why))?;
         self.check_catalog().map_err(|(key, why)| err(key, why))?;
         if self.paths.read.is_empty() && self.paths.write.is_empty() {
             return Err(err("paths".into(), "grants no root at all".into()));
