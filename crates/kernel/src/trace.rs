@@ -123,7 +123,7 @@ pub(crate) fn failure_kind(class: ring0_core::FailureClass) -> &'static str {
     }
 }
 
-/// The states an intent went through, in order (`RECORDED,DISPATCHED,ACKED`): how it settled,
+/// The states an intent went through, in order (`PROPOSED,RECORDED,DISPATCHED,ACKED`): how it settled,
 /// in one attribute.
 pub(crate) fn record_timeline(span: &Span, record: &ring0_journal::IntentRecord) {
     let states: Vec<&str> = record.timeline.iter().map(|e| e.state.as_str()).collect();

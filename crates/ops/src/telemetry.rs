@@ -124,6 +124,8 @@ impl Telemetry {
                 .with_tracer(p.tracer("ring0"))
                 .with_location(false)
                 .with_threads(false)
+                .with_target(false)
+                .with_level(false)
                 .with_tracked_inactivity(false)
                 .with_filter(filter_fn(|m| m.is_span() && is_own(m)))
         });
@@ -199,6 +201,7 @@ where
 fn provider(config: &TracesConfig) -> Result<SdkTracerProvider, String> {
     let mut exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
+        .with_http_client(export_client()?)
         .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
         .with_timeout(EXPORT_TIMEOUT);
     if let Some(endpoint) = &config.endpoint {
@@ -240,6 +243,24 @@ fn provider(config: &TracesConfig) -> Result<SdkTracerProvider, String> {
         .with_sampler(Sampler::ParentBased(Box::new(root)))
         .with_resource(resource)
         .build())
+}
+
+/// The exporter's HTTP client: rustls with the ring provider, no proxy read from the
+/// environment (the collector is named explicitly), every request bounded by
+/// [`EXPORT_TIMEOUT`]. Built on a thread of its own: a blocking client owns a runtime, which
+/// must not be made (or dropped) inside the caller's.
+fn export_client() -> Result<reqwest::blocking::Client, String> {
+    // Installing twice is harmless: the first provider stays.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    std::thread::spawn(|| {
+        reqwest::blocking::Client::builder()
+            .no_proxy()
+            .timeout(EXPORT_TIMEOUT)
+            .build()
+    })
+    .join()
+    .map_err(|_| "building the OTLP exporter's HTTP client panicked".to_string())?
+    .map_err(|e| format!("building the OTLP exporter's HTTP client: {e}"))
 }
 
 /// `ring0: message`, then any other field as ` name=value`: the line ring0 has always
