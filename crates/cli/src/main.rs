@@ -189,10 +189,9 @@ fn enter_workspace(dir: &Path) -> Result<(), String> {
 /// Reports a failure on stderr in the log's format (`serve` may have failed before it
 /// installed its subscriber: one without traces is installed then).
 fn report(log: LogOptions, message: &str) {
-    if !tracing::dispatcher::has_been_set() {
-        // Nothing to export: the guard has no spans to flush.
-        std::mem::forget(log.install());
-    }
+    // Refused when a subscriber is installed already, which is then the one that writes; a
+    // new one has nothing to export, so its guard is not kept.
+    std::mem::forget(log.install());
     tracing::error!(target: "ring0", "{message}");
 }
 
