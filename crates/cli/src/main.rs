@@ -186,6 +186,19 @@ fn enter_workspace(dir: &Path) -> Result<(), String> {
     std::env::set_current_dir(dir).map_err(|e| format!("--workspace {}: {e}", dir.display()))
 }
 
+/// Where `[telemetry]` says traces go, its headers read from their variables.
+pub(crate) fn traces_config(
+    loaded: &ring0_config::Loaded,
+) -> Result<ring0_ops::telemetry::TracesConfig, String> {
+    let section = &loaded.config.telemetry;
+    Ok(ring0_ops::telemetry::TracesConfig {
+        endpoint: section.endpoint.clone(),
+        headers: section.headers()?,
+        service_name: section.service_name.clone(),
+        sample_ratio: section.sample_ratio,
+    })
+}
+
 /// Reports a failure on stderr in the log's format (`serve` may have failed before it
 /// installed its subscriber: one without traces is installed then).
 fn report(log: LogOptions, message: &str) {
@@ -216,10 +229,10 @@ fn main() -> ExitCode {
     if log.format == LogFormat::Json {
         panic_as_json_line();
     }
-    // `serve` installs its own subscriber, with traces when its configuration asks for them;
-    // it is kept until the process ends, so what is queued is exported.
+    // `serve`, `call` and `turn` install their own subscriber, with traces when their
+    // configuration asks for them, and export what is queued before they return.
     let _telemetry = match cli.command {
-        Command::Serve(_) => None,
+        Command::Serve(_) | Command::Call(_) | Command::Turn(_) => None,
         _ => log.install(),
     };
     if let Some(dir) = &cli.workspace
@@ -235,8 +248,8 @@ fn main() -> ExitCode {
         Command::Run(args) => return run(args, log),
         Command::Serve(args) => serve_cmd::run(args, state, log),
         Command::ApproveTool(args) => approve_cmd::approve_tool(args, state),
-        Command::Call(args) => call_cmd::run(args, state),
-        Command::Turn(args) => turn_cmd::run(args, state),
+        Command::Call(args) => call_cmd::run(args, state, log),
+        Command::Turn(args) => turn_cmd::run(args, state, log),
         Command::Approve(args) => approve_cmd::run(args, true, state),
         Command::Deny(args) => approve_cmd::run(args, false, state),
         Command::Status(args) => status_cmd::run(args, state),

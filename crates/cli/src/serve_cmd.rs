@@ -149,17 +149,6 @@ async fn recover_lapsed_leases(gw: Gateway, lease_ms: u64, log: Log) {
     }
 }
 
-/// Where `[telemetry]` says traces go, its headers read from their variables.
-fn traces_config(loaded: &Loaded) -> Result<ring0_ops::telemetry::TracesConfig, String> {
-    let section = &loaded.config.telemetry;
-    Ok(ring0_ops::telemetry::TracesConfig {
-        endpoint: section.endpoint.clone(),
-        headers: section.headers()?,
-        service_name: section.service_name.clone(),
-        sample_ratio: section.sample_ratio,
-    })
-}
-
 /// The gateway's log as `tracing` events of target `ring0`, at the level each line's severity
 /// says: the subscriber writes them in the format asked for.
 fn gateway_log() -> Log {
@@ -178,7 +167,11 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>, log: LogOptions) -> Result
         Config::load(args.config.as_deref(), &cwd, state_dir)
     })
     .map_err(|e| e.to_string())?;
-    let telemetry = Telemetry::install(log.format(), log.level(), Some(&traces_config(&loaded)?))?;
+    let telemetry = Telemetry::install(
+        log.format(),
+        log.level(),
+        Some(&crate::traces_config(&loaded)?),
+    )?;
     if let Some(url) = &args.journal {
         loaded.config.journal.url = Some(url.clone());
         loaded

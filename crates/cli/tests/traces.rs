@@ -490,3 +490,67 @@ fn without_an_endpoint_nothing_is_exported_and_the_upstream_is_sent_no_trace_con
         "a client's trace context is not passed through untraced: {sent}"
     );
 }
+
+#[test]
+fn a_turn_of_two_calls_is_one_span_with_each_calls_stages_under_it() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = "secret-content-5b2e8d";
+    std::fs::write(dir.path().join("notes.txt"), marker).unwrap();
+    let turn = json!({"role": "assistant", "tool_calls": [
+        {"id": "call_a", "type": "function",
+         "function": {"name": "read_file", "arguments": "{\"path\":\"notes.txt\"}"}},
+        {"id": "call_b", "type": "function",
+         "function": {"name": "list_dir", "arguments": format!("{{\"path\":\".\",\"x\":\"{marker}\"}}")}}
+    ]});
+    let mut child = ring0_command_in(dir.path())
+        .args(["turn", "--format", "openai"])
+        .env("RING0_STATE_DIR", dir.path().join(".ring0"))
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(turn.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.contains(marker), "the file was read: {printed}");
+    // The command exported its spans before it returned: nothing to wait for.
+    let spans = collector.spans();
+    let roots: Vec<&Span> = spans.iter().filter(|s| s.name == "ring0 turn").collect();
+    assert_eq!(roots.len(), 1, "{spans:#?}");
+    let root = roots[0];
+    assert_eq!(root.attr("gen_ai.provider.format"), "openai");
+    let under: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.parent_span_id == root.span_id)
+        .collect();
+    for call in ["call_a", "call_b"] {
+        let stages: Vec<&str> = under
+            .iter()
+            .filter(|s| s.attr("gen_ai.tool.call.id") == call)
+            .map(|s| s.name.as_str())
+            .collect();
+        assert!(stages.contains(&"prepare"), "{call}: {stages:?}");
+        assert!(stages.contains(&"project"), "{call}: {stages:?}");
+    }
+    let refused = under
+        .iter()
+        .find(|s| s.name == "prepare" && s.attr("gen_ai.tool.call.id") == "call_b")
+        .unwrap();
+    assert_eq!(
+        refused.attr("error.type"),
+        "validation_error",
+        "{refused:#?}"
+    );
+    assert!(under.iter().any(|s| s.name == "admit"), "{under:#?}");
+    assert!(
+        !collector.received_bytes_contain(marker),
+        "neither an argument nor a result was exported"
+    );
+}

@@ -126,6 +126,10 @@ pub(crate) fn failure_kind(class: ring0_core::FailureClass) -> &'static str {
 /// The states an intent went through, in order (`PROPOSED,RECORDED,DISPATCHED,ACKED`): how it settled,
 /// in one attribute.
 pub(crate) fn record_timeline(span: &Span, record: &ring0_journal::IntentRecord) {
+    if span.is_disabled() {
+        // Nobody traces: the joined text is not built.
+        return;
+    }
     let states: Vec<&str> = record.timeline.iter().map(|e| e.state.as_str()).collect();
     span.record("ring0.intent.timeline", states.join(","));
 }

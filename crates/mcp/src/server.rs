@@ -620,6 +620,9 @@ impl GatewayServer {
             principal: &self.principal.id,
             transport: if parts.is_some() { "tcp" } else { "pipe" },
         });
+        if span.is_disabled() {
+            return span;
+        }
         if let Some(parent) =
             crate::trace::TraceParent::of_request(metas, parts.map(|p| &p.headers))
         {

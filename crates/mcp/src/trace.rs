@@ -177,10 +177,10 @@ pub struct CallSpanInput<'a> {
 /// `tools/call {tool}`, the parent of the kernel's stage spans. The round fills in the intent
 /// ([`record_receipt`]).
 pub fn call_span(input: &CallSpanInput<'_>) -> Span {
-    let name = format!("tools/call {}", input.tool);
+    // The values are only evaluated when a subscriber wants the span.
     tracing::info_span!(
         "tools/call",
-        otel.name = name,
+        otel.name = %format_args!("tools/call {}", input.tool),
         otel.kind = "server",
         mcp.method.name = "tools/call",
         gen_ai.operation.name = "execute_tool",
