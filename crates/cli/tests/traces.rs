@@ -554,3 +554,42 @@ fn a_turn_of_two_calls_is_one_span_with_each_calls_stages_under_it() {
         "neither an argument nor a result was exported"
     );
 }
+
+#[test]
+fn what_the_person_is_shown_of_the_arguments_on_stderr_never_reaches_a_span() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ring0.toml"), HELD_SHELL_CONFIG).unwrap();
+    let log = dir.path().join("stderr.log");
+    let mut cmd = Command::new(ring0());
+    cmd.arg("serve")
+        .current_dir(dir.path())
+        .env("RING0_STATE_DIR", dir.path().join(".ring0"))
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .env("OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS)
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut serve = Serve::start(cmd);
+    let marker = "marker-a81c37e0-shown";
+    // The client declared no elicitation: the person reads the arguments and a code on stderr,
+    // written while the call's `approve` span is open.
+    let held = serve.call("shell", json!({"argv": ["touch", marker]}));
+    assert!(held.to_string().contains("approval_required"), "{held}");
+    let spans = collector.wait_for("the held call's approve span", |spans| {
+        spans
+            .iter()
+            .any(|s| s.name == "approve" && s.attr("error.type") == "approval_required")
+            && spans.iter().any(|s| s.name == "tools/call shell")
+    });
+    let root = spans.iter().find(|s| s.name == "tools/call shell").unwrap();
+    assert_eq!(root.attr("error.type"), "approval_required", "{root:#?}");
+    assert_eq!(root.status, STATUS_ERROR);
+    let shown = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        shown.contains(marker),
+        "the person was shown the arguments: {shown}"
+    );
+    assert!(
+        !collector.received_bytes_contain(marker),
+        "a log line became part of a span"
+    );
+}
