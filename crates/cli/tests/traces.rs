@@ -3,8 +3,10 @@
 //! call held for a person and approved in the client's dialog (the official Python SDK client
 //! over HTTP), and of a call whose upstream crashed after its effect, settled UNKNOWN →
 //! RECONCILING → ACKED by a probe (over stdio). Both continue the trace the client named in
-//! `_meta.traceparent`; the upstream is told the span that called it; no argument value is in
-//! any byte exported.
+//! `_meta.traceparent` (a stateless HTTP request's `traceparent` header too); the upstream is
+//! told the span that called it; no argument value or result is in any byte exported, not
+//! even what a person was shown on stderr while a span was open. `ring0 turn` is one span over
+//! each of its calls' stages; without an endpoint nothing is exported or propagated.
 
 mod common;
 
@@ -591,5 +593,48 @@ fn what_the_person_is_shown_of_the_arguments_on_stderr_never_reaches_a_span() {
     assert!(
         !collector.received_bytes_contain(marker),
         "a log line became part of a span"
+    );
+}
+
+#[test]
+fn a_stateless_http_request_continues_the_trace_its_traceparent_header_names() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "hello").unwrap();
+    let mut cmd = serve_http_command(dir.path());
+    cmd.env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .env("OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS);
+    let server = start_http(cmd);
+    let trace_id = "5c3e9b1d27a84f0e9d6c1b2a3f4e5d6c";
+    let header_span = "1a2b3c4d5e6f7a8b";
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {},
+                      "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}});
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "read_file", "arguments": {"path": "notes.txt"}, "_meta": meta}});
+    let traceparent = format!("00-{trace_id}-{header_span}-01");
+    let (head, answer) = post(
+        &server.addr,
+        &[
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "read_file"),
+            ("traceparent", &traceparent),
+        ],
+        &call,
+    );
+    assert!(answer.to_string().contains("hello"), "{head}\n{answer}");
+    let spans = collector.wait_for("the call's span", |spans| {
+        spans
+            .iter()
+            .any(|s| s.trace_id == trace_id && s.name == "tools/call read_file")
+    });
+    let root = named(&spans, trace_id, "tools/call read_file");
+    assert_eq!(root.parent_span_id, header_span, "{root:#?}");
+    assert_eq!(root.attr("mcp.protocol.version"), "2026-07-28");
+    assert_eq!(
+        root.attr("mcp.session.id"),
+        "",
+        "a stateless request has no session"
     );
 }
