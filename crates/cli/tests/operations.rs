@@ -631,3 +631,57 @@ fn with_log_format_json_a_failure_at_start_is_a_json_error_line() {
         "names the key: {message}"
     );
 }
+
+#[test]
+fn a_collector_that_cannot_be_reached_is_said_on_stderr_and_calls_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "hello").unwrap();
+    // A loopback port nothing listens on any more.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let log = dir.path().join("stderr.log");
+    let mut cmd = Command::new(ring0());
+    cmd.args(["serve", "--log-format", "json"])
+        .current_dir(dir.path())
+        .env("RING0_STATE_DIR", dir.path().join(".ring0"))
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{closed}"))
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .stderr(std::fs::File::create(&log).unwrap());
+    let (mut child, mut stdin, rx) = spawn_stdio_json(cmd);
+    for (id, method, params) in [
+        (
+            1,
+            "initialize",
+            serde_json::json!({"protocolVersion": "2025-06-18",
+            "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+        ),
+        (
+            2,
+            "tools/call",
+            serde_json::json!({"name": "read_file",
+            "arguments": {"path": "notes.txt"}}),
+        ),
+    ] {
+        let request =
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(stdin, "{request}").unwrap();
+        let answer = loop {
+            let m = rx.recv_timeout(HTTP_WAIT).expect("ring0 answers");
+            if m["id"] == id {
+                break m;
+            }
+        };
+        assert!(answer.get("error").is_none(), "{answer}");
+    }
+    drop(stdin);
+    wait_for_exit(&mut child);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines = json_lines(&text);
+    assert!(
+        lines.iter().any(|l| l["target"] == "opentelemetry_sdk"
+            && l["message"].as_str().unwrap().contains("Export")),
+        "the failed export is said: {text}"
+    );
+}

@@ -45,6 +45,8 @@ pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The `tracing` targets whose spans and events are ring0's (every crate is `ring0_*`, and
 /// the gateway's log is `ring0`).
 const OWN_TARGET_PREFIX: &str = "ring0";
+/// The `tracing` targets of the OpenTelemetry SDK and exporter, whose warnings are logged.
+const EXPORTER_TARGET_PREFIX: &str = "opentelemetry";
 /// The service name spans are exported under unless `[telemetry] service_name` or
 /// `OTEL_SERVICE_NAME` says otherwise.
 const SERVICE_NAME_DEFAULT: &str = "ring0";
@@ -173,12 +175,16 @@ fn is_own(meta: &Metadata<'_>) -> bool {
     meta.target().starts_with(OWN_TARGET_PREFIX)
 }
 
-/// The stderr layer: ring0's own events at `level` and above, never spans.
+/// The stderr layer: ring0's own events at `level` and above, and the exporter's warnings and
+/// errors (a collector that cannot be reached is said, not silently lost); never spans.
 fn log_layer<S>(format: LogFormat, level: Level) -> Box<dyn Layer<S> + Send + Sync>
 where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
 {
-    let wanted = move |m: &Metadata<'_>| m.is_event() && *m.level() <= level && is_own(m);
+    let wanted = move |m: &Metadata<'_>| {
+        let exporter = m.target().starts_with(EXPORTER_TARGET_PREFIX) && *m.level() <= Level::WARN;
+        m.is_event() && *m.level() <= level && (is_own(m) || exporter)
+    };
     match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
@@ -187,11 +193,7 @@ where
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .with_target(true)
+            .event_format(JsonLine)
             .with_filter(filter_fn(wanted))
             .boxed(),
     }
@@ -278,33 +280,91 @@ where
         mut writer: Writer<'_>,
         event: &tracing::Event<'_>,
     ) -> fmt::Result {
-        let mut line = LineFields::default();
-        event.record(&mut line);
-        writeln!(writer, "ring0: {}{}", line.message, line.rest)
+        let fields = EventFields::of(event);
+        let mut line = fields.message();
+        for (name, value) in fields.rest() {
+            line.push_str(&format!(" {name}={value}"));
+        }
+        writeln!(writer, "ring0: {}", line.trim_start())
     }
 }
 
-#[derive(Default)]
-struct LineFields {
-    message: String,
-    rest: String,
+/// One JSON object: `timestamp` (RFC 3339, UTC), `level`, `target`, `message`, then the
+/// event's other fields. Every line has a `message`: an event without one (the exporter's
+/// warnings are named, not worded) is given its `name`.
+struct JsonLine;
+
+impl<S, N> FormatEvent<S, N> for JsonLine
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> fmt::Result {
+        let mut timestamp = String::new();
+        tracing_subscriber::fmt::time::FormatTime::format_time(
+            &tracing_subscriber::fmt::time::SystemTime,
+            &mut Writer::new(&mut timestamp),
+        )?;
+        let meta = event.metadata();
+        let fields = EventFields::of(event);
+        let mut object = serde_json::Map::new();
+        object.insert("timestamp".into(), timestamp.into());
+        object.insert("level".into(), meta.level().as_str().into());
+        object.insert("target".into(), meta.target().into());
+        object.insert("message".into(), fields.message().into());
+        for (name, value) in fields.rest() {
+            object
+                .entry(name.to_string())
+                .or_insert(value.clone().into());
+        }
+        writeln!(writer, "{}", serde_json::Value::Object(object))
+    }
 }
 
-impl tracing::field::Visit for LineFields {
+/// An event's fields as text, in the order they were recorded.
+#[derive(Default)]
+struct EventFields(Vec<(&'static str, String)>);
+
+impl EventFields {
+    fn of(event: &tracing::Event<'_>) -> Self {
+        let mut fields = Self::default();
+        event.record(&mut fields);
+        fields
+    }
+
+    /// The `message`, else the event's `name`, else nothing.
+    fn message(&self) -> String {
+        let get = |key: &str| {
+            self.0
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.clone())
+        };
+        get("message").or_else(|| get("name")).unwrap_or_default()
+    }
+
+    /// Every field but `message` (and `name` when it stands for the message).
+    fn rest(&self) -> impl Iterator<Item = (&'static str, &String)> {
+        let named = !self.0.iter().any(|(k, _)| *k == "message");
+        self.0
+            .iter()
+            .filter(move |(k, _)| *k != "message" && !(named && *k == "name"))
+            .map(|(k, v)| (*k, v))
+    }
+}
+
+impl tracing::field::Visit for EventFields {
     fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        if field.name() == "message" {
-            self.message.push_str(value);
-        } else {
-            self.rest.push_str(&format!(" {}={value}", field.name()));
-        }
+        self.0.push((field.name(), value.to_string()));
     }
 
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
-        if field.name() == "message" {
-            self.message.push_str(&format!("{value:?}"));
-        } else {
-            self.rest.push_str(&format!(" {}={value:?}", field.name()));
-        }
+        self.0.push((field.name(), format!("{value:?}")));
     }
 }
 
