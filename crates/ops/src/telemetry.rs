@@ -6,7 +6,8 @@
 //! - **log lines**: events of ring0's own crates at or above the level asked for, to stderr,
 //!   as `ring0: message` ([`LogFormat::Text`], what a person reads) or one JSON object per line
 //!   with `timestamp`, `level`, `target` and `message` ([`LogFormat::Json`], what a log
-//!   pipeline reads). Spans never print, and no other crate's events do.
+//!   pipeline reads). Spans never print; of other crates' events only the exporter's warnings
+//!   and errors do (a collector that cannot be reached is said, not silently lost).
 //! - **traces**, only when configured ([`TracesConfig`]: `[telemetry]` or the standard
 //!   `OTEL_EXPORTER_OTLP_*` variables): ring0's spans become OpenTelemetry spans
 //!   (`tracing-opentelemetry`), batched (at most [`SPANS_QUEUED_MAX`] waiting; more are
