@@ -5,6 +5,7 @@
 //! stderr), 2 bad usage; `ring0 run` exits with its command's code (see `run_cmd`).
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use ring0_ops::telemetry::LogFormat;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -61,21 +62,21 @@ struct Cli {
     #[arg(
         long,
         global = true,
-        value_enum,
         value_name = "FORMAT",
         env = "RING0_LOG_FORMAT",
-        default_value_t = LogFormat::Text
+        default_value = "text",
+        value_parser = log_format_parser()
     )]
     log_format: LogFormat,
 }
 
-/// How ring0 writes to stderr.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// `ring0: message`, one line each.
-    Text,
-    /// One JSON object per line.
-    Json,
+/// `--log-format`: `text` or `json`, parsed into the telemetry's own type.
+fn log_format_parser() -> impl clap::builder::TypedValueParser<Value = LogFormat> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["text", "json"]).map(|s| match s.as_str() {
+        "json" => LogFormat::Json,
+        _ => LogFormat::Text,
+    })
 }
 
 /// What `--log-level` and `--log-format` ask of the log.
@@ -86,12 +87,9 @@ pub struct LogOptions {
 }
 
 impl LogOptions {
-    /// The telemetry's format.
-    pub fn format(self) -> ring0_ops::telemetry::LogFormat {
-        match self.format {
-            LogFormat::Text => ring0_ops::telemetry::LogFormat::Text,
-            LogFormat::Json => ring0_ops::telemetry::LogFormat::Json,
-        }
+    /// How lines are written.
+    pub fn format(self) -> LogFormat {
+        self.format
     }
 
     /// The most detailed level written.
