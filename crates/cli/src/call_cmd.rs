@@ -1,7 +1,7 @@
 //! `ring0 call TOOL 'JSON'`: one mediated call with the configured grants.
 
 use clap::Args;
-use ring0_config::{Built, Config, Loaded, approvals_dir, build_kernel};
+use ring0_config::{Built, Config, approvals_dir, build_kernel};
 use ring0_core::ProviderFormat;
 use ring0_kernel::RoundOptions;
 use ring0_policy::DirectoryApprover;
@@ -10,6 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
+use tracing::Instrument;
 
 /// Options shared by the subcommands that open a session.
 #[derive(Args, Clone)]
@@ -39,20 +40,33 @@ pub struct CallArgs {
     pub args: String,
 }
 
-/// Loads the configuration and builds the kernel, with held calls announced on stderr and
-/// decided through the approvals directory.
+/// A command's kernel and telemetry (kept until the command ends, so that its
+/// spans are exported).
+pub(crate) struct Opened {
+    pub built: Built,
+    pub telemetry: ring0_ops::telemetry::Telemetry,
+}
+
+/// Loads the configuration, installs the log and (when `[telemetry]` or the environment names
+/// a collector) traces, and builds the kernel, with held calls announced on stderr and decided
+/// through the approvals directory.
 pub(crate) fn open(
     session: &SessionArgs,
     state_dir: Option<&Path>,
-) -> Result<(Loaded, Built), String> {
+    log: crate::LogOptions,
+) -> Result<Opened, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let loaded =
-        Config::load(session.config.as_deref(), &cwd, state_dir).map_err(|e| e.to_string())?;
+    let loaded = ring0_ops::telemetry::Telemetry::scoped(log.format(), log.level(), || {
+        Config::load(session.config.as_deref(), &cwd, state_dir)
+    })
+    .map_err(|e| e.to_string())?;
+    let traces = crate::traces_config(&loaded)?;
+    let telemetry =
+        ring0_ops::telemetry::Telemetry::install(log.format(), log.level(), Some(&traces))?;
     let approver = DirectoryApprover::new(approvals_dir(&loaded.state_dir)).on_request(|r| {
-        let mut err = std::io::stderr().lock();
-        let _ = writeln!(
-            err,
-            "ring0: approval required [{}]\n  {}\n  approve: ring0 approve {}    deny: ring0 deny {}",
+        tracing::warn!(
+            target: "ring0",
+            "approval required [{}]\n  {}\n  approve: ring0 approve {}    deny: ring0 deny {}",
             r.id,
             r.summary.replace('\n', "\n  "),
             r.id,
@@ -60,7 +74,7 @@ pub(crate) fn open(
         );
     });
     let built = build_kernel(&loaded, Arc::new(approver)).map_err(|e| e.to_string())?;
-    Ok((loaded, built))
+    Ok(Opened { built, telemetry })
 }
 
 /// Settles what an earlier process left open in the journal before anything new runs: calls in
@@ -71,8 +85,9 @@ pub(crate) async fn recover(kernel: &ring0_kernel::Kernel) -> Result<(), String>
         .await
         .map_err(|e| format!("recovering the journal: {e}"))?;
     if report.examined > report.deferred.len() {
-        eprintln!(
-            "ring0: recovered {} open intent(s) from the journal: {} in flight reconciled, {} resumed",
+        tracing::warn!(
+            target: "ring0",
+            "recovered {} open intent(s) from the journal: {} in flight reconciled, {} resumed",
             report.examined - report.deferred.len(),
             report.in_flight,
             report.resumed
@@ -82,8 +97,9 @@ pub(crate) async fn recover(kernel: &ring0_kernel::Kernel) -> Result<(), String>
         let mut tools: Vec<&str> = report.deferred.iter().map(|r| r.tool.as_str()).collect();
         tools.sort_unstable();
         tools.dedup();
-        eprintln!(
-            "ring0: left {} open intent(s) of tools this command does not have ({}) for the process that has them (ring0 serve with its upstreams)",
+        tracing::warn!(
+            target: "ring0",
+            "left {} open intent(s) of tools this command does not have ({}) for the process that has them (ring0 serve with its upstreams)",
             report.deferred.len(),
             tools.join(", ")
         );
@@ -99,13 +115,17 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| format!("starting the runtime: {e}"))
 }
 
-pub fn run(args: CallArgs, state_dir: Option<&Path>) -> Result<String, String> {
+pub fn run(
+    args: CallArgs,
+    state_dir: Option<&Path>,
+    log: crate::LogOptions,
+) -> Result<String, String> {
     let input: Value =
         serde_json::from_str(&args.args).map_err(|e| format!("arguments are not JSON: {e}"))?;
     if !input.is_object() {
         return Err("arguments must be a JSON object".into());
     }
-    let (_loaded, built) = open(&args.session, state_dir)?;
+    let Opened { built, telemetry } = open(&args.session, state_dir, log)?;
     let epoch = args.epoch.unwrap_or_else(|| {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -121,9 +141,21 @@ pub fn run(args: CallArgs, state_dir: Option<&Path>) -> Result<String, String> {
                       "params": {"name": args.tool, "arguments": input}});
     let rt = runtime()?;
     rt.block_on(recover(&built.kernel))?;
-    let out = rt
-        .block_on(session.handle_turn(ProviderFormat::Mcp, &turn, &RoundOptions::default()))
-        .map_err(|e| e.to_string())?;
+    let span = tracing::info_span!(
+        "ring0 call",
+        otel.name = %format_args!("execute_tool {}", args.tool),
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = args.tool.as_str(),
+        ring0.principal = "local",
+    );
+    let handled = rt.block_on(
+        session
+            .handle_turn(ProviderFormat::Mcp, &turn, &RoundOptions::default())
+            .instrument(span),
+    );
+    drop(rt);
+    telemetry.shutdown();
+    let out = handled.map_err(|e| e.to_string())?;
     let result = out
         .round
         .results

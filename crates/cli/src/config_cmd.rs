@@ -42,7 +42,7 @@ pub fn init(args: InitArgs) -> Result<String, String> {
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let (found, skipped) = ring0_config::init::find_servers(&workspace, home.as_deref());
     for why in &skipped {
-        eprintln!("ring0: skipped {why}");
+        tracing::warn!(target: "ring0", "skipped {why}");
     }
     let text = ring0_config::init::render(&workspace, &found);
     // What init writes must load; a failure here is ring0's own fault, never written out.

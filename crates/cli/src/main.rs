@@ -6,6 +6,7 @@
 //! tools --lint` with 3 when a finding is at error level (see `tools_cmd`).
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use ring0_ops::telemetry::LogFormat;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -57,6 +58,56 @@ struct Cli {
     /// More detail on stderr: the same as `--log-level debug`.
     #[arg(short, long, global = true)]
     verbose: bool,
+    /// How ring0 writes to stderr: `text` (`ring0: message` lines, the default) or `json`
+    /// (one JSON object per line with `timestamp`, `level`, `target` and `message`, for a log
+    /// pipeline).
+    #[arg(
+        long,
+        global = true,
+        value_name = "FORMAT",
+        env = "RING0_LOG_FORMAT",
+        default_value = "text",
+        value_parser = log_format_parser()
+    )]
+    log_format: LogFormat,
+}
+
+/// `--log-format`: `text` or `json`, parsed into the telemetry's own type.
+fn log_format_parser() -> impl clap::builder::TypedValueParser<Value = LogFormat> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["text", "json"]).map(|s| match s.as_str() {
+        "json" => LogFormat::Json,
+        _ => LogFormat::Text,
+    })
+}
+
+/// What `--log-level` and `--log-format` ask of the log.
+#[derive(Clone, Copy, Debug)]
+pub struct LogOptions {
+    pub level: LogLevel,
+    pub format: LogFormat,
+}
+
+impl LogOptions {
+    /// How lines are written.
+    pub fn format(self) -> LogFormat {
+        self.format
+    }
+
+    /// The most detailed level written.
+    pub fn level(self) -> tracing::Level {
+        match self.level {
+            LogLevel::Warn => tracing::Level::WARN,
+            LogLevel::Info => tracing::Level::INFO,
+            LogLevel::Debug => tracing::Level::DEBUG,
+        }
+    }
+
+    /// Installs the process's subscriber without traces (every command but `serve`, which
+    /// installs its own once its configuration says where traces go).
+    fn install(self) -> Option<ring0_ops::telemetry::Telemetry> {
+        ring0_ops::telemetry::Telemetry::install(self.format(), self.level(), None).ok()
+    }
 }
 
 /// How much ring0 says about itself on stderr.
@@ -140,29 +191,71 @@ fn enter_workspace(dir: &Path) -> Result<(), String> {
     std::env::set_current_dir(dir).map_err(|e| format!("--workspace {}: {e}", dir.display()))
 }
 
+/// Where `[telemetry]` says traces go, its headers read from their variables.
+pub(crate) fn traces_config(
+    loaded: &ring0_config::Loaded,
+) -> Result<ring0_ops::telemetry::TracesConfig, String> {
+    let section = &loaded.config.telemetry;
+    Ok(ring0_ops::telemetry::TracesConfig {
+        endpoint: section.endpoint.clone(),
+        headers: section.headers()?,
+        service_name: section.service_name.clone(),
+        sample_ratio: section.sample_ratio,
+    })
+}
+
+/// Reports a failure on stderr in the log's format (`serve` may have failed before it
+/// installed its subscriber: one without traces is installed then).
+fn report(log: LogOptions, message: &str) {
+    // Refused when a subscriber is installed already, which is then the one that writes; a
+    // new one has nothing to export, so its guard is not kept.
+    std::mem::forget(log.install());
+    tracing::error!(target: "ring0", "{message}");
+}
+
+/// In the JSON format a panic is one more JSON line, not free text a log pipeline cannot
+/// parse.
+fn panic_as_json_line() {
+    std::panic::set_hook(Box::new(|info| {
+        tracing::error!(target: "ring0", "panic: {info}");
+    }));
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let log = LogOptions {
+        level: if cli.verbose {
+            LogLevel::Debug
+        } else {
+            cli.log_level
+        },
+        format: cli.log_format,
+    };
+    if log.format == LogFormat::Json {
+        panic_as_json_line();
+    }
+    // `serve`, `call` and `turn` install their own subscriber, with traces when their
+    // configuration asks for them, and export what is queued before they return.
+    let _telemetry = match cli.command {
+        Command::Serve(_) | Command::Call(_) | Command::Turn(_) => None,
+        _ => log.install(),
+    };
     if let Some(dir) = &cli.workspace
         && let Err(message) = enter_workspace(dir)
     {
-        eprintln!("ring0: {message}");
+        report(log, &message);
         return ExitCode::from(2);
     }
     let state = cli.state_dir.as_deref();
-    let log_level = if cli.verbose {
-        LogLevel::Debug
-    } else {
-        cli.log_level
-    };
     let result = match cli.command {
         Command::Journal(args) => journal_cmd::run(args.command, args.path.as_deref(), state),
         Command::Shape(args) => shape_cmd::run(args),
-        Command::Run(args) => return run(args),
+        Command::Run(args) => return run(args, log),
         Command::Tools(args) => return tools(args, state),
-        Command::Serve(args) => serve_cmd::run(args, state, log_level),
+        Command::Serve(args) => serve_cmd::run(args, state, log),
         Command::ApproveTool(args) => approve_cmd::approve_tool(args, state),
-        Command::Call(args) => call_cmd::run(args, state),
-        Command::Turn(args) => turn_cmd::run(args, state),
+        Command::Call(args) => call_cmd::run(args, state, log),
+        Command::Turn(args) => turn_cmd::run(args, state, log),
         Command::Approve(args) => approve_cmd::run(args, true, state),
         Command::Deny(args) => approve_cmd::run(args, false, state),
         Command::Status(args) => status_cmd::run(args, state),
@@ -185,7 +278,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(message) => {
-            eprintln!("ring0: {message}");
+            report(log, &message);
             ExitCode::FAILURE
         }
     }
@@ -206,14 +299,14 @@ fn tools(args: tools_cmd::ToolsArgs, state: Option<&Path>) -> ExitCode {
 }
 
 /// `ring0 run`: prints what the command printed (shaped) and exits with its code.
-fn run(args: run_cmd::RunArgs) -> ExitCode {
+fn run(args: run_cmd::RunArgs, log: LogOptions) -> ExitCode {
     match run_cmd::run(args) {
         Ok(outcome) => {
             let _ = io::stdout().lock().write_all(outcome.output.as_bytes());
             ExitCode::from(outcome.code)
         }
         Err((message, code)) => {
-            eprintln!("ring0: {message}");
+            report(log, &message);
             ExitCode::from(code)
         }
     }

@@ -23,12 +23,13 @@
 //! `ring0 approve-tool NAME` (see `crate::approve_cmd`) approves a quarantined upstream tool (its
 //! new definition's pin is written to `ring0.lock`; a running server picks it up within a second).
 
-use crate::LogLevel;
+use crate::{LogLevel, LogOptions};
 use clap::Args;
 use ring0_config::{Config, Loaded, build_kernel_tapped};
 use ring0_mcp::approval::{Approvals, McpApprover};
 use ring0_mcp::http::{HttpOptions, MCP_PATH};
-use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log};
+use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log, Severity};
+use ring0_ops::telemetry::Telemetry;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -148,14 +149,29 @@ async fn recover_lapsed_leases(gw: Gateway, lease_ms: u64, log: Log) {
     }
 }
 
-pub fn run(
-    args: ServeArgs,
-    state_dir: Option<&Path>,
-    log_level: LogLevel,
-) -> Result<String, String> {
+/// The gateway's log as `tracing` events of target `ring0`, at the level each line's severity
+/// says: the subscriber writes them in the format asked for.
+fn gateway_log() -> Log {
+    Log::leveled(|severity, line| match severity {
+        Severity::Debug => tracing::debug!(target: "ring0", "{line}"),
+        Severity::Info => tracing::info!(target: "ring0", "{line}"),
+        Severity::Attention => tracing::warn!(target: "ring0", "{line}"),
+    })
+}
+
+pub fn run(args: ServeArgs, state_dir: Option<&Path>, log: LogOptions) -> Result<String, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let mut loaded =
-        Config::load(args.config.as_deref(), &cwd, state_dir).map_err(|e| e.to_string())?;
+    // What loading says goes to stderr in the log's format; traces start once the file said
+    // where they go.
+    let mut loaded = Telemetry::scoped(log.format(), log.level(), || {
+        Config::load(args.config.as_deref(), &cwd, state_dir)
+    })
+    .map_err(|e| e.to_string())?;
+    let telemetry = Telemetry::install(
+        log.format(),
+        log.level(),
+        Some(&crate::traces_config(&loaded)?),
+    )?;
     if let Some(url) = &args.journal {
         loaded.config.journal.url = Some(url.clone());
         loaded
@@ -207,233 +223,300 @@ pub fn run(
             .build(),
     }
     .map_err(|e| format!("starting the runtime: {e}"))?;
-    runtime.block_on(async move {
-        let log = Log::stderr();
-        // The policy engine holds calls for approval itself; the session does not gate A3 again.
-        let approvals = Approvals::new(log.clone(), false);
-        let metrics = Arc::new(ring0_ops::metrics::Metrics::new(Duration::from_secs(
-            loaded.config.approval.timeout_secs,
-        )));
-        // A held call is offered to the client and to `ring0 approve` in another terminal.
-        let approver = ring0_ops::approvals::ClientOrTerminal::new(
-            Arc::new(McpApprover::new(approvals.clone())),
-            ring0_policy::DirectoryApprover::new(ring0_config::approvals_dir(&loaded.state_dir)),
+    let served = runtime.block_on(serve(args, loaded, token, log.level));
+    drop(runtime);
+    // What is still queued is exported before the process ends.
+    telemetry.shutdown();
+    served.map(|()| String::new())
+}
+
+/// Serves until stdin closes (stdio) or ctrl-c (HTTP).
+async fn serve(
+    args: ServeArgs,
+    loaded: Loaded,
+    token: Option<String>,
+    log_level: LogLevel,
+) -> Result<(), String> {
+    let log = gateway_log();
+    // The policy engine holds calls for approval itself; the session does not gate A3 again.
+    let approvals = Approvals::new(log.clone(), false);
+    let metrics = Arc::new(ring0_ops::metrics::Metrics::new(Duration::from_secs(
+        loaded.config.approval.timeout_secs,
+    )));
+    // A held call is offered to the client and to `ring0 approve` in another terminal.
+    let approver = ring0_ops::approvals::ClientOrTerminal::new(
+        Arc::new(McpApprover::new(approvals.clone())),
+        ring0_policy::DirectoryApprover::new(ring0_config::approvals_dir(&loaded.state_dir)),
+        log.clone(),
+    );
+    let built = build_kernel_tapped(&loaded, Arc::new(approver), Some(metrics.clone()))
+        .map_err(|e| e.to_string())?;
+    let gw = start_gateway(&loaded, &built, &log, metrics.clone())?;
+    let operations = Arc::new(ring0_ops::Operations::new(metrics, gw.clone()));
+    let shutdown = CancellationToken::new();
+    if let Some(metrics_addr) = args.metrics_addr {
+        serve_operations_on(metrics_addr, &operations, &log, &shutdown).await?;
+    }
+    // Each upstream is waited for at most its own `start_timeout_ms`, all at once.
+    let down = gw.wait_for_start().await;
+    for alias in &down {
+        log.line(&format!(
+            "upstream {alias} is not up yet; serving without it for now"
+        ));
+    }
+    let generation = settled_generation(&gw).await;
+    // Settle what an earlier process left open before serving anything new, with every
+    // tool the upstreams listed: an upstream tool's intent is settled by its own
+    // settlement (same-key re-dispatch, probe). An intent whose tool is missing (its
+    // upstream is not up) goes to DEAD_LETTER for a person rather than being guessed at.
+    crate::call_cmd::recover(&generation.kernel).await?;
+    if let Some(shared) = &built.journal_shared {
+        tokio::spawn(recover_lapsed_leases(
+            gw.clone(),
+            shared.lease_ms,
             log.clone(),
-        );
-        let built = build_kernel_tapped(&loaded, Arc::new(approver), Some(metrics.clone()))
-            .map_err(|e| e.to_string())?;
-        let builtins = built
-            .kernel
-            .registry()
-            .iter()
-            .map(|t| (t.spec.clone(), t.tool.clone()))
-            .collect();
-        let spill = ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
-            .map_err(|e| format!("spill store: {e}"))?;
-        let upstream_names: Vec<String> = loaded
-            .config
-            .upstreams
-            .iter()
-            .map(|u| u.alias.clone())
-            .collect();
-        let gw = Gateway::start(GatewayOptions {
-            audit: Some(built.audit.clone()),
-            builtins,
-            upstreams: loaded.config.upstreams.clone(),
-            journal: built.kernel.journal().clone(),
-            authorizer: built.authorizer.clone(),
-            workspace: loaded.workspace.clone(),
-            state_dir: loaded.state_dir.clone(),
-            spill: Some(Arc::new(spill)),
-            log: log.clone(),
-            max_concurrent_tools: built.max_concurrent_tools,
-            granted_roots: granted_roots(&loaded),
-            protected_paths: protected_paths(&loaded),
-            session_end: Some(end_jobs_with_session(built.jobs.clone())),
-            catalog: loaded.config.catalog.kernel_config(),
-            upstream_sandboxes: ring0_config::sandbox::upstream_sandboxes(
-                &loaded,
-                built.audit.clone(),
-            )
+        ));
+    }
+    // Jobs an earlier process left are settled now, not at the first job call.
+    if let Err(why) = built.jobs.settle_leftovers().await {
+        log.line(&format!("background jobs are unavailable: {why}"));
+    }
+    announce(&log, &loaded, &built, &generation, args.http, log_level);
+    serve_transport(
+        args, loaded, token, gw, approvals, operations, shutdown, log,
+    )
+    .await
+}
+
+/// The gateway over the built kernel's tools and journal, with every configured upstream
+/// starting, its calls counted by `metrics`.
+fn start_gateway(
+    loaded: &Loaded,
+    built: &ring0_config::Built,
+    log: &Log,
+    metrics: Arc<ring0_ops::metrics::Metrics>,
+) -> Result<Gateway, String> {
+    let builtins = built
+        .kernel
+        .registry()
+        .iter()
+        .map(|t| (t.spec.clone(), t.tool.clone()))
+        .collect();
+    let spill = ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
+        .map_err(|e| format!("spill store: {e}"))?;
+    Gateway::start(GatewayOptions {
+        audit: Some(built.audit.clone()),
+        builtins,
+        upstreams: loaded.config.upstreams.clone(),
+        journal: built.kernel.journal().clone(),
+        authorizer: built.authorizer.clone(),
+        workspace: loaded.workspace.clone(),
+        state_dir: loaded.state_dir.clone(),
+        spill: Some(Arc::new(spill)),
+        log: log.clone(),
+        max_concurrent_tools: built.max_concurrent_tools,
+        granted_roots: granted_roots(loaded),
+        protected_paths: protected_paths(loaded),
+        session_end: Some(end_jobs_with_session(built.jobs.clone())),
+        catalog: loaded.config.catalog.kernel_config(),
+        upstream_sandboxes: ring0_config::sandbox::upstream_sandboxes(loaded, built.audit.clone())
             .map_err(|e| e.to_string())?,
-            observer: Some(metrics.clone()),
-        })?;
-        let operations = Arc::new(ring0_ops::Operations::new(metrics, gw.clone()));
-        let shutdown = CancellationToken::new();
-        if let Some(metrics_addr) = args.metrics_addr {
-            // Bound before serving anything, so that a bad address is refused at start.
-            let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
-            let served = operations.clone().serve(
-                metrics_addr,
+        observer: Some(metrics),
+    })
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` of their own (a stdio deployment),
+/// bound before anything else is served so that a bad address is refused at start.
+async fn serve_operations_on(
+    addr: SocketAddr,
+    operations: &Arc<ring0_ops::Operations>,
+    log: &Log,
+    shutdown: &CancellationToken,
+) -> Result<(), String> {
+    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+    let served = operations
+        .clone()
+        .serve(addr, log.clone(), shutdown.clone(), move |bound| {
+            let _ = bound_tx.send(bound);
+        });
+    let failed = tokio::spawn(served);
+    match bound_rx.await {
+        Ok(bound) => {
+            log.line(&format!("metrics on http://{bound}/metrics"));
+            Ok(())
+        }
+        Err(_) => Err(match failed.await {
+            Ok(Err(why)) => why,
+            _ => "the metrics address could not be served".to_string(),
+        }),
+    }
+}
+
+/// What `serve` says at start: where it serves, the workspace, configuration, state, journal
+/// and grants (info), every tool with the grant that decides it (debug), and every tool not
+/// listed or grant matching nothing (always).
+fn announce(
+    log: &Log,
+    loaded: &Loaded,
+    built: &ring0_config::Built,
+    generation: &ring0_mcp::gateway::Generation,
+    http: Option<SocketAddr>,
+    log_level: LogLevel,
+) {
+    let where_ = match http {
+        Some(addr) => format!("http://{addr}{MCP_PATH}"),
+        None => "stdio".to_string(),
+    };
+    let info = |line: &str| log.info(line);
+    info(&format!("serving MCP on {where_}"));
+    info(&format!("workspace: {}", loaded.workspace.display()));
+    info(&format!("config: {}", loaded.source));
+    info(&format!("state: {}", loaded.state_dir.display()));
+    info(&format!(
+        "journal: {}",
+        match &built.journal_shared {
+            Some(shared) => format!("{} (shared, lease {} ms)", shared.name, shared.lease_ms),
+            None => loaded
+                .state_dir
+                .join(ring0_config::state::JOURNAL_FILE)
+                .display()
+                .to_string(),
+        }
+    ));
+    info(&format!(
+        "grants: {}",
+        ring0_config::report::describe_grants(&loaded.config).join("; ")
+    ));
+    announce_catalog(log, loaded, built, generation, log_level);
+}
+
+/// The catalog at start: how many tools are listed, each with its grant (debug), the index,
+/// and every tool not listed or grant matching nothing (always).
+fn announce_catalog(
+    log: &Log,
+    loaded: &Loaded,
+    built: &ring0_config::Built,
+    generation: &ring0_mcp::gateway::Generation,
+    log_level: LogLevel,
+) {
+    let info = |line: &str| log.info(line);
+    let upstream_names: Vec<String> = loaded
+        .config
+        .upstreams
+        .iter()
+        .map(|u| u.alias.clone())
+        .collect();
+    let catalog: Vec<ring0_core::ToolSpec> = generation
+        .kernel
+        .registry()
+        .iter()
+        .map(|t| t.spec.clone())
+        .filter(|s| !generation.quarantined.contains_key(&s.name))
+        // The meta-tools of search mode are granted to every session by the catalog.
+        .filter(|s| generation.kernel.catalog().spec(&s.name).is_some())
+        .collect();
+    let visible = generation
+        .kernel
+        .open_session(
+            ring0_kernel::SessionConfig::new("startup").authorizer(generation.gate.clone()),
+        )
+        .catalog()
+        .iter()
+        .filter(|s| !generation.quarantined.contains_key(&s.name))
+        .count();
+    info(&format!(
+        "tools: {visible} listed under the grants ({} quarantined){}",
+        generation.quarantined.len(),
+        if upstream_names.is_empty() {
+            String::new()
+        } else {
+            format!("; upstreams: {}", upstream_names.join(", "))
+        }
+    ));
+    if log_level >= LogLevel::Debug {
+        for spec in &catalog {
+            log.debug(&format!(
+                "tool {} {} {:?}{}",
+                spec.name,
+                spec.authority,
+                spec.effect,
+                ring0_config::report::deciding_grant(&loaded.config, &spec.name)
+                    .map(|g| format!(", grant {}", g.name))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    let index = generation.kernel.catalog();
+    info(&format!(
+        "catalog: {} tools indexed; {}",
+        index.len(),
+        index.reason()
+    ));
+    // A budget overrun is said whatever the log level: it costs every turn.
+    for line in index.over_budget() {
+        log.line(&format!("over budget: {line}"));
+    }
+    // Every tool is either listed or said here why not; a grant that names nothing is named.
+    let report = ring0_config::report::CatalogReport::new(&loaded.config, &built.policy, &catalog);
+    for line in report.lines() {
+        log.line(&line);
+    }
+}
+
+/// Serves MCP over stdio, or over HTTP until ctrl-c.
+#[allow(clippy::too_many_arguments)]
+async fn serve_transport(
+    args: ServeArgs,
+    loaded: Loaded,
+    token: Option<String>,
+    gw: Gateway,
+    approvals: Arc<Approvals>,
+    operations: Arc<ring0_ops::Operations>,
+    shutdown: CancellationToken,
+    log: Log,
+) -> Result<(), String> {
+    match args.http {
+        None => {
+            let server = match &args.scope {
+                Some(scope) => GatewayServer::new(gw, approvals, scope.clone()),
+                None => GatewayServer::new_session(gw, approvals),
+            };
+            ring0_mcp::serve_stdio(server).await
+        }
+        Some(addr) => {
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                let _ = tokio::signal::ctrl_c().await;
+                stop.cancel();
+            });
+            let options = HttpOptions {
+                addr,
+                auth: loaded.config.auth.clone(),
+                local_token: token,
+                config_dir: loaded.config_dir.clone(),
+                extra_hosts: args.allow_host.clone(),
+                extra_origins: args
+                    .allow_host
+                    .iter()
+                    .map(|h| format!("http://{h}:*"))
+                    .collect(),
+                door: loaded.config.http.clone(),
+                operations: Some(operations.routes()),
+            };
+            let log2 = log.clone();
+            ring0_mcp::http::serve_http(
+                gw,
+                approvals,
+                options,
                 log.clone(),
-                shutdown.clone(),
+                shutdown,
                 move |bound| {
-                    let _ = bound_tx.send(bound);
+                    if bound != addr {
+                        log2.line(&format!("listening on http://{bound}{MCP_PATH}"));
+                    }
                 },
-            );
-            let failed = tokio::spawn(served);
-            match bound_rx.await {
-                Ok(bound) => log.line(&format!("metrics on http://{bound}/metrics")),
-                Err(_) => {
-                    return Err(match failed.await {
-                        Ok(Err(why)) => why,
-                        _ => "the metrics address could not be served".to_string(),
-                    });
-                }
-            }
-        }
-        // Each upstream is waited for at most its own `start_timeout_ms`, all at once.
-        let down = gw.wait_for_start().await;
-        for alias in &down {
-            log.line(&format!(
-                "upstream {alias} is not up yet; serving without it for now"
-            ));
-        }
-        let generation = settled_generation(&gw).await;
-        // Settle what an earlier process left open before serving anything new, with every
-        // tool the upstreams listed: an upstream tool's intent is settled by its own
-        // settlement (same-key re-dispatch, probe). An intent whose tool is missing (its
-        // upstream is not up) goes to DEAD_LETTER for a person rather than being guessed at.
-        crate::call_cmd::recover(&generation.kernel).await?;
-        if let Some(shared) = &built.journal_shared {
-            tokio::spawn(recover_lapsed_leases(
-                gw.clone(),
-                shared.lease_ms,
-                log.clone(),
-            ));
-        }
-        // Jobs an earlier process left are settled now, not at the first job call.
-        if let Err(why) = built.jobs.settle_leftovers().await {
-            log.line(&format!("background jobs are unavailable: {why}"));
-        }
-        let where_ = match args.http {
-            Some(addr) => format!("http://{addr}{MCP_PATH}"),
-            None => "stdio".to_string(),
-        };
-        let info = |line: &str| {
-            if log_level >= LogLevel::Info {
-                log.line(line);
-            }
-        };
-        info(&format!("serving MCP on {where_}"));
-        info(&format!("workspace: {}", loaded.workspace.display()));
-        info(&format!("config: {}", loaded.source));
-        info(&format!("state: {}", loaded.state_dir.display()));
-        info(&format!(
-            "journal: {}",
-            match &built.journal_shared {
-                Some(shared) => format!("{} (shared, lease {} ms)", shared.name, shared.lease_ms),
-                None => loaded
-                    .state_dir
-                    .join(ring0_config::state::JOURNAL_FILE)
-                    .display()
-                    .to_string(),
-            }
-        ));
-        info(&format!(
-            "grants: {}",
-            ring0_config::report::describe_grants(&loaded.config).join("; ")
-        ));
-        let catalog: Vec<ring0_core::ToolSpec> = generation
-            .kernel
-            .registry()
-            .iter()
-            .map(|t| t.spec.clone())
-            .filter(|s| !generation.quarantined.contains_key(&s.name))
-            // The meta-tools of search mode are granted to every session by the catalog.
-            .filter(|s| generation.kernel.catalog().spec(&s.name).is_some())
-            .collect();
-        let visible = generation
-            .kernel
-            .open_session(
-                ring0_kernel::SessionConfig::new("startup").authorizer(generation.gate.clone()),
             )
-            .catalog()
-            .iter()
-            .filter(|s| !generation.quarantined.contains_key(&s.name))
-            .count();
-        info(&format!(
-            "tools: {visible} listed under the grants ({} quarantined){}",
-            generation.quarantined.len(),
-            if upstream_names.is_empty() {
-                String::new()
-            } else {
-                format!("; upstreams: {}", upstream_names.join(", "))
-            }
-        ));
-        if log_level >= LogLevel::Debug {
-            for spec in &catalog {
-                log.line(&format!(
-                    "tool {} {} {:?}{}",
-                    spec.name,
-                    spec.authority,
-                    spec.effect,
-                    ring0_config::report::deciding_grant(&loaded.config, &spec.name)
-                        .map(|g| format!(", grant {}", g.name))
-                        .unwrap_or_default()
-                ));
-            }
+            .await
         }
-        let index = generation.kernel.catalog();
-        info(&format!(
-            "catalog: {} tools indexed; {}",
-            index.len(),
-            index.reason()
-        ));
-        // A budget overrun is said whatever the log level: it costs every turn.
-        for line in index.over_budget() {
-            log.line(&format!("over budget: {line}"));
-        }
-        // Every tool is either listed or said here why not; a grant that names nothing is named.
-        let report =
-            ring0_config::report::CatalogReport::new(&loaded.config, &built.policy, &catalog);
-        for line in report.lines() {
-            log.line(&line);
-        }
-        match args.http {
-            None => {
-                let server = match &args.scope {
-                    Some(scope) => GatewayServer::new(gw, approvals, scope.clone()),
-                    None => GatewayServer::new_session(gw, approvals),
-                };
-                ring0_mcp::serve_stdio(server).await
-            }
-            Some(addr) => {
-                let stop = shutdown.clone();
-                tokio::spawn(async move {
-                    let _ = tokio::signal::ctrl_c().await;
-                    stop.cancel();
-                });
-                let options = HttpOptions {
-                    addr,
-                    auth: loaded.config.auth.clone(),
-                    local_token: token,
-                    config_dir: loaded.config_dir.clone(),
-                    extra_hosts: args.allow_host.clone(),
-                    extra_origins: args
-                        .allow_host
-                        .iter()
-                        .map(|h| format!("http://{h}:*"))
-                        .collect(),
-                    door: loaded.config.http.clone(),
-                    operations: Some(operations.routes()),
-                };
-                let log2 = log.clone();
-                ring0_mcp::http::serve_http(
-                    gw,
-                    approvals,
-                    options,
-                    log.clone(),
-                    shutdown,
-                    move |bound| {
-                        if bound != addr {
-                            log2.line(&format!("listening on http://{bound}{MCP_PATH}"));
-                        }
-                    },
-                )
-                .await
-            }
-        }
-    })?;
-    Ok(String::new())
+    }
 }

@@ -68,8 +68,9 @@ fn run_add(args: AddArgs) -> Result<String, String> {
     // The new file is checked as a whole (unique names, valid entry) before it replaces the old.
     Config::parse(&text, &path.display().to_string()).map_err(|e| e.to_string())?;
     replace(&path, &text)?;
-    eprintln!(
-        "ring0: token {:?} for principal {:?} added to {} (only its hash is stored; the token is shown once)",
+    tracing::warn!(
+        target: "ring0",
+        "token {:?} for principal {:?} added to {} (only its hash is stored; the token is shown once)",
         entry.name,
         entry.principal_id(),
         path.display()

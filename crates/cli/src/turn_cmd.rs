@@ -14,6 +14,7 @@ use ring0_core::ProviderFormat;
 use ring0_kernel::RoundOptions;
 use serde_json::Value;
 use std::io::{Read, Write};
+use tracing::Instrument;
 
 /// Largest turn read from standard input.
 const TURN_BYTES_MAX: u64 = 16 * 1024 * 1024;
@@ -32,7 +33,11 @@ pub struct TurnArgs {
     pub epoch: u64,
 }
 
-pub fn run(args: TurnArgs, state_dir: Option<&std::path::Path>) -> Result<String, String> {
+pub fn run(
+    args: TurnArgs,
+    state_dir: Option<&std::path::Path>,
+    log: crate::LogOptions,
+) -> Result<String, String> {
     let format = match ProviderFormat::parse_name(&args.format) {
         Some(
             f @ (ProviderFormat::OpenAiChat
@@ -56,7 +61,7 @@ pub fn run(args: TurnArgs, state_dir: Option<&std::path::Path>) -> Result<String
     }
     let turn: Value =
         serde_json::from_str(&text).map_err(|e| format!("standard input is not JSON: {e}"))?;
-    let (_loaded, built) = open(&args.session, state_dir)?;
+    let crate::call_cmd::Opened { built, telemetry } = open(&args.session, state_dir, log)?;
     let session = built.kernel.open_session(
         built
             .session_config(&args.session.scope)
@@ -64,14 +69,26 @@ pub fn run(args: TurnArgs, state_dir: Option<&std::path::Path>) -> Result<String
     );
     let rt = runtime()?;
     rt.block_on(crate::call_cmd::recover(&built.kernel))?;
-    let out = rt
-        .block_on(session.handle_turn(format, &turn, &RoundOptions::default()))
-        .map_err(|e| e.to_string())?;
+    // One span for the turn, the parent of every call's stages.
+    let span = tracing::info_span!(
+        "ring0 turn",
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.provider.format = args.format.as_str(),
+        ring0.principal = "local",
+    );
+    let handled = rt.block_on(
+        session
+            .handle_turn(format, &turn, &RoundOptions::default())
+            .instrument(span),
+    );
+    drop(rt);
+    telemetry.shutdown();
+    let out = handled.map_err(|e| e.to_string())?;
     if let Some(message) = &out.round.policy_message {
-        eprintln!("ring0: {message}");
+        tracing::warn!(target: "ring0", "{message}");
     }
     if let Some(t) = &out.round.terminated {
-        eprintln!("ring0: the run must end: {t:?}");
+        tracing::warn!(target: "ring0", "the run must end: {t:?}");
     }
     let mut rendered = serde_json::to_string_pretty(&out.message).map_err(|e| e.to_string())?;
     rendered.push('\n');

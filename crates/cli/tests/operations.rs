@@ -504,3 +504,184 @@ fn ring0_status_reports_the_journal_approvals_and_what_a_running_server_says() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--server 127.0.0.1:9"), "{stderr}");
 }
+
+#[test]
+fn readyz_is_ready_while_an_optional_upstream_is_down_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ring0.toml"),
+        "[workspace]\nstate_dir = \".ring0\"\n\n[[upstreams]]\nalias = \"extra\"\n\
+         command = \"false\"\nstart_timeout_ms = 200\noptional = true\n",
+    )
+    .unwrap();
+    let server = start_http(serve_http_command(dir.path()));
+    let (status, _, body) = get(&server.addr, "/readyz", &[]);
+    assert_eq!(status, 200, "{body}");
+    let report: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(report["ready"], true, "{report}");
+    assert_eq!(report["upstreams"]["extra"], "down (optional)", "{report}");
+    let samples = scrape(&server.addr);
+    assert_eq!(
+        sample(&samples, "ring0_upstream_up{upstream=\"extra\"}"),
+        0.0,
+        "still reported down in the metrics: {samples:?}"
+    );
+}
+
+/// Waits (bounded) for a process whose stdin was closed to end.
+fn wait_for_exit(child: &mut std::process::Child) {
+    let deadline = std::time::Instant::now() + HTTP_WAIT;
+    while child.try_wait().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "ring0 did not end");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Every line of `text` as a JSON object with a string `level`, `target` and `message`.
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let v: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}\n{text}"));
+            for key in ["level", "target", "message"] {
+                assert!(v[key].is_string(), "no {key} in {line}");
+            }
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn with_log_format_json_every_stderr_line_is_a_json_object_with_level_target_and_message() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ring0.toml"), HELD_SHELL_CONFIG).unwrap();
+    let log = dir.path().join("stderr.log");
+    let mut cmd = Command::new(ring0());
+    cmd.args(["serve", "--log-format", "json"])
+        .current_dir(dir.path())
+        .env("RING0_STATE_DIR", dir.path().join(".ring0"))
+        .stderr(std::fs::File::create(&log).unwrap());
+    let (mut child, mut stdin, rx) = spawn_stdio_json(cmd);
+    let mut ask = |id: i64, method: &str, params: Value| {
+        let request =
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(stdin, "{request}").unwrap();
+        loop {
+            let m = rx.recv_timeout(HTTP_WAIT).expect("ring0 answers");
+            if m["id"] == id {
+                return m;
+            }
+        }
+    };
+    ask(
+        1,
+        "initialize",
+        serde_json::json!({"protocolVersion": "2025-06-18",
+        "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    // A client that cannot be asked: the person is shown a confirmation code on stderr.
+    let held = ask(
+        2,
+        "tools/call",
+        serde_json::json!({"name": "shell",
+        "arguments": {"argv": ["touch", "x"]}}),
+    );
+    assert!(held.to_string().contains("approval_required"), "{held}");
+    drop(stdin);
+    wait_for_exit(&mut child);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines = json_lines(&text);
+    let says = |needle: &str| {
+        lines
+            .iter()
+            .find(|l| l["message"].as_str().unwrap().contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{text}"))
+    };
+    assert_eq!(says("serving MCP on stdio")["level"], "INFO", "{text}");
+    let code = says("confirmation code");
+    assert_eq!(code["level"], "WARN", "a person acts on it: {text}");
+    assert_eq!(code["target"], "ring0", "{text}");
+    assert!(lines.iter().all(|l| l["timestamp"].is_string()), "{text}");
+}
+
+#[test]
+fn with_log_format_json_a_failure_at_start_is_a_json_error_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ring0.toml"),
+        "[telemetry]\nendpoint = \"ftp://collector\"\n",
+    )
+    .unwrap();
+    let out = Command::new(ring0())
+        .args(["serve", "--log-format", "json"])
+        .current_dir(dir.path())
+        .env("RING0_STATE_DIR", dir.path().join(".ring0"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    let lines = json_lines(&text);
+    assert_eq!(lines.len(), 1, "{text}");
+    assert_eq!(lines[0]["level"], "ERROR", "{text}");
+    let message = lines[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("telemetry.endpoint"),
+        "names the key: {message}"
+    );
+}
+
+#[test]
+fn a_collector_that_cannot_be_reached_is_said_on_stderr_and_calls_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "hello").unwrap();
+    // A loopback port nothing listens on any more.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let log = dir.path().join("stderr.log");
+    let mut cmd = Command::new(ring0());
+    cmd.args(["serve", "--log-format", "json"])
+        .current_dir(dir.path())
+        .env("RING0_STATE_DIR", dir.path().join(".ring0"))
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{closed}"))
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .stderr(std::fs::File::create(&log).unwrap());
+    let (mut child, mut stdin, rx) = spawn_stdio_json(cmd);
+    for (id, method, params) in [
+        (
+            1,
+            "initialize",
+            serde_json::json!({"protocolVersion": "2025-06-18",
+            "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+        ),
+        (
+            2,
+            "tools/call",
+            serde_json::json!({"name": "read_file",
+            "arguments": {"path": "notes.txt"}}),
+        ),
+    ] {
+        let request =
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(stdin, "{request}").unwrap();
+        let answer = loop {
+            let m = rx.recv_timeout(HTTP_WAIT).expect("ring0 answers");
+            if m["id"] == id {
+                break m;
+            }
+        };
+        assert!(answer.get("error").is_none(), "{answer}");
+    }
+    drop(stdin);
+    wait_for_exit(&mut child);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines = json_lines(&text);
+    assert!(
+        lines.iter().any(|l| l["target"] == "opentelemetry_sdk"
+            && l["message"].as_str().unwrap().contains("Export")),
+        "the failed export is said: {text}"
+    );
+}

@@ -143,8 +143,8 @@ pub fn build_parts_tapped(
     };
     crate::state::prepare(&loaded.state_dir).map_err(|why| err("workspace.state_dir", why))?;
     if loaded.legacy_state {
-        eprintln!(
-            "ring0: {}",
+        tracing::warn!(
+            "{}",
             crate::state::legacy_warning(&loaded.state_dir, &loaded.workspace)
         );
     }

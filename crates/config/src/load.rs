@@ -178,6 +178,7 @@ impl Config {
         }
         self.sandbox.check().map_err(|(key, why)| err(key, why))?;
         self.journal.check().map_err(|(key, why)| err(key, why))?;
+        self.telemetry.check().map_err(|(key, why)| err(key, why))?;
         self.check_catalog().map_err(|(key, why)| err(key, why))?;
         if self.paths.read.is_empty() && self.paths.write.is_empty() {
             return Err(err("paths".into(), "grants no root at all".into()));
@@ -412,6 +413,54 @@ mod tests {
         let c = Config::embedded();
         assert_eq!(c.grants.len(), 3);
         assert!(c.grants[1].approval);
+    }
+
+    #[test]
+    fn telemetry_mistakes_are_named_by_key() {
+        for (text, key) in [
+            (
+                "[telemetry]\nendpoint = \"collector:4318\"\n",
+                "telemetry.endpoint",
+            ),
+            (
+                "[telemetry]\nsample_ratio = 1.5\n",
+                "telemetry.sample_ratio",
+            ),
+            (
+                "[telemetry]\nheaders_env = { \"bad header\" = \"V\" }\n",
+                "telemetry.headers_env",
+            ),
+            (
+                "[telemetry]\nheaders_env = { \"x-key\" = \"\" }\n",
+                "telemetry.headers_env.x-key",
+            ),
+            (
+                "[telemetry]\nservice_name = \"\"\n",
+                "telemetry.service_name",
+            ),
+            ("[telemetry]\nendpont = \"http://c\"\n", "telemetry.endpont"),
+        ] {
+            let e = Config::parse(text, "t.toml").unwrap_err();
+            assert!(e.key.contains(key), "{text}: {e}");
+        }
+        let ok = Config::parse(
+            "[telemetry]\nendpoint = \"https://c.example:4318/v1/traces\"\nsample_ratio = 0.25\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(ok.telemetry.sample_ratio, 0.25);
+    }
+
+    #[test]
+    fn a_telemetry_header_from_an_unset_variable_is_named_without_a_value() {
+        let c = Config::parse(
+            "[telemetry]\nheaders_env = { \"x-key\" = \"RING0_TEST_SURELY_UNSET_VAR\" }\n",
+            "t.toml",
+        )
+        .unwrap();
+        let why = c.telemetry.headers().unwrap_err();
+        assert!(why.contains("RING0_TEST_SURELY_UNSET_VAR"), "{why}");
+        assert!(why.contains("headers_env.x-key"), "{why}");
     }
 
     #[test]

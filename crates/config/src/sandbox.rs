@@ -290,8 +290,8 @@ pub fn announce(config: &crate::Config) {
         .collect();
     let off = config.sandbox.off_for(&aliases);
     if !off.is_empty() {
-        eprintln!(
-            "ring0: sandbox = \"off\" for {}: these processes run unconfined, with ring0's own access; shell is held for approval",
+        tracing::warn!(
+            "sandbox = \"off\" for {}: these processes run unconfined, with ring0's own access; shell is held for approval",
             off.join(", ")
         );
     }

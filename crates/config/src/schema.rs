@@ -8,6 +8,7 @@
 
 use ring0_core::Authority;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// File looked for in the current directory when `--config` is not given.
@@ -116,6 +117,108 @@ pub struct Config {
     /// `[catalog]`: how `ring0 serve` lists the tools (see `ring0_kernel::catalog`).
     #[serde(default)]
     pub catalog: CatalogSection,
+    /// `[telemetry]`: where `ring0 serve` exports traces (OTLP/HTTP); off unless configured
+    /// here or by the standard `OTEL_EXPORTER_OTLP_*` variables.
+    #[serde(default)]
+    pub telemetry: TelemetrySection,
+}
+
+/// `[telemetry]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySection {
+    /// The collector's OTLP/HTTP traces URL, used as is (`http://127.0.0.1:4318/v1/traces`).
+    /// Default: none; `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else `OTEL_EXPORTER_OTLP_ENDPOINT`
+    /// with `/v1/traces` appended, and without either, no traces. This key wins over them.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Request headers, each from an environment variable, so the file holds no secret:
+    /// `headers_env = { "x-api-key" = "COLLECTOR_KEY" }`. A variable that is not set stops
+    /// `ring0 serve` at start. `OTEL_EXPORTER_OTLP_TRACES_HEADERS` /
+    /// `OTEL_EXPORTER_OTLP_HEADERS` add to them.
+    #[serde(default)]
+    pub headers_env: BTreeMap<String, String>,
+    /// `service.name` of the spans. Default: `OTEL_SERVICE_NAME`, else `ring0`.
+    #[serde(default)]
+    pub service_name: Option<String>,
+    /// The fraction of traces ring0 starts that are sampled, 0.0 to 1.0. Default 1.0. A call
+    /// whose client sent a `traceparent` follows that trace's sampled flag.
+    #[serde(default = "sample_ratio_default")]
+    pub sample_ratio: f64,
+}
+
+impl Default for TelemetrySection {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            headers_env: BTreeMap::new(),
+            service_name: None,
+            sample_ratio: sample_ratio_default(),
+        }
+    }
+}
+
+fn sample_ratio_default() -> f64 {
+    1.0
+}
+
+/// Most headers `[telemetry] headers_env` may name.
+pub const TELEMETRY_HEADERS_MAX: usize = 32;
+
+impl TelemetrySection {
+    /// Checks the section's values (the collector itself is reached when spans are exported).
+    pub fn check(&self) -> Result<(), (String, String)> {
+        let err = |key: &str, why: String| Err((format!("telemetry.{key}"), why));
+        if let Some(url) = &self.endpoint {
+            let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
+            if !scheme_ok || url.parse::<http::Uri>().is_err() {
+                return err(
+                    "endpoint",
+                    format!(
+                        "{url:?} is not an http:// or https:// URL (the OTLP/HTTP traces URL, such as http://127.0.0.1:4318/v1/traces)"
+                    ),
+                );
+            }
+        }
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return err("sample_ratio", "must be between 0.0 and 1.0".into());
+        }
+        if self.headers_env.len() > TELEMETRY_HEADERS_MAX {
+            return err(
+                "headers_env",
+                format!("names at most {TELEMETRY_HEADERS_MAX} headers"),
+            );
+        }
+        for (name, var) in &self.headers_env {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return err("headers_env", format!("{name:?} is not a header name"));
+            }
+            if var.is_empty() || var.contains('=') || var.contains('\0') {
+                return err(
+                    &format!("headers_env.{name}"),
+                    format!("{var:?} is not an environment variable name"),
+                );
+            }
+        }
+        if self.service_name.as_deref().is_some_and(str::is_empty) {
+            return err("service_name", "must not be empty".into());
+        }
+        Ok(())
+    }
+
+    /// The headers' values, read from their variables now: a variable that is not set is an
+    /// error naming it (never its value).
+    pub fn headers(&self) -> Result<Vec<(String, String)>, String> {
+        self.headers_env
+            .iter()
+            .map(|(name, var)| match std::env::var(var) {
+                Ok(value) => Ok((name.clone(), value)),
+                Err(_) => Err(format!(
+                    "[telemetry] headers_env.{name}: the variable {var} is not set"
+                )),
+            })
+            .collect()
+    }
 }
 
 /// `[catalog]`

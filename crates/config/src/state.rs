@@ -318,8 +318,8 @@ impl Manifest {
             .map_err(|e| format!("the journal {} is unreadable: {e}", journal.display()))?;
         if recorded.audit.path != audit {
             // The configuration names another audit log: a person changed it.
-            eprintln!(
-                "ring0: the audit log is now {} (it was {})",
+            tracing::warn!(
+                "the audit log is now {} (it was {})",
                 audit.display(),
                 recorded.audit.path.display()
             );

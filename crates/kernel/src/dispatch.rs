@@ -29,6 +29,7 @@ use crate::plan::Epoch;
 use crate::prepare::Prepared;
 use crate::settle::{CallExecutor, ms, run_job};
 use crate::tool::ToolError;
+use crate::trace;
 use ring0_core::call::RejectionKind;
 use ring0_core::receipt::{CallOutcome, Disposition, Timing};
 use ring0_core::{IntentState, Observation, Receipt, Rejection};
@@ -39,6 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Re-dispatches allowed while settling one ambiguous call (with the same idempotency key, or
 /// after a probe found the world unchanged).
@@ -157,7 +159,9 @@ async fn run_epoch(
             .into_iter()
             .map(|pos| (pos, jobs[pos].clone()))
             .collect();
-        set.spawn(run_chain(env.clone(), semaphore.clone(), chain, epoch_no));
+        // Each chain's stage spans are children of the round's span.
+        let run = run_chain(env.clone(), semaphore.clone(), chain, epoch_no);
+        set.spawn(run.in_current_span());
     }
     let mut done = Vec::with_capacity(epoch.calls.len());
     while let Some(chain) = set.join_next().await {
@@ -290,15 +294,24 @@ async fn run_call(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Dispatc
         (true, Some(k)) => Some(env.scope_state.serialize(k).await),
         _ => None,
     };
-    let record = match crate::commit::commit(env, job, mutating).await {
-        crate::commit::Committed::Run(record) => record,
+    let span = trace::call_stage(trace::COMMIT, &job.call.tool, &job.call.call_id);
+    let committed = crate::commit::commit(env, job, mutating)
+        .instrument(span.clone())
+        .await;
+    let record = match committed {
+        crate::commit::Committed::Run(record) => {
+            trace::record_intent(&span, &record.id, record.state);
+            record
+        }
         crate::commit::Committed::Answered { receipt, by } => {
+            record_answer(&span, &receipt);
             return Dispatched {
                 receipt,
                 answered_by: by,
             };
         }
     };
+    drop(span);
     if mutating && let Some(receipt) = refuse_if_blocked(env, job, key, &record).await {
         return Dispatched::unrecorded(receipt);
     }
@@ -307,6 +320,17 @@ async fn run_call(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Dispatc
     }
     let receipt = dispatch_committed(env, job, epoch_no, &record).await;
     conclude_committed(env, key, mutating, &record, receipt)
+}
+
+/// On a stage's span: the intent whose result answers the call and its state, or the kind of
+/// refusal.
+fn record_answer(span: &tracing::Span, receipt: &Receipt) {
+    if let (Some(id), Some(state)) = (&receipt.intent_id, receipt.state) {
+        trace::record_intent(span, id, state);
+    }
+    if let CallOutcome::Rejected { rejection } = &receipt.outcome {
+        trace::record_error(span, rejection.status.as_str());
+    }
 }
 
 /// The unsettled-write check, after commit: while an earlier write of the scope (with this
@@ -412,6 +436,18 @@ async fn hold_for_approval(
 /// Asks the authorizer to hold the call for a person: nothing for an approval, else the
 /// rejection.
 async fn ask_approval(env: &DispatchEnv, job: &Prepared) -> Result<(), Rejection> {
+    let span = trace::call_stage(trace::APPROVE, &job.call.tool, &job.call.call_id);
+    let decided = ask_authorizer(env, job).instrument(span.clone()).await;
+    trace::record_decision(&span, decided.kind(), Some(decided.rule()));
+    let result = crate::prepare::decision_result(decided, &job.call.tool, &job.call.call_id);
+    if let Err(r) = &result {
+        trace::record_error(&span, r.status.as_str());
+    }
+    result
+}
+
+/// The authorizer's decision on a held call: it asks a person.
+async fn ask_authorizer(env: &DispatchEnv, job: &Prepared) -> crate::policy::AuthDecision {
     let events = crate::tool::EventSink(env.events.clone());
     let args_hash = job.call.fingerprint.encode();
     let request = crate::policy::AuthRequest {
@@ -423,8 +459,7 @@ async fn ask_approval(env: &DispatchEnv, job: &Prepared) -> Result<(), Rejection
         events: Some(&events),
         extensions: &env.extensions,
     };
-    let decision = env.authorizer.hold(&request).await;
-    crate::prepare::decision_result(decision, &job.call.tool, &job.call.call_id)
+    env.authorizer.hold(&request).await
 }
 
 /// Dispatch, settle and shape one committed call: the journal's protocol with the tool lent to
@@ -458,6 +493,17 @@ async fn dispatch_committed(
         dispatches_max,
     ))
     .await;
+    let settle = exec.settle_span();
+    match &settled {
+        Ok(done) => {
+            trace::record_intent(settle, &done.id, done.state);
+            trace::record_timeline(settle, done);
+            if done.state != IntentState::Acked {
+                trace::record_error(settle, done.state.as_str());
+            }
+        }
+        Err(_) => trace::record_error(settle, "journal_unavailable"),
+    }
     match settled {
         Ok(done) => settled_receipt(job, &done, exec.timing()),
         Err(e) if exec.dispatches.load(Ordering::Relaxed) == 0 => rejected(
@@ -509,12 +555,21 @@ async fn run_read(env: &DispatchEnv, job: &Prepared, epoch_no: usize) -> Receipt
     }
     let queued_ms = ms(env.round_start.elapsed());
     let started = Instant::now();
-    let result = run_job(env, job, None, None).await;
+    let span = trace::call_stage(trace::DISPATCH, &job.call.tool, &job.call.call_id);
+    span.record("ring0.dispatch.attempt", 1);
+    let result = run_job(env, job, None, None).instrument(span.clone()).await;
+    if let Err(e) = &result {
+        trace::record_error(&span, trace::failure_kind(e.class));
+    }
+    drop(span);
     let timing = Timing {
         queued_ms,
         run_ms: ms(started.elapsed()),
     };
-    let (state, outcome) = read_outcome(env, job, result, memoizable).await;
+    let shape = trace::call_stage(trace::SHAPE, &job.call.tool, &job.call.call_id);
+    let (state, outcome) = read_outcome(env, job, result, memoizable)
+        .instrument(shape)
+        .await;
     let receipt = Receipt {
         state: Some(state),
         timing,

@@ -85,6 +85,7 @@ mod settle;
 mod shape;
 mod streaming;
 pub mod tool;
+pub mod trace;
 pub mod traits;
 pub mod validate;
 

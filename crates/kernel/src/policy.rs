@@ -80,6 +80,32 @@ pub enum AuthDecision {
     },
 }
 
+impl AuthDecision {
+    /// The rule that made the decision.
+    pub fn rule(&self) -> &str {
+        match self {
+            Self::Allow { rule }
+            | Self::Deny { rule, .. }
+            | Self::ApprovalTimeout { rule }
+            | Self::ApprovalDenied { rule, .. }
+            | Self::ApprovalRequired { rule, .. }
+            | Self::RateLimited { rule, .. } => rule,
+        }
+    }
+
+    /// The decision's kind, as its serialized tag says it (`allow`, `deny`, …).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Allow { .. } => "allow",
+            Self::Deny { .. } => "deny",
+            Self::ApprovalTimeout { .. } => "approval_timeout",
+            Self::ApprovalDenied { .. } => "approval_denied",
+            Self::ApprovalRequired { .. } => "approval_required",
+            Self::RateLimited { .. } => "rate_limited",
+        }
+    }
+}
+
 /// Authorization up to the point where a person would be asked ([`Authorizer::admit`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthAdmission {

@@ -259,9 +259,15 @@ async fn authorize(
         events: cx.events.as_ref(),
         extensions: cx.extensions,
     };
+    // The caller runs this inside the call's prepare span.
+    let span = tracing::Span::current();
     match cx.authorizer.admit(&request).await {
-        AuthAdmission::Hold => Ok(true),
+        AuthAdmission::Hold => {
+            crate::trace::record_decision(&span, "hold", None);
+            Ok(true)
+        }
         AuthAdmission::Decided(decision) => {
+            crate::trace::record_decision(&span, decision.kind(), Some(decision.rule()));
             decision_result(decision, &call.tool, &call.call_id).map(|()| false)
         }
     }

@@ -15,6 +15,7 @@ use crate::project::{project_with_notice, projection_failed_result};
 use crate::session::{
     Pre, RoundOptions, RoundOutcome, Session, SessionState, SharedReceipt, Termination,
 };
+use crate::trace;
 use ring0_core::call::RejectionKind;
 use ring0_core::limits::CALLS_PER_ROUND_MAX;
 use ring0_core::receipt::CallOutcome;
@@ -22,6 +23,7 @@ use ring0_core::{ProposedCall, Receipt, Rejection, ToolResult};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Instant;
+use tracing::Instrument;
 
 /// The receipts of one round as its stages decide them, by position.
 struct RoundBook<'a> {
@@ -101,7 +103,16 @@ impl Session {
             .prepare_round(&mut book, ingested.candidates, options)
             .await;
         let choice = check_tool_choice(&options.tool_choice, &calls);
-        let admitted = admit_round(&mut book, &mut st, prepared, &ingested.early, &choice);
+        let admitted = {
+            let span = trace::admit_stage(calls.len());
+            let _in_admit = span.enter();
+            let admitted = admit_round(&mut book, &mut st, prepared, &ingested.early, &choice);
+            span.record("ring0.round.accepted", admitted.accepted.len());
+            if admitted.terminated.is_some() {
+                span.record("ring0.repeat_guard", "terminated");
+            }
+            admitted
+        };
         drop(st);
         let epochs = plan_round(self, &admitted.accepted);
         let env = self.dispatch_env(round_start, cancel, options);
@@ -154,7 +165,15 @@ impl Session {
             async move {
                 let result = match ready {
                     Some(p) => Ok(p),
-                    None => prepare(cx, &calls[pos]).await,
+                    None => {
+                        let call = &calls[pos];
+                        let span = trace::call_stage(trace::PREPARE, &call.tool, &call.call_id);
+                        let prepared = prepare(cx, call).instrument(span.clone()).await;
+                        if let Err(r) = &prepared {
+                            trace::record_error(&span, r.status.as_str());
+                        }
+                        prepared
+                    }
                 };
                 (pos, result)
             }
@@ -356,11 +375,14 @@ fn project_round(
         if session.events.is_watched() {
             session.emit(Event::Receipt(Box::new(receipt.clone())));
         }
+        let span = trace::call_stage(trace::PROJECT, &receipt.tool, &receipt.call_id);
+        let _in_project = span.enter();
         let notice = book.notices.get(&pos).map(String::as_str);
         let (content, failed) =
             match project_with_notice(receipt, book.args.get(&pos), projector, notice) {
                 Ok(v) => (v, false),
                 Err(failure) => {
+                    trace::record_error(&span, "projection_failed");
                     session.emit(Event::ProjectionFailed {
                         index: receipt.index,
                         call_id: receipt.call_id.clone(),

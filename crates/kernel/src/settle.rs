@@ -16,6 +16,7 @@ use crate::dispatch::DispatchEnv;
 use crate::prepare::Prepared;
 use crate::shape::ShapeStage;
 use crate::tool::{CallContext, EventSink, FailureClass, OnCancel, ProbeFinding, Tool, ToolError};
+use crate::trace;
 use async_trait::async_trait;
 use ring0_core::receipt::{CallOutcome, Disposition, Timing};
 use ring0_core::{IntentState, Observation, Receipt, Settlement};
@@ -23,10 +24,11 @@ use ring0_journal::IntentRecord;
 use ring0_journal::recovery::Executor;
 use ring0_journal::settle::DispatchOutcome;
 use serde_json::Value;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Runs one attempt of a round's call (see [`run_tool`]) in the round's scope and event stream;
 /// `intent_id` and `idempotency_key` are the journal's, for a journaled call. A read, or a tool
@@ -86,7 +88,9 @@ pub(crate) async fn run_tool(
 ) -> Result<Observation, ToolError> {
     let cancel = ctx.cancel.clone();
     // Its own task: a panic is this call's failure, not the round's.
-    let task = tokio::spawn(async move { tool.call(ctx, args).await });
+    // The task carries the current span (the attempt's `dispatch`): what the tool does is
+    // traced under it, and an upstream is told that span as its parent.
+    let task = tokio::spawn(async move { tool.call(ctx, args).await }.in_current_span());
     let abort = task.abort_handle();
     match tokio::time::timeout(Duration::from_millis(timeout_ms), task).await {
         Ok(Ok(Ok(obs))) => Ok(obs),
@@ -193,6 +197,9 @@ pub(crate) struct CallExecutor<'a> {
     /// Dispatches made so far: the first is `Dispatched`, a later one `Recovered`, and none
     /// means the executor was never touched (a journal failure before dispatch fails closed).
     pub dispatches: AtomicU32,
+    /// The call's `settle` span, opened once the first attempt's outcome is shaped and closed
+    /// with the executor, after the journal settled the intent.
+    settle: OnceLock<tracing::Span>,
 }
 
 impl<'a> CallExecutor<'a> {
@@ -203,7 +210,16 @@ impl<'a> CallExecutor<'a> {
             queued_ms,
             started: Instant::now(),
             dispatches: AtomicU32::new(0),
+            settle: OnceLock::new(),
         }
+    }
+
+    /// The call's `settle` span, opened now if no attempt opened it yet.
+    pub fn settle_span(&self) -> &tracing::Span {
+        self.settle.get_or_init(|| {
+            let call = &self.job.call;
+            trace::call_stage(trace::SETTLE, &call.tool, &call.call_id)
+        })
     }
 
     pub fn timing(&self) -> Timing {
@@ -234,13 +250,21 @@ impl Executor for CallExecutor<'_> {
         let (env, job) = (self.env, self.job);
         let spec = &job.tool.spec;
         let n = self.dispatches.fetch_add(1, Ordering::Relaxed);
+        let span = trace::call_stage(trace::DISPATCH, &job.call.tool, &job.call.call_id);
+        span.record("ring0.dispatch.attempt", n + 1);
+        trace::record_intent(&span, &record.id, record.state);
         let result = run_job(
             env,
             job,
             Some(record.id.to_string()),
             record.mutating.then(|| record.idempotency_key.clone()),
         )
+        .instrument(span.clone())
         .await;
+        if let Err(e) = &result {
+            trace::record_error(&span, trace::failure_kind(e.class));
+        }
+        drop(span);
         let origin = ReceiptOrigin {
             call_id: &job.call.call_id,
             index: job.call.index,
@@ -254,19 +278,33 @@ impl Executor for CallExecutor<'_> {
             budget_bytes: spec.observation_budget_bytes,
             shape: &env.shape,
         };
-        dispatch_outcome(record, origin, result)
+        let shape = trace::call_stage(trace::SHAPE, &job.call.tool, &job.call.call_id);
+        let outcome = shape.in_scope(|| dispatch_outcome(record, origin, result));
+        drop(shape);
+        // Settling starts with this outcome: the journal records it, and reconciles it when
+        // it is ambiguous.
+        self.settle_span();
+        outcome
     }
 
     async fn probe(&self, record: &IntentRecord) -> ProbeFinding {
         let tool = &self.job.tool;
-        probe(
+        let call = &self.job.call;
+        let span = self
+            .settle_span()
+            .in_scope(|| trace::call_stage(trace::PROBE, &call.tool, &call.call_id));
+        trace::record_intent(&span, &record.id, record.state);
+        let finding = probe(
             tool.tool.as_ref(),
-            &self.job.call.args,
+            &call.args,
             record,
             tool.spec.observation_budget_bytes,
             &self.env.shape,
         )
-        .await
+        .instrument(span.clone())
+        .await;
+        span.record("ring0.probe.finding", trace::finding_kind(&finding));
+        finding
     }
 }
 

@@ -412,14 +412,14 @@ impl StreamingRound<'_> {
 /// receipt can be awaited from the stream and from the end of the round.
 fn spawn_early(env: crate::dispatch::DispatchEnv, prepared: &Prepared) -> SharedReceipt {
     let fallback = prepared.clone();
-    let task = tokio::spawn(run_epochs(
+    let task = tokio::spawn(tracing::Instrument::in_current_span(run_epochs(
         env,
         vec![prepared.clone()],
         vec![Epoch {
             calls: vec![0],
             barrier: false,
         }],
-    ));
+    )));
     async move {
         match task.await {
             Ok(mut receipts) if !receipts.is_empty() => receipts.remove(0),

@@ -123,6 +123,11 @@ pub struct UpstreamConfig {
     /// Default [`UPSTREAM_START_TIMEOUT_DEFAULT`].
     #[serde(default)]
     pub start_timeout_ms: Option<u64>,
+    /// ring0 is ready without this server: `/readyz` reports it down but does not answer 503
+    /// for it (its tools are unavailable meanwhile). Default `false`: every upstream is
+    /// needed.
+    #[serde(default)]
+    pub optional: bool,
     /// Runtime metadata by unqualified tool name; `"*"` applies to every tool and is overridden
     /// field by field by a tool's own entry.
     #[serde(default)]

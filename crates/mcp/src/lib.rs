@@ -57,9 +57,10 @@ pub mod rpc;
 pub mod server;
 pub mod stream_cut;
 pub mod tasks;
+pub mod trace;
 pub mod upstream;
 
 pub use config::{ToolOverride, UpstreamConfig};
 pub use gateway::{Gateway, GatewayOptions};
-pub use log::Log;
+pub use log::{Log, Severity};
 pub use server::{GatewayServer, serve_stdio};

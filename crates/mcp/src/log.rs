@@ -19,7 +19,20 @@ pub const REDACT_BYTES_MIN: usize = 4;
 /// Most secret values registered; more are refused (the caller reports it).
 pub const REDACTIONS_MAX: usize = 1024;
 
-type Sink = Arc<dyn Fn(&str) + Send + Sync>;
+type Sink = Arc<dyn Fn(Severity, &str) + Send + Sync>;
+
+/// How much a line matters to the person running ring0; a host's sink may filter on it (a
+/// level flag) or write it as the line's level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// Detail: every tool of the catalog and the grant that decides it.
+    Debug,
+    /// What ring0 is doing: where it serves, its configuration, counts.
+    Info,
+    /// What a person acts on or should see whatever the level: approval codes, upstream
+    /// failures and their own stderr, recoveries, refusals at start.
+    Attention,
+}
 
 /// Where log lines go (cheap to clone; clones share the sink and the redactions).
 #[derive(Clone)]
@@ -36,19 +49,24 @@ impl Log {
         }
     }
 
-    /// Lines to standard error, prefixed `ring0:`.
+    /// Lines to standard error, prefixed `ring0:`, whatever their severity.
     pub fn stderr() -> Self {
-        Self::with_sink(Arc::new(|line| eprintln!("ring0: {line}")))
+        Self::with_sink(Arc::new(|_, line| eprintln!("ring0: {line}")))
     }
 
-    /// Lines to a custom sink (tests, a file).
+    /// Lines to a custom sink (tests, a file), whatever their severity.
     pub fn to(sink: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        Self::with_sink(Arc::new(move |_, line| sink(line)))
+    }
+
+    /// Lines to a sink that is told each line's [`Severity`] (a host's logger).
+    pub fn leveled(sink: impl Fn(Severity, &str) + Send + Sync + 'static) -> Self {
         Self::with_sink(Arc::new(sink))
     }
 
     /// Discards everything.
     pub fn discard() -> Self {
-        Self::with_sink(Arc::new(|_| {}))
+        Self::with_sink(Arc::new(|_, _| {}))
     }
 
     /// Registers a secret value: no later line shows it. Returns `false` when it could not be
@@ -70,7 +88,23 @@ impl Log {
         true
     }
 
+    /// A line a person should see whatever the level ([`Severity::Attention`]).
     pub fn line(&self, line: &str) {
+        self.write(Severity::Attention, line)
+    }
+
+    /// A line about what ring0 is doing ([`Severity::Info`]).
+    pub fn info(&self, line: &str) {
+        self.write(Severity::Info, line)
+    }
+
+    /// A line of detail ([`Severity::Debug`]).
+    pub fn debug(&self, line: &str) {
+        self.write(Severity::Debug, line)
+    }
+
+    /// Cleans and redacts `line`, then hands it to the sink.
+    fn write(&self, severity: Severity, line: &str) {
         let cleaned;
         let line = if line.bytes().all(|b| (0x20..0x7f).contains(&b)) {
             line
@@ -87,10 +121,10 @@ impl Log {
                 clean = clean.replace(v.as_str(), REDACTED);
             }
             drop(list);
-            (self.sink)(&clean)
+            (self.sink)(severity, &clean)
         } else {
             drop(list);
-            (self.sink)(line)
+            (self.sink)(severity, line)
         }
     }
 }

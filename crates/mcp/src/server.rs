@@ -49,6 +49,7 @@ use serde_json::{Map, Value, json};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 /// `_meta` key of the receipt summary on every result.
 pub const RECEIPT_META_KEY: &str = "io.ring0/receipt";
@@ -608,6 +609,7 @@ impl GatewayServer {
         let generation = self.gw.generation();
         let call_id = call_id_of(&context.id);
         let metas = request_metas(&request, &context);
+        let span = self.call_span(&request, &context, &metas);
         let confirm = take_confirmation(&mut request, &metas);
         let identity = read_identity(&metas)?;
         let scope = self.scope_of(&identity, &context);
@@ -616,14 +618,51 @@ impl GatewayServer {
         let session = self.open(&generation, &scope, &self.loaded_for(&scope, &context));
         let round = proposed_round(call_id, request, &identity);
         let options = round_options(route, &context);
-        let outcome =
-            run_round_cancellable(&session, round, &options, &cancel, &context, modern).await;
+        let outcome = run_round_cancellable(&session, round, &options, &cancel, &context, modern)
+            .instrument(span.clone())
+            .await;
+        if let Some(receipt) = outcome.receipts.first() {
+            crate::trace::record_receipt(&span, receipt);
+        }
         relay.flush().await;
         // A stream that was let close mid-call gets the response once its client resumed it.
         if let Some(cut) = &cut {
             cut.wait_for_resume().await;
         }
         answer_of(&outcome)
+    }
+
+    /// The span of one `tools/call`, continuing the trace the request names (its `_meta`,
+    /// else its HTTP headers), if any.
+    fn call_span(
+        &self,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+        metas: &[Map<String, Value>],
+    ) -> tracing::Span {
+        let parts = context.extensions.get::<http::request::Parts>();
+        let request_id = context.id.to_string();
+        let session_id = parts
+            .and_then(|p| p.headers.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok());
+        let protocol_version = context.protocol_version();
+        let span = crate::trace::call_span(&crate::trace::CallSpanInput {
+            tool: &request.name,
+            request_id: &request_id,
+            session_id,
+            protocol_version: protocol_version.as_ref().map(|v| v.as_str()),
+            principal: &self.principal.id,
+            transport: if parts.is_some() { "tcp" } else { "pipe" },
+        });
+        if span.is_disabled() {
+            return span;
+        }
+        if let Some(parent) =
+            crate::trace::TraceParent::of_request(metas, parts.map(|p| &p.headers))
+        {
+            crate::trace::adopt(&span, &parent);
+        }
+        span
     }
 
     /// The kernel scope a `tools/call` runs in (see [`GatewayServer::scope_of`]).

@@ -5,11 +5,14 @@
 //!   the kernel's events and the policy's audit entries, and read from the journal and the
 //!   gateway at scrape time.
 //! - [`Operations`]: `/metrics`, `/healthz` (the process serves) and `/readyz` (the journal
-//!   answers and every upstream is connected), as routes on the MCP listener
+//!   answers and every upstream not declared `optional` is connected), as routes on the MCP
+//!   listener
 //!   ([`Operations::routes`]) or on an address of their own for a stdio deployment
 //!   ([`Operations::serve`]).
 //! - [`approvals`]: `ring0 approve` / `ring0 deny` as a channel of a running server, beside
 //!   the MCP client's.
+//! - [`telemetry`]: where the kernel's and the gateway's `tracing` spans and events go: log
+//!   lines on stderr (text or JSON), and traces over OTLP/HTTP when configured.
 //!
 //! ```no_run
 //! # async fn example(gateway: ring0_mcp::Gateway) {
@@ -24,6 +27,7 @@
 
 pub mod approvals;
 pub mod metrics;
+pub mod telemetry;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -41,7 +45,8 @@ use tokio_util::sync::CancellationToken;
 pub const METRICS_PATH: &str = "/metrics";
 /// Liveness: 200 while the process serves HTTP.
 pub const HEALTH_PATH: &str = "/healthz";
-/// Readiness: 200 when the journal answers and every upstream is connected, else 503.
+/// Readiness: 200 when the journal answers and every upstream not declared optional is
+/// connected, else 503.
 pub const READY_PATH: &str = "/readyz";
 /// How long a scrape or a readiness probe waits for the journal before it says so.
 pub const JOURNAL_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -60,21 +65,40 @@ pub struct Operations {
 pub struct Readiness {
     /// `None` when the journal answered, else why not.
     pub journal_problem: Option<String>,
-    /// Each upstream's alias and whether it is connected.
-    pub upstreams: Vec<(String, bool)>,
+    /// Each upstream as readiness sees it.
+    pub upstreams: Vec<UpstreamReadiness>,
+}
+
+/// One upstream as readiness sees it.
+#[derive(Debug)]
+pub struct UpstreamReadiness {
+    /// The upstream's alias.
+    pub alias: String,
+    /// Connected now.
+    pub up: bool,
+    /// Declared `optional = true`: ring0 is ready without it.
+    pub optional: bool,
 }
 
 impl Readiness {
-    /// Ready: the journal answers and no upstream is down.
+    /// Ready: the journal answers and no upstream ring0 needs is down (an optional one may
+    /// be).
     pub fn is_ready(&self) -> bool {
-        self.journal_problem.is_none() && self.upstreams.iter().all(|(_, up)| *up)
+        self.journal_problem.is_none() && self.upstreams.iter().all(|u| u.up || u.optional)
     }
 
     fn to_json(&self) -> serde_json::Value {
         let upstreams: serde_json::Map<String, serde_json::Value> = self
             .upstreams
             .iter()
-            .map(|(alias, up)| (alias.clone(), json!(if *up { "up" } else { "down" })))
+            .map(|u| {
+                let state = match (u.up, u.optional) {
+                    (true, _) => "up",
+                    (false, false) => "down",
+                    (false, true) => "down (optional)",
+                };
+                (u.alias.clone(), json!(state))
+            })
             .collect();
         json!({
             "ready": self.is_ready(),
@@ -131,9 +155,14 @@ impl Operations {
         Readiness {
             journal_problem: self.intents().await.err(),
             upstreams: self
+                .gateway
                 .upstreams()
-                .into_iter()
-                .map(|u| (u.alias, u.connected))
+                .iter()
+                .map(|up| UpstreamReadiness {
+                    alias: up.alias().to_string(),
+                    up: up.is_connected(),
+                    optional: up.config.optional,
+                })
                 .collect(),
         }
     }

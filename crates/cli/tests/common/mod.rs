@@ -147,14 +147,15 @@ pub fn ring0() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ring0"))
 }
 
-/// `ring0` in `dir` as a person runs it there: the tests' home, no workspace or log level from
-/// the environment, nothing on stdin.
+/// `ring0` in `dir` as a person runs it there: the tests' home, no workspace, log level or log
+/// format from the environment, nothing on stdin.
 pub fn ring0_command_in(dir: &Path) -> Command {
     let mut cmd = Command::new(ring0());
     cmd.current_dir(dir)
         .env("HOME", test_home())
         .env_remove("RING0_WORKSPACE")
         .env_remove("RING0_LOG_LEVEL")
+        .env_remove("RING0_LOG_FORMAT")
         .stdin(Stdio::null());
     cmd
 }

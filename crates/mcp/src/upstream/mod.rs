@@ -964,6 +964,8 @@ impl Upstream {
                 Value::String(key.clone()),
             );
         }
+        // The upstream's spans join the call's trace, under the attempt that sent it.
+        crate::trace::upstream_meta(&mut meta);
         let mut params = json!({"name": tool, "arguments": args, "_meta": meta});
         let hard = tokio::time::sleep(self.config.max_timeout());
         tokio::pin!(hard);
