@@ -24,7 +24,7 @@ fn options(lease_ms: u64) -> PostgresOptions {
         clock: Arc::new(SystemClock) as Arc<dyn Clock>,
         pool_connections: 4,
         lease_ms,
-        password: None,
+        ..PostgresOptions::default()
     }
 }
 

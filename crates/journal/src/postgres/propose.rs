@@ -24,7 +24,7 @@ use deadpool_postgres::Transaction;
 
 /// Why a proposal's transaction was given up: another replica moved what it read (decide
 /// again), or the journal failed.
-enum Abort {
+pub(crate) enum Abort {
     Moved,
     Failed(JournalError),
 }
@@ -87,7 +87,9 @@ pub(crate) async fn propose(
 /// A record found for a proposal, with the `seq` its claims point at.
 type Seen = Option<(IntentRecord, i64)>;
 
-async fn decide_in(
+/// Decides `p` inside `tx` and writes what the decision says; [`Abort::Moved`] when another
+/// replica moved a claim or a fence it read (the caller rolls back and decides again).
+pub(crate) async fn decide_in(
     tx: &Transaction<'_>,
     shared: &Shared,
     p: &Proposal,
