@@ -100,7 +100,15 @@ async fn work(shared: Arc<Shared>, queued: Arc<Mutex<mpsc::Receiver<Queued>>>) {
 type Answer = Option<Result<ProposeDecision, JournalError>>;
 
 /// Decides and commits one batch and answers every proposer in it.
-async fn commit_batch(shared: &Shared, batch: Vec<Queued>) {
+async fn commit_batch(shared: &Shared, mut batch: Vec<Queued>) {
+    if batch.len() == 1 {
+        // Alone, a proposal needs no savepoint: its own transaction is the batch.
+        let q = batch.pop().expect("one proposal");
+        let _ = q
+            .reply
+            .send(propose::propose(shared, &q.proposal, q.id).await);
+        return;
+    }
     let answers = match decide_batch(shared, &batch).await {
         Ok(answers) => answers,
         Err(BatchError::Conflict) => batch.iter().map(|_| None).collect(),

@@ -212,11 +212,14 @@ pub(crate) async fn write_deliveries(
         return Ok(());
     }
     let ids: Vec<String> = ids.iter().map(IntentId::to_string).collect();
-    client
-        .execute(
+    let statement = client
+        .prepare_cached(
             "UPDATE intents SET delivered_ms = $1 WHERE id = ANY($2) AND delivered_ms IS NULL",
-            &[&to_i64(now), &ids],
         )
+        .await
+        .map_err(|e| db.sql(e))?;
+    client
+        .execute(&statement, &[&to_i64(now), &ids])
         .await
         .map_err(|e| db.sql(e))?;
     Ok(())
