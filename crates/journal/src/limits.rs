@@ -170,3 +170,7 @@ pub const POSTGRES_GROUP_QUEUE_MAX: usize = 1024;
 /// its batch runs: one collects while the others commit. Fewer when the pool is smaller, so
 /// proposals never take every connection from reads and transitions.
 pub const POSTGRES_GROUP_WORKERS_MAX: usize = 4;
+
+/// How long the row of a PostgreSQL replica that stopped (its lease lapsed or given up) is kept
+/// for operators once it holds no open record (1 hour); then it is pruned.
+pub const POSTGRES_REPLICA_RETENTION_MS: u64 = 60 * 60 * 1000;

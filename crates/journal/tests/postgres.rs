@@ -328,3 +328,64 @@ fn an_unreachable_database_is_an_error_naming_it_never_a_panic() {
     let short = PostgresJournal::open(url, options(10)).err().unwrap();
     assert!(short.to_string().contains("lease"), "{short}");
 }
+
+/// The incarnations the `replicas` table lists.
+fn listed_replicas(url: &str) -> Vec<u64> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let driver = tokio::spawn(connection);
+        let rows = client
+            .query("SELECT incarnation FROM replicas", &[])
+            .await
+            .unwrap();
+        drop(client);
+        let _ = driver.await;
+        rows.iter()
+            .map(|r| u64::try_from(r.get::<_, i64>(0)).unwrap())
+            .collect()
+    })
+}
+
+#[test]
+fn a_stopped_replica_is_forgotten_once_it_holds_no_open_record() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let a = replica(&url);
+    let r = recorded(block_on(a.propose(refund(1, "c1"))).unwrap());
+    block_on(begin_dispatch(&a, &r, None)).unwrap();
+    let gone = a.incarnation().unwrap();
+    // As if it had been killed two hours ago, its call still in flight.
+    admin(
+        &url,
+        &format!(
+            "UPDATE replicas SET lease_until = now() - interval '2 hours' \
+             WHERE incarnation = {gone}"
+        ),
+    );
+    let b = replica(&url);
+    assert!(
+        listed_replicas(&url).contains(&gone),
+        "a replica holding an open record keeps its row"
+    );
+    let world = World::default();
+    let report = block_on(recover(&b, &world, RecoveryPolicy::default())).unwrap();
+    assert_eq!(report.in_flight, 1);
+    assert_eq!(
+        block_on(b.get(r.id)).unwrap().unwrap().state,
+        IntentState::Acked
+    );
+    // The next pass (here: another replica starting) finds it holding nothing and forgets it.
+    let c = replica(&url);
+    let listed = listed_replicas(&url);
+    assert!(!listed.contains(&gone), "{listed:?}");
+    for live in [&b, &c] {
+        assert!(listed.contains(&live.incarnation().unwrap()), "{listed:?}");
+    }
+}

@@ -31,8 +31,12 @@
 mod group;
 mod lease;
 mod propose;
+mod reader;
 mod rows;
 mod schema;
+
+pub use reader::{PostgresReader, migrate};
+pub use schema::Migrated;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decide;
@@ -246,31 +250,8 @@ impl PostgresJournal {
                 options.lease_ms
             )));
         }
-        let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
-            JournalError::Invalid(format!(
-                "{url:?} is not a PostgreSQL URL: {e}",
-                url = redact(url)
-            ))
-        })?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(Duration::from_millis(POSTGRES_CONNECT_TIMEOUT_MS));
-        }
-        config.application_name("ring0");
-        // Decisions are made on the primary: of several hosts in the URL, a writable one.
-        config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
-        if let Some(password) = &options.password {
-            config.password(password.as_bytes());
-        }
-        let db = Db::of(&config);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(POSTGRES_RUNTIME_THREADS)
-            .thread_name("ring0-journal-pg")
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| {
-                JournalError::Storage(format!("{}: starting its runtime: {e}", db.name))
-            })?;
+        let (config, db) = connect_config(url, options.password.as_deref())?;
+        let runtime = runtime(&db)?;
         let handle = runtime.handle().clone();
         let pool_connections = options.pool_connections.max(1);
         let pool = pool(config, &db, pool_connections, &handle)?;
@@ -337,8 +318,45 @@ impl PostgresJournal {
     }
 }
 
+/// The connection settings `url` names, with ring0's own: a connect timeout unless the URL sets
+/// one, the application name, the primary (decisions are made there), the password when given
+/// apart from the URL.
+fn connect_config(
+    url: &str,
+    password: Option<&str>,
+) -> Result<(tokio_postgres::Config, Db), JournalError> {
+    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
+        JournalError::Invalid(format!(
+            "{url:?} is not a PostgreSQL URL: {e}",
+            url = redact_password(url)
+        ))
+    })?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_millis(POSTGRES_CONNECT_TIMEOUT_MS));
+    }
+    config.application_name("ring0");
+    // Decisions are made on the primary: of several hosts in the URL, a writable one.
+    config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+    if let Some(password) = password {
+        config.password(password.as_bytes());
+    }
+    let db = Db::of(&config);
+    Ok((config, db))
+}
+
+/// The small runtime a journal (or a reader) runs its I/O on.
+fn runtime(db: &Db) -> Result<tokio::runtime::Runtime, JournalError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(POSTGRES_RUNTIME_THREADS)
+        .thread_name("ring0-journal-pg")
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| JournalError::Storage(format!("{}: starting its runtime: {e}", db.name)))
+}
+
 /// A URL with its password replaced, for messages.
-fn redact(url: &str) -> String {
+pub fn redact_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
