@@ -148,6 +148,24 @@ async fn recover_lapsed_leases(gw: Gateway, lease_ms: u64, log: Log) {
     }
 }
 
+/// Waits for `SIGINT` or `SIGTERM` (what a service manager or an orchestrator sends to drain a
+/// replica): either stops the server cleanly, so a shared journal's lease is given up as it
+/// exits and the calls it still held are recovered at once by the other replicas.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 pub fn run(
     args: ServeArgs,
     state_dir: Option<&Path>,
@@ -397,7 +415,7 @@ pub fn run(
             Some(addr) => {
                 let stop = shutdown.clone();
                 tokio::spawn(async move {
-                    let _ = tokio::signal::ctrl_c().await;
+                    stop_signal().await;
                     stop.cancel();
                 });
                 let options = HttpOptions {

@@ -368,3 +368,71 @@ fn ring0_journal_migrates_lists_and_shows_a_shared_journal_beside_its_replicas()
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains(&id), "{text}");
 }
+
+/// Replicas whose lease has not been given up (a killed replica's stays until it lapses and
+/// long after; a drained one's is given up as it exits).
+fn replicas_holding_a_lease(journal: &str) -> i64 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(journal, tokio_postgres::NoTls)
+            .await
+            .expect("the test database");
+        let driver = tokio::spawn(connection);
+        let count: i64 = client
+            .query_one(
+                "SELECT count(*) FROM replicas WHERE lease_until > '-infinity'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        drop(client);
+        let _ = driver.await;
+        count
+    })
+}
+
+#[test]
+fn a_replica_drained_with_sigterm_exits_cleanly_giving_its_lease_up() {
+    let Some(journal) = database() else { return };
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let mut a = Replica::start(dir.path(), "a", &journal);
+    let b = Replica::start(dir.path(), "b", &journal);
+    assert_eq!(
+        appended(&a.append(2, json!({"text": "before"}), "key-before")),
+        "before"
+    );
+    assert_eq!(replicas_holding_a_lease(&journal), 2);
+    let status = Command::new("kill")
+        .args(["-TERM", &a.server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + HTTP_WAIT;
+    let exit = loop {
+        if let Some(exit) = a.server.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the drained replica did not exit"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    assert_eq!(
+        replicas_holding_a_lease(&journal),
+        1,
+        "the drained replica gave its lease up"
+    );
+    // The other replica answers the drained one's call from the shared record.
+    assert_eq!(
+        appended(&b.append(3, json!({"text": "before"}), "key-before")),
+        "before"
+    );
+    assert_eq!(effects(dir.path(), "before"), 1);
+}
