@@ -350,6 +350,11 @@ fn ring0_journal_migrates_lists_and_shows_a_shared_journal_beside_its_replicas()
     );
     let (code, listing) = journal_cmd(dir.path(), &["ls", "--journal", &journal]);
     assert_eq!(code, Some(0), "{listing}");
+    assert_eq!(
+        replicas_holding_a_lease(&journal),
+        1,
+        "reading joined the deployment as a replica"
+    );
     let line = listing
         .lines()
         .find(|l| l.contains("fx__append"))

@@ -389,3 +389,40 @@ fn a_stopped_replica_is_forgotten_once_it_holds_no_open_record() {
         assert!(listed.contains(&live.incarnation().unwrap()), "{listed:?}");
     }
 }
+
+#[test]
+fn proposals_committed_together_in_batches_each_get_the_answer_they_would_get_alone() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let a = replica(&url);
+    // 48 proposals sent at once (more than one batch holds): 16 refunds, each proposed three
+    // times under its own call id, so batches hold an intent and its duplicates together.
+    let proposals: Vec<_> = (0..48u64)
+        .map(|n| refund(n % 16 + 1, &format!("c{n}")))
+        .collect();
+    let decisions = block_on(futures::future::join_all(
+        proposals.into_iter().map(|p| a.propose(p)),
+    ));
+    let mut by_amount: std::collections::BTreeMap<u64, Vec<ProposeDecision>> = Default::default();
+    for (n, d) in (0..48u64).zip(decisions) {
+        by_amount.entry(n % 16 + 1).or_default().push(d.unwrap());
+    }
+    for (amount, decisions) in &by_amount {
+        let kinds: Vec<_> = decisions.iter().map(|d| d.kind()).collect();
+        assert_eq!(
+            kinds.iter().filter(|k| **k == "recorded").count(),
+            1,
+            "refund {amount}: {kinds:?}"
+        );
+        assert!(
+            kinds.iter().all(|k| matches!(*k, "recorded" | "duplicate")),
+            "refund {amount}: {kinds:?}"
+        );
+        let id = decisions[0].record().unwrap().id;
+        assert!(decisions.iter().all(|d| d.record().unwrap().id == id));
+        let stored = block_on(a.get(id)).unwrap().unwrap();
+        assert_eq!(stored.call_ids.len(), 3, "{:?}", stored.call_ids);
+    }
+    assert_eq!(block_on(a.recent(100)).unwrap().len(), 16);
+}
