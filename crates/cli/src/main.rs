@@ -184,6 +184,10 @@ struct JournalArgs {
     /// The journal file. Default: `journal.db` in the state directory.
     #[arg(long, global = true)]
     path: Option<PathBuf>,
+    /// A PostgreSQL journal (`postgres://user@host:port/db`), read without joining the
+    /// deployment. Default: the configuration's `[journal] url`, else the file.
+    #[arg(long, global = true, conflicts_with = "path")]
+    journal: Option<String>,
 }
 
 /// Moves into `--workspace DIR`, so every subcommand starts from there.
@@ -248,7 +252,12 @@ fn main() -> ExitCode {
     }
     let state = cli.state_dir.as_deref();
     let result = match cli.command {
-        Command::Journal(args) => journal_cmd::run(args.command, args.path.as_deref(), state),
+        Command::Journal(args) => journal_cmd::run(
+            args.command,
+            args.journal.as_deref(),
+            args.path.as_deref(),
+            state,
+        ),
         Command::Shape(args) => shape_cmd::run(args),
         Command::Run(args) => return run(args, log),
         Command::Tools(args) => return tools(args, state),

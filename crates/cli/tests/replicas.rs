@@ -313,3 +313,131 @@ fn an_unreachable_database_refuses_the_start_naming_it_without_its_password() {
         "no SQLite journal instead"
     );
 }
+
+/// `ring0 journal …` in `dir`: its exit code and its stdout, or its stderr on failure.
+fn journal_cmd(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let mut all = vec!["journal"];
+    all.extend_from_slice(args);
+    let out = ring0_in(dir, &all);
+    let text = if out.status.success() {
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    } else {
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    (out.status.code(), text)
+}
+
+#[test]
+fn ring0_journal_migrates_lists_and_shows_a_shared_journal_beside_its_replicas() {
+    let Some(journal) = database() else { return };
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let (code, text) = journal_cmd(dir.path(), &["ls", "--journal", &journal]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("no ring0 journal here"), "{text}");
+    // Migrated once, ahead of the replicas; a second run finds nothing to do.
+    let (code, text) = journal_cmd(dir.path(), &["migrate", "--journal", &journal]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("migrated from version 0 to"), "{text}");
+    let (code, text) = journal_cmd(dir.path(), &["migrate", "--journal", &journal]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("already at version"), "{text}");
+    // A call through a running replica is listed and shown from outside it.
+    let a = Replica::start(dir.path(), "a", &journal);
+    assert_eq!(
+        appended(&a.append(2, json!({"text": "listed"}), "key-listed")),
+        "listed"
+    );
+    let (code, listing) = journal_cmd(dir.path(), &["ls", "--journal", &journal]);
+    assert_eq!(code, Some(0), "{listing}");
+    assert_eq!(
+        replicas_holding_a_lease(&journal),
+        1,
+        "reading joined the deployment as a replica"
+    );
+    let line = listing
+        .lines()
+        .find(|l| l.contains("fx__append"))
+        .unwrap_or_else(|| panic!("the call is listed:\n{listing}"));
+    assert!(line.contains("ACKED"), "{line}");
+    let id = line.split_whitespace().next().unwrap().to_string();
+    let (code, shown) = journal_cmd(dir.path(), &["show", &id[..8], "--journal", &journal]);
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(shown.contains(&format!("intent:          {id}")), "{shown}");
+    assert!(shown.contains("state:           ACKED"), "{shown}");
+    // Without a flag, `ring0 journal` reads the journal the configuration names.
+    let config = std::fs::read_to_string(dir.path().join("ring0.toml")).unwrap();
+    let config = config.replace("[journal]\n", &format!("[journal]\nurl = {journal:?}\n"));
+    std::fs::write(dir.path().join("ring0.toml"), config).unwrap();
+    let (code, text) = journal_cmd(dir.path(), &["ls"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&id), "{text}");
+}
+
+/// Replicas whose lease has not been given up (a killed replica's stays until it lapses and
+/// long after; a drained one's is given up as it exits).
+fn replicas_holding_a_lease(journal: &str) -> i64 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(journal, tokio_postgres::NoTls)
+            .await
+            .expect("the test database");
+        let driver = tokio::spawn(connection);
+        let count: i64 = client
+            .query_one(
+                "SELECT count(*) FROM replicas WHERE lease_until > '-infinity'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        drop(client);
+        let _ = driver.await;
+        count
+    })
+}
+
+#[test]
+fn a_replica_drained_with_sigterm_exits_cleanly_giving_its_lease_up() {
+    let Some(journal) = database() else { return };
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let mut a = Replica::start(dir.path(), "a", &journal);
+    let b = Replica::start(dir.path(), "b", &journal);
+    assert_eq!(
+        appended(&a.append(2, json!({"text": "before"}), "key-before")),
+        "before"
+    );
+    assert_eq!(replicas_holding_a_lease(&journal), 2);
+    let status = Command::new("kill")
+        .args(["-TERM", &a.server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + HTTP_WAIT;
+    let exit = loop {
+        if let Some(exit) = a.server.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the drained replica did not exit"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    assert_eq!(
+        replicas_holding_a_lease(&journal),
+        1,
+        "the drained replica gave its lease up"
+    );
+    // The other replica answers the drained one's call from the shared record.
+    assert_eq!(
+        appended(&b.append(3, json!({"text": "before"}), "key-before")),
+        "before"
+    );
+    assert_eq!(effects(dir.path(), "before"), 1);
+}

@@ -22,8 +22,15 @@
 //! ([`SqliteJournal::writer_stats`]) splits a batch's time between deciding its requests
 //! (BEGIN to COMMIT) and the COMMIT itself: a caller under (b) waits for both, whole.
 //!
-//! `cargo bench -p ring0-journal --bench commit`. The database lives under the target
+//! Then the same run measures the PostgreSQL journal (`commit/postgres.rs`): 1 and 64
+//! proposers, single against grouped commits, when a database is named.
+//!
+//! `cargo bench -p ring0-journal --bench commit` (`RING0_BENCH_ONLY=sqlite` or `postgres` for
+//! one part). The database lives under the target
 //! directory (a real disk, where fsync costs what it costs); `RING0_BENCH_DIR` overrides.
+
+#[path = "commit/postgres.rs"]
+mod postgres;
 
 use futures::executor::{LocalPool, block_on};
 use futures::task::LocalSpawnExt;
@@ -221,6 +228,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    // `RING0_BENCH_ONLY=sqlite` or `=postgres` runs one part.
+    let only = std::env::var("RING0_BENCH_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "sqlite" {
+        sqlite();
+    }
+    if only.is_empty() || only == "postgres" {
+        postgres::run();
+    }
+}
+
+fn sqlite() {
     let base = std::env::var_os("RING0_BENCH_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")));

@@ -53,7 +53,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::{attempt_idempotency_key, decide_existing};
 pub use machine::{TransitionError, check, is_allowed};
 pub use memory::MemoryJournal;
-pub use postgres::{PostgresJournal, PostgresOptions, is_postgres_url};
+pub use postgres::{Migrated, PostgresJournal, PostgresOptions, PostgresReader, is_postgres_url};
 pub use record::{ClientKey, IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 pub use recovery::{Executor, RecoveryPolicy, RecoveryReport, drive, drive_bounded, recover};
 pub use settle::{

@@ -156,3 +156,21 @@ pub const POSTGRES_RUNTIME_THREADS: usize = 2;
 /// Longest a closing PostgreSQL journal waits to give up its lease (2 s); past it the lease
 /// simply lapses.
 pub const POSTGRES_CLOSE_TIMEOUT_MS: u64 = 2_000;
+
+/// Most proposals one PostgreSQL group commit decides in its transaction (32). Each runs after
+/// a savepoint, a subtransaction; PostgreSQL caches 64 per backend, and past that every other
+/// session's snapshots slow down.
+pub const POSTGRES_GROUP_COMMIT_MAX: usize = 32;
+
+/// Most proposals waiting for a PostgreSQL group commit (1,024); a proposer beyond it waits
+/// for room.
+pub const POSTGRES_GROUP_QUEUE_MAX: usize = 1024;
+
+/// Group-commit workers of a PostgreSQL journal (4), each holding one pooled connection while
+/// its batch runs: one collects while the others commit. Fewer when the pool is smaller, so
+/// proposals never take every connection from reads and transitions.
+pub const POSTGRES_GROUP_WORKERS_MAX: usize = 4;
+
+/// How long the row of a PostgreSQL replica that stopped (its lease lapsed or given up) is kept
+/// for operators once it holds no open record (1 hour); then it is pruned.
+pub const POSTGRES_REPLICA_RETENTION_MS: u64 = 60 * 60 * 1000;

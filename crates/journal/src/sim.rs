@@ -32,6 +32,7 @@
 
 use crate::clock::ManualClock;
 use crate::memory::MemoryJournal;
+use crate::postgres::{PostgresJournal, PostgresOptions};
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 use crate::recovery::{Executor, RecoveryPolicy, drive, recover};
 use crate::settle::{DispatchOutcome, cancel_before_dispatch, compensate, synthetic_receipt};
@@ -240,6 +241,10 @@ pub enum SimBackend {
     Memory,
     /// A SQLite journal file at this path (created fresh; removed first if present).
     Sqlite(PathBuf),
+    /// A PostgreSQL journal at this URL, which must name an empty database (or schema): a
+    /// world's log is what it leaves there. A crash closes the replica and opens a new one, as
+    /// a restarted process does; recovery takes the records of the one that closed.
+    Postgres(String),
 }
 
 /// One seed: the world run twice with two different models (wordings and call ids), checked
@@ -839,11 +844,14 @@ async fn host_call(j: Arc<SimJournal>, exec: Arc<SimExec>, p: Proposal, tags: Ta
 }
 
 async fn host_cancel(j: Arc<SimJournal>) {
-    let Ok(open) = j.open_records().await else {
+    // Every record, oldest first: `open_records` is what recovery must settle, which on a
+    // shared journal leaves out this host's own recorded calls (its live tasks hold them).
+    let Ok(all) = j.recent(usize::MAX).await else {
         return;
     };
-    let recorded: Vec<_> = open
+    let recorded: Vec<_> = all
         .into_iter()
+        .rev()
         .filter(|r| r.state == IntentState::Recorded)
         .collect();
     if recorded.is_empty() {
@@ -968,6 +976,15 @@ impl World {
                 let j = SqliteJournal::open_with(path, options).expect("simulation journal opens");
                 (Arc::new(j), None)
             }
+            SimBackend::Postgres(url) => {
+                let options = PostgresOptions {
+                    clock: clock.clone(),
+                    pool_connections: 2,
+                    ..PostgresOptions::default()
+                };
+                let j = PostgresJournal::open(url, options).expect("simulation journal opens");
+                (Arc::new(j), None)
+            }
         };
         Arc::new(SimJournal {
             inner,
@@ -1021,7 +1038,8 @@ impl World {
                 }
             }
         }
-        // The old journal must be gone (it holds the write lock) before the new one opens.
+        // The old journal must be gone (it holds the write lock, or its lease) before the new
+        // one opens.
         let placeholder = Arc::new(SimJournal {
             inner: Arc::new(MemoryJournal::new()),
             memory: None,

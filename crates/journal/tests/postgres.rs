@@ -24,7 +24,7 @@ fn options(lease_ms: u64) -> PostgresOptions {
         clock: Arc::new(SystemClock) as Arc<dyn Clock>,
         pool_connections: 4,
         lease_ms,
-        password: None,
+        ..PostgresOptions::default()
     }
 }
 
@@ -327,4 +327,102 @@ fn an_unreachable_database_is_an_error_naming_it_never_a_panic() {
     assert!(matches!(bad, JournalError::Invalid(_)), "{bad}");
     let short = PostgresJournal::open(url, options(10)).err().unwrap();
     assert!(short.to_string().contains("lease"), "{short}");
+}
+
+/// The incarnations the `replicas` table lists.
+fn listed_replicas(url: &str) -> Vec<u64> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let driver = tokio::spawn(connection);
+        let rows = client
+            .query("SELECT incarnation FROM replicas", &[])
+            .await
+            .unwrap();
+        drop(client);
+        let _ = driver.await;
+        rows.iter()
+            .map(|r| u64::try_from(r.get::<_, i64>(0)).unwrap())
+            .collect()
+    })
+}
+
+#[test]
+fn a_stopped_replica_is_forgotten_once_it_holds_no_open_record() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let a = replica(&url);
+    let r = recorded(block_on(a.propose(refund(1, "c1"))).unwrap());
+    block_on(begin_dispatch(&a, &r, None)).unwrap();
+    let gone = a.incarnation().unwrap();
+    // As if it had been killed two hours ago, its call still in flight.
+    admin(
+        &url,
+        &format!(
+            "UPDATE replicas SET lease_until = now() - interval '2 hours' \
+             WHERE incarnation = {gone}"
+        ),
+    );
+    let b = replica(&url);
+    assert!(
+        listed_replicas(&url).contains(&gone),
+        "a replica holding an open record keeps its row"
+    );
+    let world = World::default();
+    let report = block_on(recover(&b, &world, RecoveryPolicy::default())).unwrap();
+    assert_eq!(report.in_flight, 1);
+    assert_eq!(
+        block_on(b.get(r.id)).unwrap().unwrap().state,
+        IntentState::Acked
+    );
+    // The next pass (here: another replica starting) finds it holding nothing and forgets it.
+    let c = replica(&url);
+    let listed = listed_replicas(&url);
+    assert!(!listed.contains(&gone), "{listed:?}");
+    for live in [&b, &c] {
+        assert!(listed.contains(&live.incarnation().unwrap()), "{listed:?}");
+    }
+}
+
+#[test]
+fn proposals_committed_together_in_batches_each_get_the_answer_they_would_get_alone() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let a = replica(&url);
+    // 48 proposals sent at once (more than one batch holds): 16 refunds, each proposed three
+    // times under its own call id, so batches hold an intent and its duplicates together.
+    let proposals: Vec<_> = (0..48u64)
+        .map(|n| refund(n % 16 + 1, &format!("c{n}")))
+        .collect();
+    let decisions = block_on(futures::future::join_all(
+        proposals.into_iter().map(|p| a.propose(p)),
+    ));
+    let mut by_amount: std::collections::BTreeMap<u64, Vec<ProposeDecision>> = Default::default();
+    for (n, d) in (0..48u64).zip(decisions) {
+        by_amount.entry(n % 16 + 1).or_default().push(d.unwrap());
+    }
+    for (amount, decisions) in &by_amount {
+        let kinds: Vec<_> = decisions.iter().map(|d| d.kind()).collect();
+        assert_eq!(
+            kinds.iter().filter(|k| **k == "recorded").count(),
+            1,
+            "refund {amount}: {kinds:?}"
+        );
+        assert!(
+            kinds.iter().all(|k| matches!(*k, "recorded" | "duplicate")),
+            "refund {amount}: {kinds:?}"
+        );
+        let id = decisions[0].record().unwrap().id;
+        assert!(decisions.iter().all(|d| d.record().unwrap().id == id));
+        let stored = block_on(a.get(id)).unwrap().unwrap();
+        assert_eq!(stored.call_ids.len(), 3, "{:?}", stored.call_ids);
+    }
+    assert_eq!(block_on(a.recent(100)).unwrap().len(), 16);
 }

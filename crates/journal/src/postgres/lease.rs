@@ -15,13 +15,16 @@
 //! protocol as after a crash ([`crate::recover`]), which sees them as left by another
 //! incarnation.
 //!
+//! Replicas that are gone are pruned ([`prune`]) once they hold no open record and an hour has
+//! passed, at every registration and recovery pass, so the table does not grow with restarts.
+//!
 //! Time here is the database server's clock (`clock_timestamp()`), the one clock every replica
 //! shares; the journal's own [`crate::Clock`] stamps records as in every backend.
 
 use super::rows::{self, cols, to_i64};
 use super::{Db, Shared};
 use crate::JournalError;
-use crate::limits::POSTGRES_TAKE_BATCH_MAX;
+use crate::limits::{POSTGRES_REPLICA_RETENTION_MS, POSTGRES_TAKE_BATCH_MAX};
 use crate::record::IntentRecord;
 use deadpool_postgres::GenericClient;
 
@@ -42,7 +45,33 @@ pub(crate) async fn register(
         .await
         .map_err(|e| db.sql(e))?;
     let incarnation: i64 = row.try_get(0).map_err(|e| db.sql(e))?;
+    prune(client, db).await?;
     u64::try_from(incarnation).map_err(|_| db.corrupt(format!("incarnation {incarnation}")))
+}
+
+/// Forgets replicas whose lease lapsed (or was given up) more than
+/// [`POSTGRES_REPLICA_RETENTION_MS`] ago and that hold no open record, at most
+/// [`POSTGRES_TAKE_BATCH_MAX`] a pass. A replica that still holds one keeps its row until
+/// recovery takes its records, so an operator can see whose they were; a pruned replica's
+/// records (settled) keep its incarnation as their owner.
+pub(crate) async fn prune(client: &impl GenericClient, db: &Db) -> Result<u64, JournalError> {
+    client
+        .execute(
+            "DELETE FROM replicas WHERE incarnation IN (
+               SELECT r.incarnation FROM replicas r
+               WHERE r.lease_until < clock_timestamp() - $1 * interval '1 millisecond'
+                 AND NOT EXISTS (SELECT 1 FROM intents i
+                                 WHERE i.holder = r.incarnation AND i.state = ANY($2))
+               ORDER BY r.incarnation LIMIT $3
+               FOR UPDATE SKIP LOCKED)",
+            &[
+                &(to_i64(POSTGRES_REPLICA_RETENTION_MS) as f64),
+                &rows::open_states(),
+                &POSTGRES_TAKE_BATCH_MAX,
+            ],
+        )
+        .await
+        .map_err(|e| db.sql(e))
 }
 
 /// Renews this replica's lease for `lease_ms` from now.
@@ -99,6 +128,7 @@ pub(crate) async fn take_expired(shared: &Shared) -> Result<Vec<IntentRecord>, J
         )
         .await
         .map_err(|e| db.sql(e))?;
+    prune(&client, db).await?;
     let found = client
         .query(
             concat!(

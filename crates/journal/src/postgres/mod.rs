@@ -13,6 +13,10 @@
 //!   records to the recovery of any other, which takes them with `FOR UPDATE SKIP LOCKED` and
 //!   moves their fences, so the replica that lapsed is fenced out if it wakes up.
 //!   [`Journal::open_records`] is that take: the records recovery must settle now.
+//! - **Group commit** (`group`). Concurrent proposals queue and are decided a batch per
+//!   transaction, one after another, with one `COMMIT` (one WAL flush) for the batch; a
+//!   proposal that loses a claim inside a batch is rolled back to its savepoint and decided
+//!   again alone. [`PostgresOptions::group_commit`] turns it off.
 //! - **Durability** is the server's: a proposal or transition returns after its transaction
 //!   committed (with the server's `synchronous_commit`).
 //! - **Delivery marks** are held in memory and written with the replica's next proposal (or
@@ -24,18 +28,23 @@
 //! kernel's tokio runtime, or `block_on` in a test) and its lease is renewed whatever its callers
 //! do.
 
+mod group;
 mod lease;
 mod propose;
+mod reader;
 mod rows;
 mod schema;
+
+pub use reader::{PostgresReader, migrate};
+pub use schema::Migrated;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decide;
 use crate::limits::{
     MEMO_ENTRIES_MAX, POSTGRES_CLOSE_TIMEOUT_MS, POSTGRES_CONNECT_TIMEOUT_MS,
-    POSTGRES_DELIVERIES_PENDING_MAX, POSTGRES_HEARTBEATS_PER_LEASE, POSTGRES_LEASE_MS_DEFAULT,
-    POSTGRES_LEASE_MS_MIN, POSTGRES_POOL_CONNECTIONS_DEFAULT, POSTGRES_POOL_WAIT_MS,
-    POSTGRES_RUNTIME_THREADS, RECENT_LIMIT_MAX,
+    POSTGRES_DELIVERIES_PENDING_MAX, POSTGRES_GROUP_WORKERS_MAX, POSTGRES_HEARTBEATS_PER_LEASE,
+    POSTGRES_LEASE_MS_DEFAULT, POSTGRES_LEASE_MS_MIN, POSTGRES_POOL_CONNECTIONS_DEFAULT,
+    POSTGRES_POOL_WAIT_MS, POSTGRES_RUNTIME_THREADS, RECENT_LIMIT_MAX,
 };
 use crate::memo::MemoEntry;
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
@@ -61,6 +70,9 @@ pub struct PostgresOptions {
     pub lease_ms: u64,
     /// The password, when it is not in the URL (from the environment, say).
     pub password: Option<String>,
+    /// Whether concurrent proposals share a transaction (the `group` module): one `COMMIT`,
+    /// one WAL flush per batch. On by default; off, each proposal is its own transaction.
+    pub group_commit: bool,
     /// Timestamps and new ids.
     pub clock: Arc<dyn Clock>,
 }
@@ -71,6 +83,7 @@ impl Default for PostgresOptions {
             pool_connections: POSTGRES_POOL_CONNECTIONS_DEFAULT,
             lease_ms: POSTGRES_LEASE_MS_DEFAULT,
             password: None,
+            group_commit: true,
             clock: Arc::new(SystemClock),
         }
     }
@@ -81,6 +94,7 @@ impl std::fmt::Debug for PostgresOptions {
         f.debug_struct("PostgresOptions")
             .field("pool_connections", &self.pool_connections)
             .field("lease_ms", &self.lease_ms)
+            .field("group_commit", &self.group_commit)
             .finish_non_exhaustive()
     }
 }
@@ -202,11 +216,14 @@ pub(crate) async fn write_deliveries(
         return Ok(());
     }
     let ids: Vec<String> = ids.iter().map(IntentId::to_string).collect();
-    client
-        .execute(
+    let statement = client
+        .prepare_cached(
             "UPDATE intents SET delivered_ms = $1 WHERE id = ANY($2) AND delivered_ms IS NULL",
-            &[&to_i64(now), &ids],
         )
+        .await
+        .map_err(|e| db.sql(e))?;
+    client
+        .execute(&statement, &[&to_i64(now), &ids])
         .await
         .map_err(|e| db.sql(e))?;
     Ok(())
@@ -219,6 +236,8 @@ pub struct PostgresJournal {
     runtime: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
     heartbeat: Option<tokio::task::JoinHandle<()>>,
+    /// Where proposals wait for their batch, when group commit is on.
+    group: Option<Arc<group::GroupCommit>>,
 }
 
 impl PostgresJournal {
@@ -231,33 +250,11 @@ impl PostgresJournal {
                 options.lease_ms
             )));
         }
-        let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
-            JournalError::Invalid(format!(
-                "{url:?} is not a PostgreSQL URL: {e}",
-                url = redact(url)
-            ))
-        })?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(Duration::from_millis(POSTGRES_CONNECT_TIMEOUT_MS));
-        }
-        config.application_name("ring0");
-        // Decisions are made on the primary: of several hosts in the URL, a writable one.
-        config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
-        if let Some(password) = &options.password {
-            config.password(password.as_bytes());
-        }
-        let db = Db::of(&config);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(POSTGRES_RUNTIME_THREADS)
-            .thread_name("ring0-journal-pg")
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| {
-                JournalError::Storage(format!("{}: starting its runtime: {e}", db.name))
-            })?;
+        let (config, db) = connect_config(url, options.password.as_deref())?;
+        let runtime = runtime(&db)?;
         let handle = runtime.handle().clone();
-        let pool = pool(config, &db, options.pool_connections.max(1), &handle)?;
+        let pool_connections = options.pool_connections.max(1);
+        let pool = pool(config, &db, pool_connections, &handle)?;
         let (lease_ms, clock) = (options.lease_ms, options.clock);
         let opened = block_on(&runtime, async {
             let mut client = pool
@@ -283,11 +280,18 @@ impl PostgresJournal {
             deliveries: Mutex::new(Vec::new()),
         });
         let heartbeat = handle.spawn(heartbeat(shared.clone()));
+        let group = options.group_commit.then(|| {
+            // Half the pool at most, so batches never hold every connection.
+            let workers = (pool_connections / 2).clamp(1, POSTGRES_GROUP_WORKERS_MAX);
+            let _entered = handle.enter();
+            Arc::new(group::GroupCommit::start(shared.clone(), workers))
+        });
         Ok(Self {
             shared,
             runtime: Some(runtime),
             handle,
             heartbeat: Some(heartbeat),
+            group,
         })
     }
 
@@ -314,8 +318,45 @@ impl PostgresJournal {
     }
 }
 
+/// The connection settings `url` names, with ring0's own: a connect timeout unless the URL sets
+/// one, the application name, the primary (decisions are made there), the password when given
+/// apart from the URL.
+fn connect_config(
+    url: &str,
+    password: Option<&str>,
+) -> Result<(tokio_postgres::Config, Db), JournalError> {
+    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
+        JournalError::Invalid(format!(
+            "{url:?} is not a PostgreSQL URL: {e}",
+            url = redact_password(url)
+        ))
+    })?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_millis(POSTGRES_CONNECT_TIMEOUT_MS));
+    }
+    config.application_name("ring0");
+    // Decisions are made on the primary: of several hosts in the URL, a writable one.
+    config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+    if let Some(password) = password {
+        config.password(password.as_bytes());
+    }
+    let db = Db::of(&config);
+    Ok((config, db))
+}
+
+/// The small runtime a journal (or a reader) runs its I/O on.
+fn runtime(db: &Db) -> Result<tokio::runtime::Runtime, JournalError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(POSTGRES_RUNTIME_THREADS)
+        .thread_name("ring0-journal-pg")
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| JournalError::Storage(format!("{}: starting its runtime: {e}", db.name)))
+}
+
 /// A URL with its password replaced, for messages.
-fn redact(url: &str) -> String {
+pub fn redact_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -405,6 +446,8 @@ async fn heartbeat(shared: Arc<Shared>) {
 
 impl Drop for PostgresJournal {
     fn drop(&mut self) {
+        // Closing the queue lets the group workers finish what is queued and stop.
+        self.group = None;
         if let Some(beat) = self.heartbeat.take() {
             beat.abort();
         }
@@ -436,8 +479,18 @@ impl Journal for PostgresJournal {
         let id = proposal
             .intent_id
             .unwrap_or_else(|| self.shared.clock.new_id());
-        self.run(move |shared| async move { propose::propose(&shared, &proposal, id).await })
-            .await
+        match self.group.clone() {
+            Some(group) => {
+                self.run(move |shared| async move { group.propose(&shared.db, proposal, id).await })
+                    .await
+            }
+            None => {
+                self.run(
+                    move |shared| async move { propose::propose(&shared, &proposal, id).await },
+                )
+                .await
+            }
+        }
     }
 
     async fn transition(&self, t: Transition) -> Result<IntentRecord, JournalError> {

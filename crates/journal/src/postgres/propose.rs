@@ -24,7 +24,7 @@ use deadpool_postgres::Transaction;
 
 /// Why a proposal's transaction was given up: another replica moved what it read (decide
 /// again), or the journal failed.
-enum Abort {
+pub(crate) enum Abort {
     Moved,
     Failed(JournalError),
 }
@@ -87,7 +87,9 @@ pub(crate) async fn propose(
 /// A record found for a proposal, with the `seq` its claims point at.
 type Seen = Option<(IntentRecord, i64)>;
 
-async fn decide_in(
+/// Decides `p` inside `tx` and writes what the decision says; [`Abort::Moved`] when another
+/// replica moved a claim or a fence it read (the caller rolls back and decides again).
+pub(crate) async fn decide_in(
     tx: &Transaction<'_>,
     shared: &Shared,
     p: &Proposal,
@@ -102,22 +104,24 @@ async fn decide_in(
     };
     let content = decide::proposal_content_digest(p);
     let (by_key, by_content): (Seen, Seen) = if p.mutating {
-        let key = find(
-            tx,
-            db,
-            "FROM intent_keys k JOIN intents i ON i.seq = k.intent_seq WHERE k.semantic_key = $1",
-            &p.semantic_key.encode(),
-        )
-        .await?;
-        let content = find(
-            tx,
-            db,
-            "FROM intent_contents c JOIN intents i ON i.seq = c.intent_seq \
-             WHERE c.content_digest = $1",
-            &content,
-        )
-        .await?;
-        (key, content)
+        // Independent reads: sent together, they share a round trip (the client pipelines).
+        let key = p.semantic_key.encode();
+        futures::try_join!(
+            find(
+                tx,
+                db,
+                "FROM intent_keys k JOIN intents i ON i.seq = k.intent_seq \
+                 WHERE k.semantic_key = $1",
+                &key,
+            ),
+            find(
+                tx,
+                db,
+                "FROM intent_contents c JOIN intents i ON i.seq = c.intent_seq \
+                 WHERE c.content_digest = $1",
+                &content,
+            ),
+        )?
     } else {
         (None, None)
     };
@@ -154,15 +158,11 @@ async fn decide_in(
     };
     if p.mutating {
         let seen = |s: &Seen| s.as_ref().map(|(_, seq)| *seq);
-        claim(
-            tx,
-            db,
-            Claim::Key(&p.semantic_key.encode()),
-            seen(&by_key),
-            seq,
-        )
-        .await?;
-        claim(tx, db, Claim::Content(&content), seen(&by_content), seq).await?;
+        let key = p.semantic_key.encode();
+        futures::try_join!(
+            claim(tx, db, Claim::Key(&key), seen(&by_key), seq),
+            claim(tx, db, Claim::Content(&content), seen(&by_content), seq),
+        )?;
         if let Some(ck) = &p.client_key {
             claim(tx, db, Claim::ClientKey(ck, now), seen(&by_client_key), seq).await?;
             forget_oldest_keys(tx, db, &ck.principal).await?;
@@ -175,7 +175,11 @@ async fn decide_in(
 /// locked for this transaction.
 async fn find(tx: &Transaction<'_>, db: &Db, from_where: &str, value: &str) -> Result<Seen, Abort> {
     let sql = format!("SELECT {} {from_where} FOR UPDATE OF i", icols!());
-    let row = tx.query_opt(&sql, &[&value]).await.map_err(|e| pg(db, e))?;
+    let statement = tx.prepare_cached(&sql).await.map_err(|e| pg(db, e))?;
+    let row = tx
+        .query_opt(&statement, &[&value])
+        .await
+        .map_err(|e| pg(db, e))?;
     Ok(row.map(|r| rows::from_indexed_row(&r, db)).transpose()?)
 }
 
@@ -186,8 +190,9 @@ async fn find_client_key(tx: &Transaction<'_>, db: &Db, ck: &ClientKey) -> Resul
         " FROM client_keys k JOIN intents i ON i.seq = k.intent_seq
          WHERE k.principal = $1 AND k.client_key = $2 FOR UPDATE OF i"
     );
+    let statement = tx.prepare_cached(sql).await.map_err(|e| pg(db, e))?;
     let row = tx
-        .query_opt(sql, &[&ck.principal, &ck.key])
+        .query_opt(&statement, &[&ck.principal, &ck.key])
         .await
         .map_err(|e| pg(db, e))?;
     Ok(row.map(|r| rows::from_indexed_row(&r, db)).transpose()?)
@@ -230,8 +235,14 @@ async fn claim(
         }
     };
     let row = match seen {
-        None => tx.query_opt(new, &[&value, &seq]).await,
-        Some(old) => tx.query_opt(moved, &[&value, &seq, &old]).await,
+        None => {
+            let statement = tx.prepare_cached(new).await.map_err(|e| pg(db, e))?;
+            tx.query_opt(&statement, &[&value, &seq]).await
+        }
+        Some(old) => {
+            let statement = tx.prepare_cached(moved).await.map_err(|e| pg(db, e))?;
+            tx.query_opt(&statement, &[&value, &seq, &old]).await
+        }
     }
     .map_err(|e| pg(db, e))?;
     if row.is_none() {

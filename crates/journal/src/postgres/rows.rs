@@ -55,15 +55,19 @@ pub(crate) async fn insert(
     holder: u64,
     now: u64,
 ) -> Result<Option<i64>, JournalError> {
+    let statement = client
+        .prepare_cached(concat!(
+            "INSERT INTO intents (",
+            cols!(),
+            ", holder, created_ms, updated_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
+                 $10, $11, $12, $13, $14, $15, $16, $17, NULL, $18, $19, $20, $21, $21) \
+             RETURNING seq"
+        ))
+        .await
+        .map_err(|e| db.sql(e))?;
     let inserted = client
         .query_one(
-            concat!(
-                "INSERT INTO intents (",
-                cols!(),
-                ", holder, created_ms, updated_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
-                 $10, $11, $12, $13, $14, $15, $16, $17, NULL, $18, $19, $20, $21, $21) \
-                 RETURNING seq"
-            ),
+            &statement,
             &[
                 &r.id.to_string(),
                 &r.semantic_key.encode(),
@@ -107,13 +111,19 @@ pub(crate) async fn update(
     holder: u64,
     now: u64,
 ) -> Result<bool, JournalError> {
-    let changed = client
-        .execute(
+    let statement = client
+        .prepare_cached(
             "UPDATE intents SET call_ids = $1, fence = $2, attempts = $3, state = $4,
                timeline = $5, receipt = $6, snapshot = $7, updated_ms = $8, owner = $11,
                delivered_ms = CASE WHEN $12 THEN delivered_ms END,
                holder = CASE WHEN fence <> $2 THEN $13 ELSE holder END
              WHERE id = $9 AND fence = $10",
+        )
+        .await
+        .map_err(|e| db.sql(e))?;
+    let changed = client
+        .execute(
+            &statement,
             &[
                 &json(&r.call_ids),
                 &to_i64(r.fence),
@@ -213,11 +223,12 @@ pub(crate) async fn load_by_id(
     db: &Db,
     id: &IntentId,
 ) -> Result<Option<IntentRecord>, JournalError> {
+    let statement = client
+        .prepare_cached(concat!("SELECT ", cols!(), " FROM intents WHERE id = $1"))
+        .await
+        .map_err(|e| db.sql(e))?;
     let row = client
-        .query_opt(
-            concat!("SELECT ", cols!(), " FROM intents WHERE id = $1"),
-            &[&id.to_string()],
-        )
+        .query_opt(&statement, &[&id.to_string()])
         .await
         .map_err(|e| db.sql(e))?;
     row.map(|r| from_row(&r, db)).transpose()

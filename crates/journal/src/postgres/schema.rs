@@ -75,8 +75,36 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE INDEX memo_by_age ON memo (stored_ms, fingerprint);",
 ];
 
+/// The schema versions a migration went between: what the database had, and what it has now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migrated {
+    /// The version found (0: a database without a ring0 journal).
+    pub from: u32,
+    /// The version now, this build's.
+    pub to: u32,
+}
+
+/// The version of the schema a database has (0 without a ring0 journal), without changing it.
+pub(crate) async fn version(client: &Client, db: &Db) -> Result<u32, JournalError> {
+    // Asked first and apart: a statement naming a table that does not exist fails to parse.
+    let exists: bool = client
+        .query_one("SELECT to_regclass('ring0_schema') IS NOT NULL", &[])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| db.sql(e))?;
+    if !exists {
+        return Ok(0);
+    }
+    let found: i32 = client
+        .query_one("SELECT coalesce(max(version), 0) FROM ring0_schema", &[])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| db.sql(e))?;
+    u32::try_from(found).map_err(|_| db.corrupt(format!("schema version {found}")))
+}
+
 /// Runs the migrations the database has not run yet, or refuses a schema newer than this build.
-pub(crate) async fn migrate(client: &mut Client, db: &Db) -> Result<(), JournalError> {
+pub(crate) async fn migrate(client: &mut Client, db: &Db) -> Result<Migrated, JournalError> {
     let tx = client.transaction().await.map_err(|e| db.sql(e))?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
@@ -112,5 +140,9 @@ pub(crate) async fn migrate(client: &mut Client, db: &Db) -> Result<(), JournalE
         .await
         .map_err(|e| db.sql(e))?;
     }
-    tx.commit().await.map_err(|e| db.sql(e))
+    tx.commit().await.map_err(|e| db.sql(e))?;
+    Ok(Migrated {
+        from: u32::try_from(found).unwrap_or(0),
+        to: MIGRATIONS.len() as u32,
+    })
 }
