@@ -20,6 +20,9 @@
 //! `/mcp`) are served beside `/mcp`; `--metrics-addr` serves them on a loopback address of
 //! their own, for a stdio deployment (see `ring0_ops`).
 //!
+//! `ring0 journal resolve | compensate` settle the journal this process holds through its
+//! control channel (`ring0_ops::control`).
+//!
 //! `ring0 approve-tool NAME` (see `crate::approve_cmd`) approves a quarantined upstream tool (its
 //! new definition's pin is written to `ring0.lock`; a running server picks it up within a second).
 
@@ -295,6 +298,14 @@ pub fn run(
         // settlement (same-key re-dispatch, probe). An intent whose tool is missing (its
         // upstream is not up) goes to DEAD_LETTER for a person rather than being guessed at.
         crate::call_cmd::recover(&generation.kernel).await?;
+        // `ring0 journal resolve | compensate` reach the journal this process holds through
+        // the state directory's control channel.
+        tokio::spawn(ring0_ops::control::serve(
+            loaded.state_dir.clone(),
+            gw.clone(),
+            log.clone(),
+            shutdown.clone(),
+        ));
         if let Some(shared) = &built.journal_shared {
             tokio::spawn(recover_lapsed_leases(
                 gw.clone(),

@@ -14,7 +14,8 @@
 //!   the durable [`SqliteJournal`] (WAL, `synchronous=FULL`, group commit, one writer process)
 //!   and [`PostgresJournal`], one database for several replicas (claims, leases, fencing);
 //! - [`mod@settle`]: outcome classification and settlement of ambiguous outcomes
-//!   ([`begin_dispatch`], [`record_outcome`], [`settle()`], [`compensate`]);
+//!   ([`begin_dispatch`], [`record_outcome`], [`settle()`], [`compensate`]) and a person's
+//!   settlement of a dead letter ([`resolve_by_person`]);
 //! - [`recovery`]: [`drive`] one owned record to a settled state, and [`recover`] everything a
 //!   crash left open, from the log alone;
 //! - [`memo`]: memoized observations of deterministic reads;
@@ -57,8 +58,8 @@ pub use postgres::{PostgresJournal, PostgresOptions, is_postgres_url};
 pub use record::{ClientKey, IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 pub use recovery::{Executor, RecoveryPolicy, RecoveryReport, drive, drive_bounded, recover};
 pub use settle::{
-    DispatchOutcome, FailureClass, ProbeFinding, Settled, begin_dispatch, begin_reconcile,
-    cancel_before_dispatch, compensate, record_outcome, settle,
+    DispatchOutcome, FailureClass, PersonFinding, ProbeFinding, Settled, begin_dispatch,
+    begin_reconcile, cancel_before_dispatch, compensate, record_outcome, resolve_by_person, settle,
 };
 pub use sim::{SimReport, run_simulation};
 pub use sqlite::{JournalReader, SqliteJournal, SqliteOptions, WriterStats};

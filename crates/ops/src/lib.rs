@@ -10,6 +10,8 @@
 //!   ([`Operations::serve`]).
 //! - [`approvals`]: `ring0 approve` / `ring0 deny` as a channel of a running server, beside
 //!   the MCP client's.
+//! - [`operator`]: a person's settlement of what the journal could not settle (`ring0 journal
+//!   resolve | compensate`), and [`control`], the channel that carries it to a running server.
 //!
 //! ```no_run
 //! # async fn example(gateway: ring0_mcp::Gateway) {
@@ -23,7 +25,9 @@
 //! ```
 
 pub mod approvals;
+pub mod control;
 pub mod metrics;
+pub mod operator;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
