@@ -151,6 +151,48 @@ async fn recover_lapsed_leases(gw: Gateway, lease_ms: u64, log: Log) {
     }
 }
 
+/// The webhook approval channel `[approval] webhook_url` configures: its links are served on
+/// the `--http` listener, so it needs one.
+fn webhook(
+    loaded: &Loaded,
+    args: &ServeArgs,
+    journal: Arc<dyn ring0_journal::Journal>,
+    log: &Log,
+) -> Result<Option<Arc<ring0_ops::webhook::Webhook>>, String> {
+    let Some(url) = &loaded.config.approval.webhook_url else {
+        return Ok(None);
+    };
+    if args.http.is_none() {
+        return Err(
+            "[approval] webhook_url needs `ring0 serve --http ADDR`: its approve and deny links \
+             are served there"
+                .into(),
+        );
+    }
+    let key = ring0_ops::webhook::signing_key(&loaded.state_dir)?;
+    let hook = ring0_ops::webhook::Webhook::new(
+        url.clone(),
+        loaded.config.approval.webhook_link_base.clone(),
+        key,
+        journal,
+        log.clone(),
+    )?;
+    Ok(Some(Arc::new(hook)))
+}
+
+/// The operations routes, with the webhook's links on the open side when configured (their
+/// signature is their credential).
+fn operation_routes(
+    operations: &Arc<ring0_ops::Operations>,
+    webhook: Option<&Arc<ring0_ops::webhook::Webhook>>,
+) -> ring0_mcp::door::operations::OperationsRoutes {
+    let mut routes = operations.routes();
+    if let Some(webhook) = webhook {
+        routes.open = routes.open.merge(webhook.routes());
+    }
+    routes
+}
+
 pub fn run(
     args: ServeArgs,
     state_dir: Option<&Path>,
@@ -217,14 +259,21 @@ pub fn run(
         let metrics = Arc::new(ring0_ops::metrics::Metrics::new(Duration::from_secs(
             loaded.config.approval.timeout_secs,
         )));
-        // A held call is offered to the client and to `ring0 approve` in another terminal.
-        let approver = ring0_ops::approvals::ClientOrTerminal::new(
+        // A held call is offered to the client and to `ring0 approve` in another terminal, and
+        // recorded in the journal (and offered to the webhook) once the journal is open.
+        let channels = ring0_ops::approvals::ClientOrTerminal::new(
             Arc::new(McpApprover::new(approvals.clone())),
             ring0_policy::DirectoryApprover::new(ring0_config::approvals_dir(&loaded.state_dir)),
             log.clone(),
         );
-        let built = build_kernel_tapped(&loaded, Arc::new(approver), Some(metrics.clone()))
+        let approver = Arc::new(ring0_ops::held::DurableApprover::new(
+            Arc::new(channels),
+            log.clone(),
+        ));
+        let built = build_kernel_tapped(&loaded, approver.clone(), Some(metrics.clone()))
             .map_err(|e| e.to_string())?;
+        let webhook = webhook(&loaded, &args, built.kernel.journal().clone(), &log)?;
+        approver.attach(built.kernel.journal().clone(), webhook.clone());
         let builtins = built
             .kernel
             .registry()
@@ -297,7 +346,12 @@ pub fn run(
         // tool the upstreams listed: an upstream tool's intent is settled by its own
         // settlement (same-key re-dispatch, probe). An intent whose tool is missing (its
         // upstream is not up) goes to DEAD_LETTER for a person rather than being guessed at.
+        // Calls held before a restart wait for their decision; recovery leaves their intents.
+        let held = ring0_ops::held::HeldWatcher::adopt(gw.journal().as_ref(), &log).await;
         crate::call_cmd::recover(&generation.kernel).await?;
+        if !held.is_empty() {
+            tokio::spawn(held.watch(gw.clone(), log.clone()));
+        }
         // `ring0 journal resolve | compensate` reach the journal this process holds through
         // the state directory's control channel.
         tokio::spawn(ring0_ops::control::serve(
@@ -423,7 +477,7 @@ pub fn run(
                         .map(|h| format!("http://{h}:*"))
                         .collect(),
                     door: loaded.config.http.clone(),
-                    operations: Some(operations.routes()),
+                    operations: Some(operation_routes(&operations, webhook.as_ref())),
                 };
                 let log2 = log.clone();
                 ring0_mcp::http::serve_http(
@@ -433,6 +487,9 @@ pub fn run(
                     log.clone(),
                     shutdown,
                     move |bound| {
+                        if let Some(webhook) = &webhook {
+                            webhook.listening_on(bound);
+                        }
                         if bound != addr {
                             log2.line(&format!("listening on http://{bound}{MCP_PATH}"));
                         }

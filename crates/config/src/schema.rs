@@ -307,12 +307,22 @@ pub struct ApprovalSection {
     /// `approval_timeout`. Default 300, at most 86400.
     #[serde(default = "approval_timeout_default")]
     pub timeout_secs: u64,
+    /// `ring0 serve` POSTs each held call to this URL (`http://` or `https://`) with signed,
+    /// one-time, expiring approve and deny links (see `docs/operations.md`, "The webhook").
+    #[serde(default)]
+    pub webhook_url: Option<String>,
+    /// Where the webhook's receiver reaches ring0's HTTP listener, the links' base
+    /// (`http://host:port`). Default: the `--http` address.
+    #[serde(default)]
+    pub webhook_link_base: Option<String>,
 }
 
 impl Default for ApprovalSection {
     fn default() -> Self {
         Self {
             timeout_secs: approval_timeout_default(),
+            webhook_url: None,
+            webhook_link_base: None,
         }
     }
 }

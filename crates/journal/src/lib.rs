@@ -38,6 +38,7 @@
 
 pub mod clock;
 mod decide;
+pub mod hold;
 pub mod inspect;
 pub mod limits;
 pub mod machine;
@@ -52,6 +53,7 @@ pub mod sqlite;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::{attempt_idempotency_key, decide_existing};
+pub use hold::{HeldCall, HoldDecided, HoldState};
 pub use machine::{TransitionError, check, is_allowed};
 pub use memory::MemoryJournal;
 pub use postgres::{PostgresJournal, PostgresOptions, is_postgres_url};
@@ -169,6 +171,36 @@ pub trait Journal: Send + Sync {
     ) -> Result<Option<Observation>, JournalError> {
         let _ = (fingerprint, max_age_ms);
         Ok(None)
+    }
+
+    /// Records a call held for a person's approval (see [`hold`]). Returns whether it was
+    /// stored: a backend without held-call records keeps none, and a held call then lives
+    /// only as long as the process that holds it.
+    async fn hold_put(&self, held: &HeldCall) -> Result<bool, JournalError> {
+        let _ = held;
+        Ok(false)
+    }
+
+    /// The held call with this approval id, in whatever state.
+    async fn hold_get(&self, approval_id: &str) -> Result<Option<HeldCall>, JournalError> {
+        let _ = approval_id;
+        Ok(None)
+    }
+
+    /// Held calls still PENDING, oldest first, at most [`hold::HOLDS_LISTED_MAX`] (their
+    /// deadlines may have passed: [`HeldCall::is_pending_at`]).
+    async fn holds_pending(&self) -> Result<Vec<HeldCall>, JournalError> {
+        Ok(Vec::new())
+    }
+
+    /// Decides a held call once: a compare-and-set from PENDING (see [`HoldDecided`]).
+    async fn hold_decide(
+        &self,
+        approval_id: &str,
+        state: HoldState,
+    ) -> Result<HoldDecided, JournalError> {
+        let _ = (approval_id, state);
+        Ok(HoldDecided::NotFound)
     }
 
     /// Stores an observation of a deterministic read. Returns whether it was stored (an

@@ -12,6 +12,9 @@
 //!   the MCP client's.
 //! - [`operator`]: a person's settlement of what the journal could not settle (`ring0 journal
 //!   resolve | compensate`), and [`control`], the channel that carries it to a running server.
+//! - [`held`]: durable approvals — a held call recorded in the journal, decided there once,
+//!   released after a restart — and [`webhook`], the channel that POSTs signed, one-time,
+//!   expiring approve/deny links.
 //!
 //! ```no_run
 //! # async fn example(gateway: ring0_mcp::Gateway) {
@@ -26,8 +29,11 @@
 
 pub mod approvals;
 pub mod control;
+pub mod held;
+pub mod html;
 pub mod metrics;
 pub mod operator;
+pub mod webhook;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
