@@ -170,11 +170,15 @@ fn wait_for_effects(dir: &Path, text: &str, n: usize) {
 /// POSTs a link to `server` (its path and query: what the signature covers), returning the
 /// status and body.
 fn follow(server: &HttpServer, link: &str) -> (u16, String) {
+    request(server, "POST", link)
+}
+
+fn request(server: &HttpServer, method: &str, link: &str) -> (u16, String) {
     let path = &link[link.find("/approvals/").expect("a link")..];
     let mut s = TcpStream::connect(&server.addr).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
     let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
         server.addr
     );
     s.write_all(request.as_bytes()).unwrap();
@@ -201,6 +205,15 @@ fn a_call_held_across_a_sigkill_is_approved_by_its_webhook_link_and_runs_once() 
     let dir = workspace(&peers, &hook);
     let (seen, server) = held_then_restarted(&peers, dir.path(), &offers, &["refund-31"]);
     let approve = seen[0]["approve_url"].as_str().unwrap().to_string();
+
+    // Opening the link (a preview, a prefetch) shows what it decides and decides nothing.
+    for _ in 0..2 {
+        let (code, page) = request(&server, "GET", &approve);
+        assert_eq!(code, 200, "{page}");
+        assert!(page.contains("Approve this call?"), "{page}");
+        assert!(page.contains("PENDING"), "a GET never decides: {page}");
+    }
+    assert_eq!(effects(dir.path(), "refund-31"), 0);
 
     let (code, body) = follow(&server, &approve);
     assert_eq!(code, 200, "{body}");
@@ -256,4 +269,30 @@ fn a_webhook_link_releases_only_the_call_it_was_signed_for() {
     );
     assert_eq!(effects(dir.path(), "pay-y"), 0);
     assert_eq!(effects(dir.path(), "pay-x"), 1);
+}
+
+#[test]
+fn a_held_call_is_released_by_its_webhook_link_while_ring0_still_waits() {
+    let Some(peers) = peers() else { return };
+    let (hook, offers) = webhook_receiver();
+    let dir = workspace(&peers, &hook);
+    let server = serve(dir.path());
+    let mut client = held_call(&peers, &server, "ship-5");
+    let offer = offers.recv_timeout(WAIT).expect("the held call is POSTed");
+    let (code, body) = follow(&server, offer["approve_url"].as_str().unwrap());
+    assert_eq!(code, 200, "{body}");
+    // The round that held the call dispatches it.
+    wait_for_effects(dir.path(), "ship-5", 1);
+    let deadline = Instant::now() + WAIT;
+    while !journal_ls(dir.path()).contains("ACKED") {
+        assert!(Instant::now() < deadline, "the released call settles");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = client.kill();
+    let _ = client.wait();
+    assert_eq!(effects(dir.path(), "ship-5"), 1);
+    assert_eq!(
+        follow(&server, offer["approve_url"].as_str().unwrap()).0,
+        409
+    );
 }
