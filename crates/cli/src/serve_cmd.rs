@@ -169,7 +169,7 @@ fn webhook(
                 .into(),
         );
     }
-    let key = ring0_ops::webhook::signing_key(&loaded.state_dir)?;
+    let key = ring0_ops::webhook::signing_key(&loaded.state_dir, ring0_ops::webhook::KEY_FILE)?;
     let hook = ring0_ops::webhook::Webhook::new(
         url.clone(),
         loaded.config.approval.webhook_link_base.clone(),
@@ -185,12 +185,34 @@ fn webhook(
 fn operation_routes(
     operations: &Arc<ring0_ops::Operations>,
     webhook: Option<&Arc<ring0_ops::webhook::Webhook>>,
+    console: &Arc<ring0_ops::console::Console>,
 ) -> ring0_mcp::door::operations::OperationsRoutes {
     let mut routes = operations.routes();
     if let Some(webhook) = webhook {
         routes.open = routes.open.merge(webhook.routes());
     }
+    // The console is behind the listener's authentication: its principal is the request's.
+    routes.gated = routes.gated.merge(console.routes());
     routes
+}
+
+/// The web console for the operators `[console]` names.
+fn console(
+    loaded: &Loaded,
+    gateway: &Gateway,
+    log: &Log,
+) -> Result<Arc<ring0_ops::console::Console>, String> {
+    let key = ring0_ops::webhook::signing_key(&loaded.state_dir, ring0_ops::console::KEY_FILE)?;
+    let operators = ring0_ops::console::Operators {
+        ids: loaded.config.console.operators.clone(),
+        groups: loaded.config.console.operator_groups.clone(),
+    };
+    Ok(Arc::new(ring0_ops::console::Console::new(
+        gateway.clone(),
+        operators,
+        key,
+        log.clone(),
+    )))
 }
 
 pub fn run(
@@ -477,7 +499,11 @@ pub fn run(
                         .map(|h| format!("http://{h}:*"))
                         .collect(),
                     door: loaded.config.http.clone(),
-                    operations: Some(operation_routes(&operations, webhook.as_ref())),
+                    operations: Some(operation_routes(
+                        &operations,
+                        webhook.as_ref(),
+                        &console(&loaded, &gw, &log)?,
+                    )),
                 };
                 let log2 = log.clone();
                 ring0_mcp::http::serve_http(

@@ -88,6 +88,9 @@ pub struct Config {
     /// `[approval]`: how held calls wait for a person.
     #[serde(default)]
     pub approval: ApprovalSection,
+    /// `[console]`: who may use the web console of `ring0 serve --http`.
+    #[serde(default)]
+    pub console: ConsoleSection,
     /// `[audit]`: where decisions are recorded.
     #[serde(default)]
     pub audit: AuditSection,
@@ -325,6 +328,37 @@ impl Default for ApprovalSection {
             webhook_link_base: None,
         }
     }
+}
+
+/// `[console]`: the web console at `/console` serves operators only.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleSection {
+    /// Principals (ids) with the operator role. Default `["local"]`: the person at this
+    /// machine (a loopback listener without credentials, or `--token-env`).
+    #[serde(default = "console_operators_default")]
+    pub operators: Vec<String>,
+    /// Groups (a token's `groups`, a JWT's mapped groups) with the operator role. Default
+    /// `["operator"]`.
+    #[serde(default = "console_operator_groups_default")]
+    pub operator_groups: Vec<String>,
+}
+
+impl Default for ConsoleSection {
+    fn default() -> Self {
+        Self {
+            operators: console_operators_default(),
+            operator_groups: console_operator_groups_default(),
+        }
+    }
+}
+
+fn console_operators_default() -> Vec<String> {
+    vec!["local".into()]
+}
+
+fn console_operator_groups_default() -> Vec<String> {
+    vec!["operator".into()]
 }
 
 /// `[audit]`

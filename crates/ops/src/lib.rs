@@ -15,6 +15,8 @@
 //! - [`held`]: durable approvals — a held call recorded in the journal, decided there once,
 //!   released after a restart — and [`webhook`], the channel that POSTs signed, one-time,
 //!   expiring approve/deny links.
+//! - [`console`]: the web console at `/console` for operators: held calls, dead letters, the
+//!   journal.
 //!
 //! ```no_run
 //! # async fn example(gateway: ring0_mcp::Gateway) {
@@ -28,6 +30,7 @@
 //! ```
 
 pub mod approvals;
+pub mod console;
 pub mod control;
 pub mod held;
 pub mod html;

@@ -70,10 +70,10 @@ pub struct Webhook {
     log: ring0_mcp::Log,
 }
 
-/// The signing key under `state_dir`, created (private) on first use, so links stay valid
+/// The signing key `file` under `state_dir` ([`KEY_FILE`] for the links), created (private) on first use, so links stay valid
 /// across a restart.
-pub fn signing_key(state_dir: &Path) -> Result<Vec<u8>, String> {
-    let path = state_dir.join(KEY_FILE);
+pub fn signing_key(state_dir: &Path, file: &str) -> Result<Vec<u8>, String> {
+    let path = state_dir.join(file);
     if let Ok(key) = std::fs::read(&path)
         && key.len() >= KEY_BYTES
     {
