@@ -212,6 +212,8 @@ fn console(
         operators,
         key,
         log.clone(),
+        loaded.workspace.clone(),
+        loaded.state_dir.clone(),
     )))
 }
 

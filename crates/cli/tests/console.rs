@@ -1,8 +1,9 @@
 //! The web console at `/console`, end to end in headless Chromium (Debian's `chromium`, driven
 //! by playwright-core): an operator sees the call held for approval — its argument holding a
 //! script shown as text, never run — approves it and sees it run (counted by the upstream
-//! fixture), and marks a dead letter not applied; a principal without the operator role is
-//! refused. The pages' screenshots are saved under docs/console/.
+//! fixture), and marks a dead letter not applied; approves a quarantined upstream tool after
+//! seeing its definition's diff; a principal without the operator role is refused. The pages'
+//! screenshots are saved under docs/console/.
 
 mod common;
 
@@ -194,4 +195,70 @@ fn a_console_form_posted_without_its_token_is_refused() {
     let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
     assert_eq!(status(head), 403, "{out}");
     assert!(rest.contains("token is not valid"), "{out}");
+}
+
+/// Serves `ring0 serve` (stdio) once at `stage` of the mediated fixture and lists its tools, so
+/// that its definitions are pinned (the first stage) or quarantined (a changed one).
+fn list_at_stage(dir: &Path, stage: &str) {
+    use std::io::Write;
+    let mut cmd = Command::new(ring0());
+    cmd.arg("serve")
+        .current_dir(dir)
+        .env("FIXTURE_STAGE", stage)
+        .stderr(Stdio::null());
+    let (mut child, mut stdin, messages) = spawn_stdio_json(cmd);
+    for line in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    ] {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    while messages.recv_timeout(WAIT).expect("ring0 answers")["id"] != 2 {}
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn an_operator_approves_a_quarantined_tool_after_seeing_its_diff() {
+    let Some(peers) = peers() else { return };
+    if !Path::new(CHROMIUM).exists() {
+        return skip_or_fail("no /usr/bin/chromium").unwrap_or(());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let transport = format!(
+        "command = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\", \"FIXTURE_STAGE\"]\n",
+        fixtures()
+            .join("mediated_upstream.py")
+            .display()
+            .to_string()
+    );
+    let config = one_upstream_config("fixture", r#"["fx__*"]"#, "A3", "fx", &transport, "");
+    std::fs::write(dir.path().join("ring0.toml"), config).unwrap();
+    list_at_stage(dir.path(), "v1");
+    let mut cmd = serve_http_command(dir.path());
+    cmd.env("FIXTURE_STAGE", "v2")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    let server = start_http(cmd);
+
+    let seen = browser(&peers, &server, "", "tools");
+    let before = seen["before"].as_str().unwrap_or("");
+    assert!(before.contains("fx__send_mail"), "{seen}");
+    assert!(
+        before.contains("bcc"),
+        "the diff shows the added parameter: {seen}"
+    );
+    let pin = seen["pin"].as_str().unwrap_or("");
+    assert!(pin.starts_with("sha256:"), "{seen}");
+    // Only the definition approved leaves the list; the other change still waits.
+    let after = seen["after"].as_str().unwrap_or("");
+    assert!(!after.contains("fx__send_mail"), "{seen}");
+    assert!(after.contains("fx__greet"), "{seen}");
+    let lock = std::fs::read_to_string(dir.path().join("ring0.lock")).unwrap();
+    assert!(
+        lock.contains(pin),
+        "exactly the definition shown was approved"
+    );
+    assert!(screenshots().join("tools.png").exists());
 }

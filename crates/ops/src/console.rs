@@ -1,5 +1,6 @@
 //! The web console at `/console`, for principals with the operator role: the calls held for
-//! approval (approve, deny), the dead letters (mark applied, mark not applied, compensate) and
+//! approval (approve, deny), the quarantined upstream tools (the definition's diff, approve),
+//! the dead letters (mark applied, mark not applied, compensate) and
 //! the journal (filtered by state, tool, principal — of calls made under an idempotency key,
 //! the only ones whose principal the journal records — and time).
 //!
@@ -25,6 +26,7 @@ use ring0_journal::{HoldDecided, HoldState, IntentRecord, PersonFinding};
 use ring0_mcp::Gateway;
 use sha2::Sha256;
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The console's root.
@@ -60,16 +62,29 @@ pub struct Console {
     operators: Operators,
     key: Vec<u8>,
     log: ring0_mcp::Log,
+    /// Where `ring0.lock` (approved definitions) and the pending ones are.
+    workspace: PathBuf,
+    state_dir: PathBuf,
 }
 
 impl Console {
-    /// `key` signs the forms' CSRF tokens (see [`crate::webhook::signing_key`]).
-    pub fn new(gateway: Gateway, operators: Operators, key: Vec<u8>, log: ring0_mcp::Log) -> Self {
+    /// `key` signs the forms' CSRF tokens (see [`crate::webhook::signing_key`]); `workspace`
+    /// and `state_dir` hold the approved and the quarantined upstream definitions.
+    pub fn new(
+        gateway: Gateway,
+        operators: Operators,
+        key: Vec<u8>,
+        log: ring0_mcp::Log,
+        workspace: PathBuf,
+        state_dir: PathBuf,
+    ) -> Self {
         Self {
             gateway,
             operators,
             key,
             log,
+            workspace,
+            state_dir,
         }
     }
 
@@ -86,6 +101,8 @@ impl Console {
                 "/console/intents/{id}/{action}",
                 axum::routing::post(settle),
             )
+            .route("/console/tools", axum::routing::get(tools))
+            .route("/console/tools/approve", axum::routing::post(approve_tool))
             .with_state(self.clone())
     }
 
@@ -149,7 +166,8 @@ fn page(title: &str, body: &str) -> Response {
          td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}}\
          pre{{white-space:pre-wrap;max-width:60em;margin:0}}form{{display:inline}}\
          nav a{{margin-right:1em}}</style></head><body>\
-         <nav><a href=\"/console\">Pending</a><a href=\"/console/journal\">Journal</a></nav>\
+         <nav><a href=\"/console\">Pending</a><a href=\"/console/tools\">Quarantined tools</a>\
+         <a href=\"/console/journal\">Journal</a></nav>\
          <h1>{t}</h1>{body}</body></html>",
         t = escape(title)
     );
@@ -167,14 +185,113 @@ fn cell(text: &str) -> String {
     escape(ring0_core::text::truncate_utf8(text, CELL_BYTES_MAX))
 }
 
-/// The value of `key` in an `application/x-www-form-urlencoded` body (values ring0 writes are
-/// plain hex, so no decoding is needed).
+/// The value of `key` in an `application/x-www-form-urlencoded` body or query, decoded.
 fn form_value(body: &[u8], key: &str) -> Option<String> {
     std::str::from_utf8(body)
         .ok()?
         .split('&')
         .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
-        .map(str::to_string)
+        .and_then(percent_decoded)
+}
+
+/// `+` as a space and `%XX` as its byte; `None` for a malformed escape or text that is not
+/// UTF-8.
+fn percent_decoded(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+fn qualified(p: &ring0_mcp::pin::PendingPin) -> String {
+    ring0_mcp::names::qualify(&p.alias, &p.tool).unwrap_or_else(|_| p.tool.clone())
+}
+
+/// The upstream definitions waiting for approval, each with its diff against the approved one.
+async fn tools(State(c): State<Arc<Console>>, Extension(p): Extension<Principal>) -> Response {
+    if let Some(refused) = c.refusal(&p, None) {
+        return refused;
+    }
+    let pending = ring0_mcp::pin::pending(&c.state_dir);
+    let mut body = String::new();
+    if pending.is_empty() {
+        body.push_str("<p>No tool is waiting for approval.</p>");
+    }
+    for waiting in &pending {
+        let approved = ring0_mcp::pin_review::approved_pin(&c.workspace, waiting);
+        let diff = ring0_mcp::pin_review::diff(&c.state_dir, approved.as_deref(), waiting);
+        let name = qualified(waiting);
+        let _ = write!(
+            body,
+            "<h2>{}</h2><p>{} — definition {}</p><pre>{}</pre><pre>{}</pre>\
+             <form method=post action=\"/console/tools/approve\">\
+             <input type=hidden name=csrf value=\"{}\">\
+             <input type=hidden name=name value=\"{}\"><input type=hidden name=pin value=\"{}\">\
+             <button>Approve this definition</button></form>",
+            escape(&name),
+            cell(&waiting.reason),
+            escape(&waiting.pin),
+            cell(&waiting.changes.join("\n")),
+            escape(ring0_core::text::truncate_utf8(&diff, 16 * CELL_BYTES_MAX)),
+            c.csrf(&p),
+            escape(&name),
+            escape(&waiting.pin),
+        );
+    }
+    page("Quarantined tools", &body)
+}
+
+/// Approves exactly the definition the person saw (its pin), as `ring0 approve-tool --pin`.
+async fn approve_tool(
+    State(c): State<Arc<Console>>,
+    Extension(p): Extension<Principal>,
+    form: Bytes,
+) -> Response {
+    if let Some(refused) = c.refusal(&p, Some(&form)) {
+        return refused;
+    }
+    let (Some(name), Some(pin)) = (form_value(&form, "name"), form_value(&form, "pin")) else {
+        return plain(
+            StatusCode::BAD_REQUEST,
+            "the form names no tool and definition",
+        );
+    };
+    let waiting = ring0_mcp::pin::pending(&c.state_dir)
+        .into_iter()
+        .find(|w| qualified(w) == name);
+    match waiting {
+        None => plain(
+            StatusCode::NOT_FOUND,
+            "nothing of that name waits for approval",
+        ),
+        Some(w) if w.pin != pin => plain(
+            StatusCode::CONFLICT,
+            "another definition waits now; review it again",
+        ),
+        Some(_) => match ring0_mcp::pin::approve(&c.workspace, &c.state_dir, &name) {
+            Ok(done) => {
+                c.log.line(&format!(
+                    "console: {} approved by {}",
+                    done.join(", "),
+                    p.id
+                ));
+                Redirect::to("/console/tools").into_response()
+            }
+            Err(why) => plain(StatusCode::CONFLICT, &why),
+        },
+    }
 }
 
 async fn home(State(c): State<Arc<Console>>, Extension(p): Extension<Principal>) -> Response {
