@@ -35,6 +35,7 @@ fn workspace(peers: &Path) -> tempfile::TempDir {
          [console]\noperators = [\"alice\"]\n\n\
          [[grants]]\nname = \"held\"\ntools = [\"fx__append\"]\nceiling = \"A2\"\napproval = true\n\n\
          [[grants]]\nname = \"lanes\"\ntools = [\"fx__append_lane\"]\nceiling = \"A2\"\n\n\
+         [[grants]]\nname = \"patches\"\ntools = [\"apply_patch\"]\nceiling = \"A1\"\napproval = true\n\n\
          [[upstreams]]\nalias = \"fx\"\ncommand = {:?}\nargs = [{:?}, \"--dir\", {:?}]\n\n\
          [upstreams.tools.append]\neffect = \"non_idempotent\"\nauthority = \"A2\"\n\
          strategy = [\"exploitation\"]\nsettlement = \"idempotency_key\"\n\n\
@@ -261,4 +262,45 @@ fn an_operator_approves_a_quarantined_tool_after_seeing_its_diff() {
         "exactly the definition shown was approved"
     );
     assert!(screenshots().join("tools.png").exists());
+}
+
+#[test]
+fn a_held_patch_is_shown_to_the_operator_as_a_diff() {
+    let Some(peers) = peers() else { return };
+    if !Path::new(CHROMIUM).exists() {
+        return skip_or_fail("no /usr/bin/chromium").unwrap_or(());
+    }
+    let dir = workspace(&peers);
+    std::fs::write(dir.path().join("notes.txt"), "one\n").unwrap();
+    let mut cmd = serve_http_command(dir.path());
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    let server = start_http(cmd);
+    let patch =
+        "*** Begin Patch\n*** Update File: notes.txt\n@@\n-one\n+two <b>bold</b>\n*** End Patch\n";
+    let held = client(
+        &peers,
+        &server,
+        "apply_patch",
+        json!({"patch": patch}),
+        "key-patch",
+    )
+    .arg("--never-answer")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let seen = browser(&peers, &server, "alice-token", "diff");
+    kill(held);
+    assert_eq!(seen["added"], json!(["+two <b>bold</b>"]), "{seen}");
+    assert_eq!(seen["deleted"], json!(["-one"]), "{seen}");
+    assert_eq!(
+        seen["bold_elements"], 0,
+        "markup in a patch is text: {seen}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes.txt")).unwrap(),
+        "one\n",
+        "nothing ran"
+    );
+    assert!(screenshots().join("diff.png").exists());
 }

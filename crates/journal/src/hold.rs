@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 pub const HOLDS_LISTED_MAX: usize = 1024;
 /// Longest summary of a held call stored with it (what a person is shown).
 pub const HOLD_SUMMARY_BYTES_MAX: usize = 8 * 1024;
+/// Largest prepared arguments (as JSON) stored with a held call.
+pub const HOLD_ARGS_BYTES_MAX: usize = 64 * 1024;
 
 /// Where a held call is in its life.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +61,10 @@ pub struct HeldCall {
     pub args_hash: String,
     /// What a person is shown (bounded by [`HOLD_SUMMARY_BYTES_MAX`]).
     pub summary: String,
+    /// The prepared arguments, when their JSON fits [`HOLD_ARGS_BYTES_MAX`] (a view can then
+    /// render them, e.g. a patch as a diff); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<serde_json::Value>,
     /// The channels it was offered on (`client`, `terminal`, `webhook`, `console`).
     pub channels: Vec<String>,
     pub created_ms: u64,

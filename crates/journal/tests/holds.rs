@@ -21,6 +21,7 @@ fn held(id: &str, deadline_ms: u64) -> HeldCall {
         principal: "alice".into(),
         args_hash: "h".into(),
         summary: "refund 20".into(),
+        arguments: Some(serde_json::json!({"amount": 20})),
         channels: vec!["client".into(), "webhook".into()],
         created_ms: NOW_MS,
         deadline_ms,

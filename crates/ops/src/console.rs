@@ -165,7 +165,8 @@ fn page(title: &str, body: &str) -> Response {
          <style>body{{font:14px system-ui;margin:2em}}table{{border-collapse:collapse}}\
          td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}}\
          pre{{white-space:pre-wrap;max-width:60em;margin:0}}form{{display:inline}}\
-         nav a{{margin-right:1em}}</style></head><body>\
+         nav a{{margin-right:1em}}.add{{background:#e6ffec}}.del{{background:#ffebe9}}\
+         pre.diff{{margin-top:.5em;border-top:1px dashed #ccc}}</style></head><body>\
          <nav><a href=\"/console\">Pending</a><a href=\"/console/tools\">Quarantined tools</a>\
          <a href=\"/console/journal\">Journal</a></nav>\
          <h1>{t}</h1>{body}</body></html>",
@@ -311,11 +312,12 @@ async fn home(State(c): State<Arc<Console>>, Extension(p): Extension<Principal>)
             let base = format!("/console/approvals/{}", h.approval_id);
             let _ = write!(
                 body,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td><pre>{}</pre></td><td>{}{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td><pre>{}</pre>{}</td><td>{}{}</td></tr>",
                 cell(&h.approval_id),
                 cell(&h.tool),
                 cell(&h.principal),
                 cell(&h.summary),
+                rendered_change(h),
                 c.form(&p, &format!("{base}/approve"), "Approve"),
                 c.form(&p, &format!("{base}/deny"), "Deny"),
             );
@@ -357,6 +359,41 @@ async fn home(State(c): State<Arc<Console>>, Extension(p): Extension<Principal>)
         body.push_str("</table>");
     }
     page("Pending", &body)
+}
+
+/// What a held `apply_patch` or `write_file` would change, as a diff: the patch's lines, or
+/// the new content as added lines under the path; empty for any other call. Bounded, escaped.
+fn rendered_change(h: &ring0_journal::HeldCall) -> String {
+    let Some(args) = &h.arguments else {
+        return String::new();
+    };
+    let text = |key: &str| args.get(key).and_then(serde_json::Value::as_str);
+    let lines: Vec<String> = match (h.tool.as_str(), text("patch"), text("content")) {
+        ("apply_patch", Some(patch), _) => patch.lines().map(str::to_string).collect(),
+        ("write_file", _, Some(content)) => {
+            let mut out = vec![format!("+++ {}", text("path").unwrap_or("?"))];
+            out.extend(content.lines().map(|l| format!("+{l}")));
+            out
+        }
+        _ => return String::new(),
+    };
+    let mut html = String::from("<pre class=diff>");
+    let mut shown = 0usize;
+    for line in lines {
+        shown += line.len() + 1;
+        if shown > 16 * CELL_BYTES_MAX {
+            html.push_str("<span>… (cut)</span>\n");
+            break;
+        }
+        let class = match line.as_bytes().first() {
+            Some(b'+') if !line.starts_with("+++") => "add",
+            Some(b'-') if !line.starts_with("---") => "del",
+            _ => "ctx",
+        };
+        let _ = writeln!(html, "<span class={class}>{}</span>", escape(&line));
+    }
+    html.push_str("</pre>");
+    html
 }
 
 /// The journal's records, newest first, filtered by `state`, `tool` and `since_ms`.

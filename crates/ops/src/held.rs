@@ -79,6 +79,10 @@ impl DurableApprover {
                 ring0_journal::hold::HOLD_SUMMARY_BYTES_MAX,
             )
             .to_string(),
+            arguments: serde_json::to_string(&request.args)
+                .ok()
+                .filter(|text| text.len() <= ring0_journal::hold::HOLD_ARGS_BYTES_MAX)
+                .map(|_| request.args.clone()),
             channels,
             created_ms: request.created_at_ms,
             deadline_ms: request.deadline_ms,
