@@ -3,7 +3,7 @@
 //! script shown as text, never run — approves it and sees it run (counted by the upstream
 //! fixture), and marks a dead letter not applied; approves a quarantined upstream tool after
 //! seeing its definition's diff; a principal without the operator role is refused. The pages'
-//! screenshots are saved under docs/console/.
+//! screenshots are saved (see `screenshots`); those in docs/console/ come from this test.
 
 mod common;
 
@@ -22,8 +22,16 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
+/// Where the pages' screenshots are saved: the build's temporary directory, or the directory
+/// `RING0_CONSOLE_SCREENSHOTS` names (`docs/console` refreshes the documentation's; relative to
+/// the repository), so a test run leaves the working tree as it was.
 fn screenshots() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/console")
+    match std::env::var_os("RING0_CONSOLE_SCREENSHOTS") {
+        Some(dir) => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(dir),
+        None => Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots"),
+    }
 }
 
 /// `fx__append` held for approval, `fx__append_lane` not; alice is an operator, bob is not.
