@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the MCP peers that ring0's interoperability tests, conformance run and gateway
 # benchmark talk to, into a project-local directory (default target/mcp-peers/, ignored by git; or $MCP_PEERS_DIR):
-#   node/   npm packages: the reference servers, the Inspector CLI, the conformance suite, and
-#           Node 22 (the `node` package) for the tools that need it;
+#   node/   npm packages: the reference servers, the Inspector CLI, the conformance suite,
+#           Node 22 (the `node` package) for the tools that need it, and playwright-core (it
+#           drives Debian's headless `chromium` for the web console's tests; no browser download);
 #   py/     a venv with the Python MCP SDK (client and fixture servers);
 #   proxy/  a venv with mcp-proxy (the benchmark's comparison point), kept apart so its own
 #           dependency ranges cannot move the SDK version the tests use.
@@ -10,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${MCP_PEERS_DIR:-$PWD/target/mcp-peers}"
-STAMP="$DIR/.installed-3"
+STAMP="$DIR/.installed-4"
 if [[ -f "$STAMP" ]]; then
     exit 0
 fi
@@ -29,6 +30,7 @@ npm install --prefix "$DIR/node" --no-audit --no-fund --loglevel=error \
     @modelcontextprotocol/server-filesystem@2026.8.31 \
     @modelcontextprotocol/inspector@2.12.0 \
     @modelcontextprotocol/conformance@0.1.16 \
+    playwright-core@1.65.2 \
     node@22
 
 python3 -m venv "$DIR/py"

@@ -1,16 +1,27 @@
-//! `ring0 journal ls | show <id> | migrate | sim --seeds N`.
+//! `ring0 journal ls | show <id> | migrate | sim --seeds N`, and a person's settlement of
+//! what the journal could not settle: `ring0 journal resolve ID --applied|--not-applied` and
+//! `ring0 journal compensate ID` (see `ring0_ops::operator`).
 //!
 //! The journal is the one `--journal URL` names (PostgreSQL), else the file `--path` names,
 //! else the configuration's: `[journal] url` (with its `password_env`) or `journal.db` in the
 //! state directory. Reading a PostgreSQL journal joins no deployment: it registers no replica
 //! and changes nothing, so it is safe beside running replicas.
+//!
+//! A settlement acts on the journal itself. While a `ring0 serve` holds the SQLite journal (one
+//! writing process at a time), the command asks that server through its control channel
+//! (`ring0_ops::control`) and prints its answer; otherwise it opens the journal itself, and a
+//! compensation runs through a kernel built from the configuration (its built-in tools: an
+//! upstream's compensating tool is reached only through the running server).
 
-use clap::Subcommand;
+use crate::call_cmd::SessionArgs;
+use clap::{ArgGroup, Args, Subcommand};
 use ring0_journal::inspect::{LIST_LIMIT_DEFAULT, render_list, render_show};
 use ring0_journal::{
-    IntentRecord, JournalError, JournalReader, PostgresReader, SqliteJournal, is_postgres_url,
-    run_simulation,
+    IntentRecord, JournalError, JournalReader, PersonFinding, PostgresReader, SqliteJournal,
+    is_postgres_url, run_simulation,
 };
+use ring0_ops::control::{self, ControlRequest};
+use ring0_ops::operator;
 use std::path::{Path, PathBuf};
 
 #[derive(Subcommand)]
@@ -30,6 +41,45 @@ pub enum JournalCommand {
         #[arg(long, default_value_t = 2_000)]
         seeds: u64,
     },
+    /// Settle a DEAD_LETTER (or UNKNOWN) intent by a person's word: --applied (ACKED; an
+    /// identical retry is answered with the record) or --not-applied (FAILED; a retry runs).
+    Resolve(ResolveArgs),
+    /// Undo an intent's effect with its tool's declared compensating tool (a journaled call of
+    /// its own); the intent ends COMPENSATED.
+    Compensate(CompensateArgs),
+}
+
+/// `ring0 journal resolve`.
+#[derive(Args)]
+#[command(group(ArgGroup::new("finding").required(true).args(["applied", "not_applied"])))]
+pub struct ResolveArgs {
+    /// The intent id (`ring0 journal ls` lists them).
+    pub id: String,
+    /// The effect happened.
+    #[arg(long)]
+    pub applied: bool,
+    /// The effect did not happen.
+    #[arg(long)]
+    pub not_applied: bool,
+    /// Why, recorded in the intent's timeline.
+    #[arg(long, default_value = "")]
+    pub note: String,
+    /// Configuration file (its state directory and journal). Default as for `ring0 serve`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// `ring0 journal compensate`.
+#[derive(Args)]
+pub struct CompensateArgs {
+    /// The intent id (`ring0 journal ls` lists them).
+    pub id: String,
+    /// Why, recorded in the intent's timeline.
+    #[arg(long, default_value = "")]
+    pub note: String,
+    /// Configuration file (its tools, grants and journal). Default as for `ring0 serve`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
 }
 
 /// Which journal a command reads.
@@ -55,7 +105,17 @@ pub fn run(
     url: Option<&str>,
     path: Option<&Path>,
     state_dir: Option<&Path>,
+    log: crate::LogOptions,
 ) -> Result<String, String> {
+    match command {
+        JournalCommand::Resolve(args) => {
+            return settle_by_hand(Settle::Resolve(args), path, state_dir, log);
+        }
+        JournalCommand::Compensate(args) => {
+            return settle_by_hand(Settle::Compensate(args), path, state_dir, log);
+        }
+        _ => {}
+    }
     if let JournalCommand::Sim { seeds } = command {
         let report = run_simulation(seeds);
         let text = format!("{report}\n");
@@ -73,7 +133,9 @@ pub fn run(
             None => Err(format!("no intent {id:?} in {name}")),
         },
         JournalCommand::Migrate => migrate(&target),
-        JournalCommand::Sim { .. } => unreachable!("answered above"),
+        JournalCommand::Sim { .. } | JournalCommand::Resolve(_) | JournalCommand::Compensate(_) => {
+            unreachable!("answered above")
+        }
     }
 }
 
@@ -168,4 +230,117 @@ fn open_file(path: &Path) -> Result<JournalReader, String> {
 
 fn open_postgres(url: &str, password: &Option<String>) -> Result<PostgresReader, String> {
     PostgresReader::open(url, password.as_deref()).map_err(|e: JournalError| e.to_string())
+}
+
+/// A person's settlement, as asked on the command line.
+enum Settle {
+    Resolve(ResolveArgs),
+    Compensate(CompensateArgs),
+}
+
+impl Settle {
+    fn config(&self) -> Option<&Path> {
+        match self {
+            Self::Resolve(a) => a.config.as_deref(),
+            Self::Compensate(a) => a.config.as_deref(),
+        }
+    }
+
+    fn id(&self) -> &str {
+        match self {
+            Self::Resolve(a) => &a.id,
+            Self::Compensate(a) => &a.id,
+        }
+    }
+
+    fn request(&self) -> ControlRequest {
+        match self {
+            Self::Resolve(a) => ControlRequest::Resolve {
+                intent: a.id.clone(),
+                applied: a.applied,
+                note: a.note.clone(),
+            },
+            Self::Compensate(a) => ControlRequest::Compensate {
+                intent: a.id.clone(),
+                note: a.note.clone(),
+            },
+        }
+    }
+}
+
+/// Carries out `ring0 journal resolve | compensate`: through the running server that holds
+/// the journal, or on the journal itself when none does.
+fn settle_by_hand(
+    settle: Settle,
+    path: Option<&Path>,
+    state_dir: Option<&Path>,
+    log: crate::LogOptions,
+) -> Result<String, String> {
+    if path.is_some() {
+        return Err(
+            "--path does not apply to resolve or compensate: they act on the configured \
+             journal (--config), through the running ring0 serve when one holds it"
+                .into(),
+        );
+    }
+    operator::parse_intent_id(settle.id())?;
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let loaded =
+        ring0_config::Config::load(settle.config(), &cwd, state_dir).map_err(|e| e.to_string())?;
+    let rt = crate::call_cmd::runtime()?;
+    if loaded.config.journal.url.is_none() {
+        let file = loaded.state_dir.join(ring0_config::state::JOURNAL_FILE);
+        if !file.exists() {
+            return Err(format!(
+                "no journal at {}: nothing to settle",
+                file.display()
+            ));
+        }
+        match SqliteJournal::open(&file) {
+            Err(JournalError::Locked { .. }) => {
+                let request = settle.request();
+                return rt
+                    .block_on(control::ask(&loaded.state_dir, &request))
+                    .map(|message| format!("{message}\n"));
+            }
+            // Not held by a server: this command opens it below.
+            Ok(journal) => drop(journal),
+            Err(e) => return Err(format!("{}: {e}", file.display())),
+        }
+    }
+    let session = SessionArgs {
+        config: settle.config().map(Path::to_path_buf),
+        scope: "cli".into(),
+    };
+    // Kept to the end, so that the compensation's spans are exported.
+    let opened = crate::call_cmd::open(&session, state_dir, log)?;
+    let built = &opened.built;
+    let message = rt.block_on(async {
+        match &settle {
+            Settle::Resolve(a) => {
+                let id = operator::parse_intent_id(&a.id)?;
+                let finding = if a.applied {
+                    PersonFinding::Applied
+                } else {
+                    PersonFinding::NotApplied
+                };
+                let journal = built.kernel.journal().clone();
+                let record = operator::resolve(journal.as_ref(), id, finding, &a.note).await?;
+                Ok::<_, String>(control::describe_resolution(&record))
+            }
+            Settle::Compensate(a) => {
+                let id = operator::parse_intent_id(&a.id)?;
+                crate::call_cmd::recover(&built.kernel).await?;
+                let done = operator::compensate(
+                    &built.kernel,
+                    Some(built.authorizer.clone()),
+                    id,
+                    &a.note,
+                )
+                .await?;
+                Ok(control::describe_compensation(&done))
+            }
+        }
+    })?;
+    Ok(format!("{message}\n"))
 }

@@ -20,6 +20,9 @@
 //! `/mcp`) are served beside `/mcp`; `--metrics-addr` serves them on a loopback address of
 //! their own, for a stdio deployment (see `ring0_ops`).
 //!
+//! `ring0 journal resolve | compensate` settle the journal this process holds through its
+//! control channel (`ring0_ops::control`).
+//!
 //! `ring0 approve-tool NAME` (see `crate::approve_cmd`) approves a quarantined upstream tool (its
 //! new definition's pin is written to `ring0.lock`; a running server picks it up within a second).
 
@@ -149,6 +152,90 @@ async fn recover_lapsed_leases(gw: Gateway, lease_ms: u64, log: Log) {
     }
 }
 
+/// The webhook approval channel `[approval] webhook_url` configures: its links are served on
+/// the `--http` listener, so it needs one.
+fn webhook(
+    loaded: &Loaded,
+    args: &ServeArgs,
+    journal: Arc<dyn ring0_journal::Journal>,
+    log: &Log,
+) -> Result<Option<Arc<ring0_ops::webhook::Webhook>>, String> {
+    let Some(url) = &loaded.config.approval.webhook_url else {
+        return Ok(None);
+    };
+    if args.http.is_none() {
+        return Err(
+            "[approval] webhook_url needs `ring0 serve --http ADDR`: its approve and deny links \
+             are served there"
+                .into(),
+        );
+    }
+    let key = ring0_ops::webhook::signing_key(&loaded.state_dir, ring0_ops::webhook::KEY_FILE)?;
+    let hook = ring0_ops::webhook::Webhook::new(
+        url.clone(),
+        loaded.config.approval.webhook_link_base.clone(),
+        key,
+        journal,
+        log.clone(),
+    )?;
+    Ok(Some(Arc::new(hook)))
+}
+
+/// The operations routes, with the webhook's links on the open side when configured (their
+/// signature is their credential).
+fn operation_routes(
+    operations: &Arc<ring0_ops::Operations>,
+    webhook: Option<&Arc<ring0_ops::webhook::Webhook>>,
+    console: &Arc<ring0_ops::console::Console>,
+) -> ring0_mcp::door::operations::OperationsRoutes {
+    let mut routes = operations.routes();
+    if let Some(webhook) = webhook {
+        routes.open = routes.open.merge(webhook.routes());
+    }
+    // The console is behind the listener's authentication: its principal is the request's.
+    routes.gated = routes.gated.merge(console.routes());
+    routes
+}
+
+/// The web console for the operators `[console]` names.
+fn console(
+    loaded: &Loaded,
+    gateway: &Gateway,
+    log: &Log,
+) -> Result<Arc<ring0_ops::console::Console>, String> {
+    let key = ring0_ops::webhook::signing_key(&loaded.state_dir, ring0_ops::console::KEY_FILE)?;
+    let operators = ring0_ops::console::Operators {
+        ids: loaded.config.console.operators.clone(),
+        groups: loaded.config.console.operator_groups.clone(),
+    };
+    Ok(Arc::new(ring0_ops::console::Console::new(
+        gateway.clone(),
+        operators,
+        key,
+        log.clone(),
+        loaded.workspace.clone(),
+        loaded.state_dir.clone(),
+    )))
+}
+
+/// Waits for `SIGINT` or `SIGTERM` (what a service manager or an orchestrator sends to drain a
+/// replica): either stops the server cleanly, so a shared journal's lease is given up as it
+/// exits and the calls it still held are recovered at once by the other replicas.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 /// The gateway's log as `tracing` events of target `ring0`, at the level each line's severity
 /// says: the subscriber writes them in the format asked for.
 fn gateway_log() -> Log {
@@ -243,14 +330,21 @@ async fn serve(
     let metrics = Arc::new(ring0_ops::metrics::Metrics::new(Duration::from_secs(
         loaded.config.approval.timeout_secs,
     )));
-    // A held call is offered to the client and to `ring0 approve` in another terminal.
-    let approver = ring0_ops::approvals::ClientOrTerminal::new(
+    // A held call is offered to the client and to `ring0 approve` in another terminal, and
+    // recorded in the journal (and offered to the webhook) once the journal is open.
+    let channels = ring0_ops::approvals::ClientOrTerminal::new(
         Arc::new(McpApprover::new(approvals.clone())),
         ring0_policy::DirectoryApprover::new(ring0_config::approvals_dir(&loaded.state_dir)),
         log.clone(),
     );
-    let built = build_kernel_tapped(&loaded, Arc::new(approver), Some(metrics.clone()))
+    let approver = Arc::new(ring0_ops::held::DurableApprover::new(
+        Arc::new(channels),
+        log.clone(),
+    ));
+    let built = build_kernel_tapped(&loaded, approver.clone(), Some(metrics.clone()))
         .map_err(|e| e.to_string())?;
+    let webhook = webhook(&loaded, &args, built.kernel.journal().clone(), &log)?;
+    approver.attach(built.kernel.journal().clone(), webhook.clone());
     let gw = start_gateway(&loaded, &built, &log, metrics.clone())?;
     let operations = Arc::new(ring0_ops::Operations::new(metrics, gw.clone()));
     let shutdown = CancellationToken::new();
@@ -281,11 +375,32 @@ async fn serve(
     if let Err(why) = built.jobs.settle_leftovers().await {
         log.line(&format!("background jobs are unavailable: {why}"));
     }
+    // Calls held before a restart wait for their decision; recovery leaves their intents.
+    let held = ring0_ops::held::HeldWatcher::adopt(gw.journal().as_ref(), &log).await;
+    if !held.is_empty() {
+        tokio::spawn(held.watch(gw.clone(), log.clone()));
+    }
+    // `ring0 journal resolve | compensate` reach the journal this process holds through the
+    // state directory's control channel.
+    tokio::spawn(ring0_ops::control::serve(
+        loaded.state_dir.clone(),
+        gw.clone(),
+        log.clone(),
+        shutdown.clone(),
+    ));
     announce(&log, &loaded, &built, &generation, args.http, log_level);
-    serve_transport(
-        args, loaded, token, gw, approvals, operations, shutdown, log,
-    )
-    .await
+    let routes = operation_routes(
+        &operations,
+        webhook.as_ref(),
+        &console(&loaded, &gw, &log)?,
+    );
+    let transport = Transport {
+        approvals,
+        routes,
+        webhook,
+        shutdown,
+    };
+    serve_transport(args, loaded, token, gw, transport, log).await
 }
 
 /// The gateway over the built kernel's tools and journal, with every configured upstream
@@ -463,18 +578,30 @@ fn announce_catalog(
     }
 }
 
-/// Serves MCP over stdio, or over HTTP until ctrl-c.
-#[allow(clippy::too_many_arguments)]
+/// What the transports serve beside the gateway.
+struct Transport {
+    approvals: Arc<Approvals>,
+    /// The operations routes, the console's and the webhook's links among them.
+    routes: ring0_mcp::door::operations::OperationsRoutes,
+    webhook: Option<Arc<ring0_ops::webhook::Webhook>>,
+    shutdown: CancellationToken,
+}
+
+/// Serves MCP over stdio, or over HTTP until SIGINT or SIGTERM.
 async fn serve_transport(
     args: ServeArgs,
     loaded: Loaded,
     token: Option<String>,
     gw: Gateway,
-    approvals: Arc<Approvals>,
-    operations: Arc<ring0_ops::Operations>,
-    shutdown: CancellationToken,
+    transport: Transport,
     log: Log,
 ) -> Result<(), String> {
+    let Transport {
+        approvals,
+        routes,
+        webhook,
+        shutdown,
+    } = transport;
     match args.http {
         None => {
             let server = match &args.scope {
@@ -486,7 +613,7 @@ async fn serve_transport(
         Some(addr) => {
             let stop = shutdown.clone();
             tokio::spawn(async move {
-                let _ = tokio::signal::ctrl_c().await;
+                stop_signal().await;
                 stop.cancel();
             });
             let options = HttpOptions {
@@ -501,7 +628,7 @@ async fn serve_transport(
                     .map(|h| format!("http://{h}:*"))
                     .collect(),
                 door: loaded.config.http.clone(),
-                operations: Some(operations.routes()),
+                operations: Some(routes),
             };
             let log2 = log.clone();
             ring0_mcp::http::serve_http(
@@ -511,6 +638,9 @@ async fn serve_transport(
                 log.clone(),
                 shutdown,
                 move |bound| {
+                    if let Some(webhook) = &webhook {
+                        webhook.listening_on(bound);
+                    }
                     if bound != addr {
                         log2.line(&format!("listening on http://{bound}{MCP_PATH}"));
                     }

@@ -152,6 +152,22 @@ impl Config {
                 format!("must be between 1 and {}", APPROVAL_TIMEOUT_MAX.as_secs()),
             ));
         }
+        for (key, url) in [
+            ("approval.webhook_url", &self.approval.webhook_url),
+            (
+                "approval.webhook_link_base",
+                &self.approval.webhook_link_base,
+            ),
+        ] {
+            if let Some(url) = url
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                return Err(err(
+                    key.into(),
+                    format!("{url:?} must be an http:// or https:// URL"),
+                ));
+            }
+        }
         ring0_mcp::config::validate(&self.upstreams)
             .map_err(|e| err("upstreams".into(), e.to_string()))?;
         // Paths are only joined here; the key set is read when `serve --http` starts.

@@ -89,6 +89,9 @@ pub struct Config {
     /// `[approval]`: how held calls wait for a person.
     #[serde(default)]
     pub approval: ApprovalSection,
+    /// `[console]`: who may use the web console of `ring0 serve --http`.
+    #[serde(default)]
+    pub console: ConsoleSection,
     /// `[audit]`: where decisions are recorded.
     #[serde(default)]
     pub audit: AuditSection,
@@ -426,14 +429,55 @@ pub struct ApprovalSection {
     /// `approval_timeout`. Default 300, at most 86400.
     #[serde(default = "approval_timeout_default")]
     pub timeout_secs: u64,
+    /// `ring0 serve` POSTs each held call to this URL (`http://` or `https://`) with signed,
+    /// one-time, expiring approve and deny links (see `docs/operations.md`, "The webhook").
+    #[serde(default)]
+    pub webhook_url: Option<String>,
+    /// Where the webhook's receiver reaches ring0's HTTP listener, the links' base
+    /// (`http://host:port`). Default: the `--http` address.
+    #[serde(default)]
+    pub webhook_link_base: Option<String>,
 }
 
 impl Default for ApprovalSection {
     fn default() -> Self {
         Self {
             timeout_secs: approval_timeout_default(),
+            webhook_url: None,
+            webhook_link_base: None,
         }
     }
+}
+
+/// `[console]`: the web console at `/console` serves operators only.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleSection {
+    /// Principals (ids) with the operator role. Default `["local"]`: the person at this
+    /// machine (a loopback listener without credentials, or `--token-env`).
+    #[serde(default = "console_operators_default")]
+    pub operators: Vec<String>,
+    /// Groups (a token's `groups`, a JWT's mapped groups) with the operator role. Default
+    /// `["operator"]`.
+    #[serde(default = "console_operator_groups_default")]
+    pub operator_groups: Vec<String>,
+}
+
+impl Default for ConsoleSection {
+    fn default() -> Self {
+        Self {
+            operators: console_operators_default(),
+            operator_groups: console_operator_groups_default(),
+        }
+    }
+}
+
+fn console_operators_default() -> Vec<String> {
+    vec!["local".into()]
+}
+
+fn console_operator_groups_default() -> Vec<String> {
+    vec!["operator".into()]
 }
 
 /// `[audit]`

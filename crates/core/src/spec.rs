@@ -387,6 +387,12 @@ pub struct ToolSpec {
     /// `default` there is the server's claim, and the tool gets exactly what the model sent.
     #[serde(default = "default_true")]
     pub apply_schema_defaults: bool,
+    /// The tool that undoes this one's effect (seed 003's A2 "compensable"): a person's
+    /// `ring0 journal compensate ID` calls it, through the kernel like any call, with the
+    /// compensated call's prepared arguments, and the compensated intent ends COMPENSATED.
+    /// `None`: the effect cannot be undone by ring0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensation: Option<String>,
 }
 
 fn default_timeout_ms() -> u64 {
@@ -425,6 +431,7 @@ impl ToolSpec {
             track_exact_repeats: true,
             deterministic: false,
             apply_schema_defaults: true,
+            compensation: None,
         }
     }
 
@@ -487,6 +494,11 @@ impl ToolSpec {
     }
     pub fn output_schema(mut self, schema: Value) -> Self {
         self.output_schema = Some(schema);
+        self
+    }
+    /// Names the tool that undoes this one's effect (see [`ToolSpec::compensation`]).
+    pub fn compensation(mut self, tool: impl Into<String>) -> Self {
+        self.compensation = Some(tool.into());
         self
     }
 

@@ -14,7 +14,8 @@
 //!   the durable [`SqliteJournal`] (WAL, `synchronous=FULL`, group commit, one writer process)
 //!   and [`PostgresJournal`], one database for several replicas (claims, leases, fencing);
 //! - [`mod@settle`]: outcome classification and settlement of ambiguous outcomes
-//!   ([`begin_dispatch`], [`record_outcome`], [`settle()`], [`compensate`]);
+//!   ([`begin_dispatch`], [`record_outcome`], [`settle()`], [`compensate`]) and a person's
+//!   settlement of a dead letter ([`resolve_by_person`]);
 //! - [`recovery`]: [`drive`] one owned record to a settled state, and [`recover`] everything a
 //!   crash left open, from the log alone;
 //! - [`memo`]: memoized observations of deterministic reads;
@@ -37,6 +38,7 @@
 
 pub mod clock;
 mod decide;
+pub mod hold;
 pub mod inspect;
 pub mod limits;
 pub mod machine;
@@ -51,14 +53,15 @@ pub mod sqlite;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::{attempt_idempotency_key, decide_existing};
+pub use hold::{HeldCall, HoldDecided, HoldState};
 pub use machine::{TransitionError, check, is_allowed};
 pub use memory::MemoryJournal;
 pub use postgres::{Migrated, PostgresJournal, PostgresOptions, PostgresReader, is_postgres_url};
 pub use record::{ClientKey, IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 pub use recovery::{Executor, RecoveryPolicy, RecoveryReport, drive, drive_bounded, recover};
 pub use settle::{
-    DispatchOutcome, FailureClass, ProbeFinding, Settled, begin_dispatch, begin_reconcile,
-    cancel_before_dispatch, compensate, record_outcome, settle,
+    DispatchOutcome, FailureClass, PersonFinding, ProbeFinding, Settled, begin_dispatch,
+    begin_reconcile, cancel_before_dispatch, compensate, record_outcome, resolve_by_person, settle,
 };
 pub use sim::{SimReport, run_simulation};
 pub use sqlite::{JournalReader, SqliteJournal, SqliteOptions, WriterStats};
@@ -168,6 +171,36 @@ pub trait Journal: Send + Sync {
     ) -> Result<Option<Observation>, JournalError> {
         let _ = (fingerprint, max_age_ms);
         Ok(None)
+    }
+
+    /// Records a call held for a person's approval (see [`hold`]). Returns whether it was
+    /// stored: a backend without held-call records keeps none, and a held call then lives
+    /// only as long as the process that holds it.
+    async fn hold_put(&self, held: &HeldCall) -> Result<bool, JournalError> {
+        let _ = held;
+        Ok(false)
+    }
+
+    /// The held call with this approval id, in whatever state.
+    async fn hold_get(&self, approval_id: &str) -> Result<Option<HeldCall>, JournalError> {
+        let _ = approval_id;
+        Ok(None)
+    }
+
+    /// Held calls still PENDING, oldest first, at most [`hold::HOLDS_LISTED_MAX`] (their
+    /// deadlines may have passed: [`HeldCall::is_pending_at`]).
+    async fn holds_pending(&self) -> Result<Vec<HeldCall>, JournalError> {
+        Ok(Vec::new())
+    }
+
+    /// Decides a held call once: a compare-and-set from PENDING (see [`HoldDecided`]).
+    async fn hold_decide(
+        &self,
+        approval_id: &str,
+        state: HoldState,
+    ) -> Result<HoldDecided, JournalError> {
+        let _ = (approval_id, state);
+        Ok(HoldDecided::NotFound)
     }
 
     /// Stores an observation of a deterministic read. Returns whether it was stored (an

@@ -8,6 +8,7 @@
 
 use crate::clock::{Clock, SystemClock};
 use crate::decide::{self, Found, Write};
+use crate::hold::{self, HOLDS_LISTED_MAX, HeldCall, HoldDecided, HoldState};
 use crate::limits::{CLIENT_KEYS_PER_PRINCIPAL_MAX, MEMO_ENTRIES_MAX, RECENT_LIMIT_MAX};
 use crate::memo::{self, MemoEntry};
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
@@ -30,6 +31,8 @@ struct State {
     client_keys_order: HashMap<String, VecDeque<(String, IntentId)>>,
     order: Vec<IntentId>,
     memo: HashMap<Fingerprint, MemoEntry>,
+    /// Held calls by approval id (see [`crate::hold`]).
+    holds: HashMap<String, HeldCall>,
 }
 
 impl State {
@@ -224,6 +227,49 @@ impl Journal for MemoryJournal {
             .filter_map(|id| st.records.get(id))
             .cloned()
             .collect())
+    }
+
+    async fn hold_put(&self, held: &HeldCall) -> Result<bool, JournalError> {
+        self.lock()
+            .holds
+            .insert(held.approval_id.clone(), held.clone());
+        Ok(true)
+    }
+
+    async fn hold_get(&self, approval_id: &str) -> Result<Option<HeldCall>, JournalError> {
+        Ok(self.lock().holds.get(approval_id).cloned())
+    }
+
+    async fn holds_pending(&self) -> Result<Vec<HeldCall>, JournalError> {
+        let mut pending: Vec<HeldCall> = self
+            .lock()
+            .holds
+            .values()
+            .filter(|h| h.state == HoldState::Pending)
+            .cloned()
+            .collect();
+        pending.sort_by_key(|h| h.created_ms);
+        pending.truncate(HOLDS_LISTED_MAX);
+        Ok(pending)
+    }
+
+    async fn hold_decide(
+        &self,
+        approval_id: &str,
+        state: HoldState,
+    ) -> Result<HoldDecided, JournalError> {
+        let now = self.clock.now_ms();
+        let mut guard = self.lock();
+        let Some(held) = guard.holds.get(approval_id).cloned() else {
+            return Ok(HoldDecided::NotFound);
+        };
+        let outcome = hold::decide(held, state, now);
+        if let Some(changed) = outcome.changed() {
+            guard
+                .holds
+                .insert(changed.approval_id.clone(), changed.clone());
+        }
+        Ok(outcome)
     }
 
     fn incarnation(&self) -> Option<u64> {

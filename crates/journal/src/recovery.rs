@@ -176,6 +176,9 @@ pub struct RecoveryReport {
     /// Records of tools this process does not have ([`Executor::knows`]): left exactly as they
     /// are, still open, for a process that has the tool to settle.
     pub deferred: Vec<IntentRecord>,
+    /// RECORDED records whose call waits for a person's approval ([`crate::hold`]): left
+    /// RECORDED for the decision to release.
+    pub held: usize,
 }
 
 impl RecoveryReport {
@@ -212,8 +215,13 @@ pub async fn recover(
     let me = journal.incarnation();
     let open = journal.open_records().await?;
     report.examined = open.len();
+    let holds = journal.holds_pending().await?;
     let mut queue = Vec::with_capacity(open.len());
     for r in open {
+        if r.state == IntentState::Recorded && holds.iter().any(|h| h.holds(&r)) {
+            report.held += 1;
+            continue;
+        }
         let in_flight_here = Some(r.owner) == me
             && matches!(r.state, IntentState::Dispatched | IntentState::Reconciling);
         if in_flight_here {

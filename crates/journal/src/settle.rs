@@ -14,6 +14,9 @@
 //!   synthetic receipt; unchanged since the snapshot → RECORDED (safe to dispatch); anything
 //!   else → DEAD_LETTER; `None` → DEAD_LETTER for a person.
 //! - [`compensate`]: a declared compensating action undid an effect → COMPENSATED.
+//! - [`resolve_by_person`]: a person says what became of a DEAD_LETTER (or UNKNOWN) record's
+//!   effect: applied → ACKED with a receipt saying so (an identical retry is replayed), not
+//!   applied → FAILED (an identical retry runs).
 //!
 //! There is no path from UNKNOWN to a fresh dispatch: the state machine refuses it, and nothing
 //! here takes a model's proposal as input.
@@ -225,6 +228,79 @@ pub async fn compensate(
     let mut t = Transition::to(record, IntentState::Compensated).note(note);
     t.receipt = receipt;
     journal.transition(t).await
+}
+
+/// What a person found out about an unsettled call's effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PersonFinding {
+    /// The effect happened: the intent is ACKED and its retries are replayed.
+    Applied,
+    /// The effect did not happen: the intent is FAILED and may be run again.
+    NotApplied,
+}
+
+/// Settles a DEAD_LETTER or UNKNOWN record by a person's word (`ring0 journal resolve`). An
+/// UNKNOWN record goes through DEAD_LETTER first, so the state machine's one door for a
+/// person's settlement is kept. Any other state is refused with
+/// [`JournalError::Invalid`], naming it: only an unsettled effect is a person's to decide.
+pub async fn resolve_by_person(
+    journal: &dyn Journal,
+    record: &IntentRecord,
+    finding: PersonFinding,
+    note: &str,
+) -> Result<IntentRecord, JournalError> {
+    let dead = match record.state {
+        IntentState::DeadLetter => record.clone(),
+        IntentState::Unknown => {
+            let t = Transition::to(record, IntentState::DeadLetter)
+                .note("taken for a person's settlement");
+            journal.transition(t).await?
+        }
+        other => {
+            return Err(JournalError::Invalid(format!(
+                "intent {} is {other}; only a DEAD_LETTER or UNKNOWN intent is settled by a \
+                 person",
+                record.id
+            )));
+        }
+    };
+    match finding {
+        PersonFinding::Applied => {
+            let mut receipt = person_receipt(&dead, note);
+            stamp(&mut receipt, &dead, IntentState::Acked);
+            let t = Transition::to(&dead, IntentState::Acked)
+                .note(format!("a person marked it applied: {note}"))
+                .receipt(receipt);
+            journal.transition(t).await
+        }
+        PersonFinding::NotApplied => {
+            let t = Transition::to(&dead, IntentState::Failed)
+                .note(format!("a person marked it not applied: {note}"));
+            journal.transition(t).await
+        }
+    }
+}
+
+/// The receipt of an intent a person marked applied: the original response was lost, so it
+/// says who settled it and why.
+fn person_receipt(record: &IntentRecord, note: &str) -> Receipt {
+    Receipt::new(
+        record.last_call_id().to_string(),
+        0,
+        record.tool.clone(),
+        Disposition::Recovered,
+        CallOutcome::Completed {
+            observation: Observation {
+                text: format!(
+                    "The effect was confirmed by a person after an ambiguous outcome; the \
+                     original response was lost. {note}"
+                ),
+                structured: Some(json!({"reconciled": true, "by": "person", "note": note})),
+                is_error: false,
+                ..Observation::default()
+            },
+        },
+    )
 }
 
 /// The receipt of an intent whose effect a probe confirmed: no observation of the original call

@@ -137,9 +137,14 @@ pub(crate) async fn recheck_recorded(
 ) -> Result<Vec<IntentRecord>, JournalError> {
     let me = journal.incarnation();
     let mut refused = Vec::new();
+    // A call held for a person's approval waits for that decision, not for today's policy.
+    let holds = journal.holds_pending().await?;
     for record in journal.open_records().await? {
         // A record of this very incarnation belongs to a live round of this process.
         if record.state != IntentState::Recorded || Some(record.owner) == me {
+            continue;
+        }
+        if holds.iter().any(|h| h.holds(&record)) {
             continue;
         }
         let Some(tool) = registry.get(&record.tool) else {

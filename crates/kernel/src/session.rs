@@ -609,6 +609,37 @@ impl Kernel {
         Ok(report)
     }
 
+    /// Dispatches a RECORDED intent whose call was held for a person's approval by a process
+    /// that ended before the approval came, once the person approved it (the held call's
+    /// decision, `ring0_journal::hold`, is the caller's to check). The journal's fence makes
+    /// it run once: a second release finds it dispatched. Settled by the same protocol as a
+    /// live call, with the registered tool.
+    pub async fn release_held(
+        &self,
+        id: ring0_journal::IntentId,
+    ) -> Result<ring0_journal::IntentRecord, ring0_journal::JournalError> {
+        use ring0_journal::JournalError;
+        let journal = self.inner.journal.as_ref();
+        let record = journal.get(id).await?.ok_or(JournalError::NotFound(id))?;
+        if record.state != ring0_core::IntentState::Recorded {
+            return Err(JournalError::Invalid(format!(
+                "intent {id} is {}; only a RECORDED intent is released",
+                record.state
+            )));
+        }
+        let exec = crate::recover::RegistryExecutor {
+            registry: &self.inner.registry,
+            shape: &self.inner.shape,
+        };
+        if self.inner.registry.get(&record.tool).is_none() {
+            return Err(JournalError::Invalid(format!(
+                "the tool {} of intent {id} is not registered",
+                record.tool
+            )));
+        }
+        ring0_journal::drive(journal, &exec, record).await
+    }
+
     pub fn open_session(&self, config: SessionConfig) -> Session {
         let n = self.inner.sessions.fetch_add(1, Ordering::Relaxed);
         let events = crate::events::EventHub::observed(self.inner.observer.clone());

@@ -189,6 +189,10 @@ pub struct ToolOverride {
     /// an UNKNOWN outcome (see `docs/config.md`, "Reconciliation probes"). Needs
     /// `settlement = "probe"`.
     pub probe: Option<String>,
+    /// A tool of the same upstream (its unqualified name) that undoes this tool's effect:
+    /// `ring0 journal compensate ID` calls it with the compensated call's arguments (see
+    /// `docs/operations.md`, "Settling calls by hand").
+    pub compensation: Option<String>,
 }
 
 /// How the server is reached.
@@ -253,7 +257,8 @@ impl UpstreamConfig {
                 track_exact_repeats,
                 deterministic,
                 open_schema,
-                probe
+                probe,
+                compensation
             );
         }
         out
@@ -346,6 +351,21 @@ pub fn validate(upstreams: &[UpstreamConfig]) -> Result<(), ConfigError> {
             ));
         }
         for (name, o) in &u.tools {
+            if let Some(compensation) = &o.compensation {
+                let key = format!("tools.{name}.compensation");
+                if name == "*" {
+                    return Err(err(
+                        &key,
+                        "a compensation belongs to one tool, not to \"*\"".into(),
+                    ));
+                }
+                if compensation.trim().is_empty() || compensation == name {
+                    return Err(err(
+                        &key,
+                        format!("{compensation:?} must name another tool of this upstream"),
+                    ));
+                }
+            }
             if let Some(probe) = &o.probe {
                 let key = format!("tools.{name}.probe");
                 if name == "*" {

@@ -477,6 +477,11 @@ pub fn upstream_spec(
     if let Some(v) = o.open_schema {
         spec.open_schema = v;
     }
+    if let Some(v) = &o.compensation {
+        // The compensating tool is the same upstream's, named as the catalog names it.
+        spec.compensation =
+            Some(crate::names::qualify(&config.alias, v).unwrap_or_else(|_| v.clone()));
+    }
     spec.timeout_ms = (config.max_timeout() + KERNEL_TIMEOUT_GRACE).as_millis() as u64;
     // A schema `default` is the server's claim: forward exactly what the model sent.
     spec.apply_schema_defaults = false;

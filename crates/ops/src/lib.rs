@@ -13,6 +13,13 @@
 //!   the MCP client's.
 //! - [`telemetry`]: where the kernel's and the gateway's `tracing` spans and events go: log
 //!   lines on stderr (text or JSON), and traces over OTLP/HTTP when configured.
+//! - [`operator`]: a person's settlement of what the journal could not settle (`ring0 journal
+//!   resolve | compensate`), and [`control`], the channel that carries it to a running server.
+//! - [`held`]: durable approvals — a held call recorded in the journal, decided there once,
+//!   released after a restart — and [`webhook`], the channel that POSTs signed, one-time,
+//!   expiring approve/deny links.
+//! - [`console`]: the web console at `/console` for operators: held calls, dead letters, the
+//!   journal.
 //!
 //! ```no_run
 //! # async fn example(gateway: ring0_mcp::Gateway) {
@@ -26,8 +33,14 @@
 //! ```
 
 pub mod approvals;
+pub mod console;
+pub mod control;
+pub mod held;
+pub mod html;
 pub mod metrics;
 pub mod telemetry;
+pub mod operator;
+pub mod webhook;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};

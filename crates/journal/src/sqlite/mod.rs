@@ -60,6 +60,7 @@ pub use writer::WriterStats;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decide;
+use crate::hold::{HeldCall, HoldDecided, HoldState};
 #[cfg(doc)]
 use crate::limits::{ARGS_INLINE_BYTES_MAX, GROUP_COMMIT_BATCH_MAX, KEY_INDEX_PENDING_MAX};
 use crate::limits::{READERS_DEFAULT, RECENT_LIMIT_MAX};
@@ -334,6 +335,31 @@ impl Journal for SqliteJournal {
         let fp = fingerprint.encode();
         let now = self.clock.now_ms();
         self.read(move |conn, files| reads::load_memo(conn, files, &fp, now, max_age_ms))
+            .await
+    }
+
+    async fn hold_put(&self, held: &HeldCall) -> Result<bool, JournalError> {
+        let held = Box::new(held.clone());
+        self.write(|reply| WriteJob::HoldPut(held, reply)).await
+    }
+
+    async fn hold_get(&self, approval_id: &str) -> Result<Option<HeldCall>, JournalError> {
+        let id = approval_id.to_string();
+        self.read(move |conn, files| reads::load_hold(conn, files, &id))
+            .await
+    }
+
+    async fn holds_pending(&self) -> Result<Vec<HeldCall>, JournalError> {
+        self.read(reads::load_holds_pending).await
+    }
+
+    async fn hold_decide(
+        &self,
+        approval_id: &str,
+        state: HoldState,
+    ) -> Result<HoldDecided, JournalError> {
+        let id = approval_id.to_string();
+        self.write(|reply| WriteJob::HoldDecide(id, state, reply))
             .await
     }
 

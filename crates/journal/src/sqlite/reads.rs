@@ -10,6 +10,7 @@ use super::files::Files;
 use super::rows::{cols, from_row};
 use super::schema::{APPLICATION_ID, configure_reader, open_connection};
 use crate::JournalError;
+use crate::hold::{HOLDS_LISTED_MAX, HeldCall};
 use crate::limits::RECENT_LIMIT_MAX;
 use crate::memo::MemoEntry;
 use crate::record::{IntentId, IntentRecord};
@@ -172,6 +173,56 @@ pub(crate) fn load_many<P: rusqlite::Params>(
         out.push(from_row(row, files)?);
     }
     Ok(out)
+}
+
+/// The held call with this approval id.
+pub(crate) fn load_hold(
+    conn: &Connection,
+    files: &Files,
+    approval_id: &str,
+) -> Result<Option<HeldCall>, JournalError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT body FROM held_calls WHERE approval_id = ?1")
+        .map_err(|e| files.sql(e))?;
+    let mut rows = stmt.query([approval_id]).map_err(|e| files.sql(e))?;
+    match rows.next().map_err(|e| files.sql(e))? {
+        Some(row) => Ok(Some(hold_from_text(
+            files,
+            &row.get::<_, String>(0).map_err(|e| files.sql(e))?,
+        )?)),
+        None => Ok(None),
+    }
+}
+
+/// Pending held calls, oldest first, at most [`HOLDS_LISTED_MAX`].
+pub(crate) fn load_holds_pending(
+    conn: &Connection,
+    files: &Files,
+) -> Result<Vec<HeldCall>, JournalError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT body FROM held_calls WHERE state = 'PENDING'
+             ORDER BY created_ms, approval_id LIMIT ?1",
+        )
+        .map_err(|e| files.sql(e))?;
+    let mut rows = stmt
+        .query([HOLDS_LISTED_MAX as i64])
+        .map_err(|e| files.sql(e))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(|e| files.sql(e))? {
+        out.push(hold_from_text(
+            files,
+            &row.get::<_, String>(0).map_err(|e| files.sql(e))?,
+        )?);
+    }
+    Ok(out)
+}
+
+fn hold_from_text(files: &Files, text: &str) -> Result<HeldCall, JournalError> {
+    serde_json::from_str(text).map_err(|e| JournalError::Corrupt {
+        path: files.db.clone(),
+        detail: format!("a held call does not parse: {e}"),
+    })
 }
 
 /// The memoized observation stored under `fingerprint`, if it is at most `max_age_ms` old at

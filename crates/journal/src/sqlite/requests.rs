@@ -18,6 +18,7 @@ use super::rows::{
 use crate::JournalError;
 use crate::clock::Clock;
 use crate::decide::{self, Found, Planned, Write};
+use crate::hold::{self, HeldCall, HoldDecided, HoldState};
 use crate::limits::MEMO_ENTRIES_MAX;
 use crate::memo::MemoEntry;
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
@@ -102,6 +103,10 @@ pub(crate) enum WriteJob {
     MemoPut(Fingerprint, MemoEntry, Reply<bool>),
     /// A delivery record: nobody waits for its answer.
     MarkDelivered(IntentId),
+    /// A held call recorded (see [`crate::hold`]).
+    HoldPut(Box<HeldCall>, Reply<bool>),
+    /// A held call decided once.
+    HoldDecide(String, HoldState, Reply<HoldDecided>),
 }
 
 /// What a request did, before the writer hands it to the caller as its typed answer.
@@ -109,6 +114,7 @@ pub(crate) enum Done {
     Decision(Proposed),
     Record(IntentRecord),
     Stored(bool),
+    Hold(HoldDecided),
 }
 
 /// A row a job inserted: its `seq`, and its key-index entry if it is mutating.
@@ -146,7 +152,40 @@ pub(crate) fn apply(
             mark_delivered(conn, files, id, now)?;
             Ok((Done::Stored(true), None))
         }
+        WriteJob::HoldPut(held, _) => {
+            store_hold(conn, files, held)?;
+            Ok((Done::Stored(true), None))
+        }
+        WriteJob::HoldDecide(id, state, _) => {
+            let Some(held) = crate::sqlite::reads::load_hold(conn, files, id)? else {
+                return Ok((Done::Hold(HoldDecided::NotFound), None));
+            };
+            let outcome = hold::decide(held, state.clone(), now);
+            if let Some(changed) = outcome.changed() {
+                store_hold(conn, files, changed)?;
+            }
+            Ok((Done::Hold(outcome), None))
+        }
     }
+}
+
+/// Stores a held call (one statement: the row holds the call as JSON, with its state and age
+/// as columns for the pending listing).
+fn store_hold(conn: &Connection, files: &Files, held: &HeldCall) -> Result<(), JournalError> {
+    conn.prepare_cached(
+        "INSERT INTO held_calls (approval_id, state, created_ms, body) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT(approval_id) DO UPDATE SET state = excluded.state, body = excluded.body",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            held.approval_id,
+            held.state.as_str(),
+            to_i64(held.created_ms),
+            crate::sqlite::rows::json(held)
+        ])
+    })
+    .map_err(|e| files.sql(e))?;
+    Ok(())
 }
 
 /// Decides a proposal from the records it names or matches, and writes the decision: the

@@ -104,6 +104,14 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (principal, client_key)
     ) WITHOUT ROWID;
     CREATE INDEX client_keys_by_age ON client_keys(principal, bound_ms, client_key);",
+    // 4: calls held for a person's approval (`crate::hold`), kept across restarts.
+    "CREATE TABLE held_calls (
+        approval_id TEXT    PRIMARY KEY,
+        state       TEXT    NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        body        TEXT    NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX held_calls_by_state ON held_calls(state, created_ms);",
 ];
 
 /// Opens the database file read-write (creating it only with `create`); no other thread uses

@@ -255,6 +255,18 @@ fn answer(batch: Vec<WriteJob>, results: Vec<Result<Done, JournalError>>) {
                 }));
             }
             WriteJob::MarkDelivered(_) => {}
+            WriteJob::HoldPut(_, reply) => {
+                let _ = reply.send(result.map(|d| match d {
+                    Done::Stored(b) => b,
+                    _ => unreachable!("a held call's write returns whether it stored"),
+                }));
+            }
+            WriteJob::HoldDecide(_, _, reply) => {
+                let _ = reply.send(result.map(|d| match d {
+                    Done::Hold(h) => h,
+                    _ => unreachable!("a held call's decision returns what it did"),
+                }));
+            }
         }
     }
 }
