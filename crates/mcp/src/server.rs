@@ -1210,6 +1210,7 @@ mod tests {
                 tool: "up__tool".into(),
                 content: projection,
                 is_error: false,
+                free_form: false,
             }],
             terminated: None,
             policy_message: None,
