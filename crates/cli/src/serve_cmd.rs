@@ -215,8 +215,11 @@ pub fn run(
             loaded.config.approval.timeout_secs,
         )));
         // A held call is offered to the client and to `ring0 approve` in another terminal.
+        // A held call of the HTTP agent API is asked of its host instead of an MCP client.
         let approver = ring0_ops::approvals::ClientOrTerminal::new(
-            Arc::new(McpApprover::new(approvals.clone())),
+            Arc::new(ring0_api::HostApprovals::new(Arc::new(McpApprover::new(
+                approvals.clone(),
+            )))),
             ring0_policy::DirectoryApprover::new(ring0_config::approvals_dir(&loaded.state_dir)),
             log.clone(),
         );
@@ -228,8 +231,10 @@ pub fn run(
             .iter()
             .map(|t| (t.spec.clone(), t.tool.clone()))
             .collect();
-        let spill = ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
-            .map_err(|e| format!("spill store: {e}"))?;
+        let spill = Arc::new(
+            ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
+                .map_err(|e| format!("spill store: {e}"))?,
+        );
         let upstream_names: Vec<String> = loaded
             .config
             .upstreams
@@ -244,7 +249,7 @@ pub fn run(
             authorizer: built.authorizer.clone(),
             workspace: loaded.workspace.clone(),
             state_dir: loaded.state_dir.clone(),
-            spill: Some(Arc::new(spill)),
+            spill: Some(spill.clone()),
             log: log.clone(),
             max_concurrent_tools: built.max_concurrent_tools,
             granted_roots: granted_roots(&loaded),
@@ -258,6 +263,11 @@ pub fn run(
             .map_err(|e| e.to_string())?,
             observer: Some(metrics.clone()),
         })?;
+        let api = ring0_api::Api::new(ring0_api::ApiOptions {
+            gateway: gw.clone(),
+            spill: Some(spill),
+            observer: Some(metrics.clone()),
+        });
         let operations = Arc::new(ring0_ops::Operations::new(metrics, gw.clone()));
         let shutdown = CancellationToken::new();
         if let Some(metrics_addr) = args.metrics_addr {
@@ -316,6 +326,13 @@ pub fn run(
             }
         };
         info(&format!("serving MCP on {where_}"));
+        if let Some(addr) = args.http {
+            info(&format!(
+                "agent API on http://{addr}{} (OpenAPI at {})",
+                ring0_api::API_PREFIX,
+                ring0_api::OPENAPI_PATH
+            ));
+        }
         info(&format!("workspace: {}", loaded.workspace.display()));
         info(&format!("config: {}", loaded.source));
         info(&format!("state: {}", loaded.state_dir.display()));
@@ -413,6 +430,13 @@ pub fn run(
                         .collect(),
                     door: loaded.config.http.clone(),
                     operations: Some(operations.routes()),
+                    mounted: Some({
+                        let routes = api.routes();
+                        ring0_mcp::http::Mounted {
+                            gated: routes.gated,
+                            open: routes.open,
+                        }
+                    }),
                 };
                 let log2 = log.clone();
                 ring0_mcp::http::serve_http(
