@@ -244,3 +244,95 @@ fn answer_for(action: &PendingAction, outcome: Outcome, loc: &str) -> Result<Ans
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn action(id: &str, kind: ActionKind) -> PendingAction {
+        PendingAction {
+            id: id.into(),
+            kind,
+            call_id: format!("call_{id}"),
+            tool: "t".into(),
+            arguments: json!({}),
+            input: None,
+            intent_id: None,
+            idempotency_key: None,
+            args_hash: Some("v1:aa".into()),
+            reason: None,
+            summary: None,
+            deadline_ms: 0,
+        }
+    }
+
+    fn outcome(id: &str, output: Option<Value>, approve: Option<bool>) -> Outcome {
+        Outcome {
+            id: id.into(),
+            output,
+            error: None,
+            approve,
+            remember: false,
+            reason: None,
+            args_hash: None,
+        }
+    }
+
+    #[test]
+    fn outcomes_are_delivered_all_or_none() {
+        let board = Board::new("turn_1".into(), Default::default());
+        let (_run, mut run_rx) = board.post(action("a", ActionKind::Run)).unwrap();
+        let (_held, mut held_rx) = board
+            .post(action("b", ActionKind::ApprovalRequired))
+            .unwrap();
+        let refused = board.answer(vec![
+            outcome("a", Some(json!(1)), None),
+            outcome("b", Some(json!(2)), None),
+        ]);
+        assert_eq!(refused.unwrap_err().errors[0].loc, "/outcomes/1");
+        assert!(run_rx.try_recv().is_err(), "nothing is delivered");
+        assert_eq!(board.open_actions().len(), 2);
+        let repeated = board.answer(vec![
+            outcome("a", Some(json!(1)), None),
+            outcome("a", Some(json!(1)), None),
+        ]);
+        assert!(repeated.is_err());
+        assert_eq!(
+            board
+                .answer(vec![
+                    outcome("a", Some(json!(1)), None),
+                    outcome("b", None, Some(true)),
+                ])
+                .unwrap(),
+            2
+        );
+        assert!(matches!(run_rx.try_recv(), Ok(Answer::Ran(Ok(_)))));
+        assert!(matches!(
+            held_rx.try_recv(),
+            Ok(Answer::Decided { approve: true, .. })
+        ));
+        assert!(board.open_actions().is_empty());
+    }
+
+    #[test]
+    fn a_closed_board_takes_nothing_and_tells_whoever_waits() {
+        let board = Board::new("turn_1".into(), Default::default());
+        let (_posted, mut rx) = board.post(action("a", ActionKind::Run)).unwrap();
+        board.close();
+        assert!(matches!(
+            rx.try_recv(),
+            Err(oneshot::error::TryRecvError::Closed)
+        ));
+        assert!(board.post(action("b", ActionKind::Run)).is_none());
+    }
+
+    #[test]
+    fn an_action_leaves_the_board_when_its_poster_stops_waiting() {
+        let board = Board::new("turn_1".into(), Default::default());
+        let (posted, _rx) = board.post(action("a", ActionKind::Run)).unwrap();
+        assert_eq!(board.open_actions().len(), 1);
+        drop(posted);
+        assert!(board.open_actions().is_empty());
+    }
+}

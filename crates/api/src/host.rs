@@ -279,3 +279,56 @@ async fn ask_host(board: &Arc<Board>, request: &ApprovalRequest) -> ApprovalOutc
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn def(value: Value) -> HostTool {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_custom_tools_grammar_must_match_its_whole_input() {
+        let (spec, _) = host_tool(
+            &def(json!({"name": "sql", "type": "custom",
+                        "grammar": {"syntax": "regex", "definition": "SELECT|UPDATE"}})),
+            "/tools/0",
+        )
+        .unwrap();
+        assert_eq!(
+            spec.input_schema["properties"]["input"]["pattern"],
+            "^(?:SELECT|UPDATE)$"
+        );
+        assert_eq!(spec.input_schema["required"], json!(["input"]));
+    }
+
+    #[test]
+    fn a_host_tool_is_conservative_unless_it_says_otherwise() {
+        let (spec, _) = host_tool(
+            &def(json!({"name": "t", "input_schema": {"type": "object"}})),
+            "/tools/0",
+        )
+        .unwrap();
+        assert_eq!(spec.effect, Effect::NonIdempotent);
+        assert_eq!(spec.authority, ring0_core::Authority::A2);
+        assert_eq!(spec.settlement, Settlement::None);
+        assert_eq!(spec.timeout_ms, HOST_TOOL_TIMEOUT_MS_DEFAULT);
+    }
+
+    #[test]
+    fn a_function_tool_needs_its_schema_and_a_timeout_within_bounds() {
+        let Err(e) = host_tool(&def(json!({"name": "t"})), "/tools/3") else {
+            panic!("a function tool without a schema was accepted")
+        };
+        assert_eq!(e.errors[0].loc, "/tools/3/input_schema");
+        let Err(e) = host_tool(
+            &def(json!({"name": "t", "input_schema": {"type": "object"},
+                        "timeout_ms": HOST_TOOL_TIMEOUT_MS_MAX + 1})),
+            "/tools/0",
+        ) else {
+            panic!("a timeout beyond the bound was accepted")
+        };
+        assert_eq!(e.errors[0].loc, "/tools/0/timeout_ms");
+    }
+}

@@ -263,7 +263,6 @@ pub struct TurnRequest {
     #[serde(default)]
     pub format: Option<TurnFormat>,
     /// The model's message (or output items) exactly as the provider returned it.
-    #[schema(value_type = Object)]
     pub message: Value,
     /// How long to wait for the turn to finish or to need the host, in milliseconds (at most
     /// 300000). Default 60000.
@@ -332,14 +331,13 @@ pub struct PendingAction {
 pub struct TurnResponse {
     pub turn: String,
     pub status: TurnStatus,
-    /// When complete: the tool-result message(s) in the turn's format.
+    /// When complete: the tool-result message(s) in the turn's format (an array of messages or
+    /// items for OpenAI, one user message for Anthropic).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
     pub results: Option<Value>,
     pub pending: Vec<PendingAction>,
     /// When complete: the run must end (a repeat limit, a failed projection), and why.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
     pub terminated: Option<Value>,
     /// When complete: one bounded message to append to the next model request.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -370,7 +368,6 @@ pub struct Outcome {
     pub id: String,
     /// A run's result (any JSON; text is shown as text).
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
     pub output: Option<Value>,
     /// A run that failed.
     #[serde(default)]

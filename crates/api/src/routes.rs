@@ -487,3 +487,24 @@ pub(crate) async fn no_method() -> Response {
     *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_is_the_only_query_parameter() {
+        assert_eq!(wait_query(None).unwrap(), 0);
+        assert_eq!(wait_query(Some("wait_ms=250")).unwrap(), 250);
+        assert!(wait_query(Some("wait_ms=-1")).is_err());
+        assert!(wait_query(Some("other=1")).is_err());
+        assert!(wait_of(Some(TURN_WAIT_MS_MAX + 1)).is_err());
+    }
+
+    #[test]
+    fn a_body_problem_is_located_by_a_json_pointer() {
+        let value = serde_json::json!({"tools": [{"name": "x", "effect": "sometimes"}]});
+        let e = serde_path_to_error::deserialize::<_, PutTools>(value).unwrap_err();
+        assert_eq!(pointer(e.path()), "/tools/0/effect");
+    }
+}

@@ -281,7 +281,7 @@ impl ApiSession {
             ExecutionMode::SafeParallel => ring0_kernel::SchedulingMode::SafeParallel,
             ExecutionMode::Parallel => ring0_kernel::SchedulingMode::Parallel,
         };
-        let session = kernel.open_session(
+        kernel.open_session(
             SessionConfig::new(&s.scope)
                 .principal(self.principal.clone())
                 .session_id(&self.id)
@@ -289,8 +289,7 @@ impl ApiSession {
                 .mode(mode)
                 .max_concurrent_tools(s.max_concurrent_tools)
                 .repeat_limits(s.repeat),
-        );
-        session
+        )
     }
 }
 
@@ -427,5 +426,44 @@ impl Sessions {
             Some(s) if s.principal.id == principal.id => Ok(map.remove(id).expect("present")),
             _ => Err(ApiError::not_found(format!("no session {id:?}"))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_sessions_grants_refuse_what_they_do_not_name_or_exceed() {
+        let narrowed = Narrowed {
+            inner: Arc::new(ring0_kernel::GrantTable::allow(&["*"], Authority::A3)),
+            tools: Some(vec![ToolPattern("read_*".into())]),
+            ceiling: Some(Authority::A0),
+        };
+        let read = ToolSpec::read("read_file", "", json!({"type": "object"}));
+        let list = ToolSpec::read("list_dir", "", json!({"type": "object"}));
+        let write = ToolSpec::new("read_and_burn", "", json!({"type": "object"}));
+        let session = SessionInfo::detached("s");
+        assert!(narrowed.visible(&session, &read));
+        assert!(!narrowed.visible(&session, &list));
+        assert!(matches!(
+            narrowed.refusal(&write),
+            Some(AuthDecision::Deny { rule, .. }) if rule == "session:ceiling"
+        ));
+    }
+
+    #[test]
+    fn narrowing_never_widens_the_principals_grants() {
+        let narrowed = Narrowed {
+            inner: Arc::new(ring0_kernel::GrantTable::allow(
+                &["read_file"],
+                Authority::A0,
+            )),
+            tools: Some(vec![ToolPattern("*".into())]),
+            ceiling: None,
+        };
+        let shell = ToolSpec::new("shell", "", json!({"type": "object"}));
+        assert!(!narrowed.visible(&SessionInfo::detached("s"), &shell));
     }
 }
