@@ -429,6 +429,56 @@ async fn a_turn_sent_again_while_its_write_runs_is_answered_with_that_writes_res
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_host_never_reports_is_asked_again_under_its_key_then_left_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    let mut invoice = send_invoice();
+    invoice["timeout_ms"] = json!(500);
+    host.put_tools(&session, json!([invoice])).await;
+    let first = host
+        .turn(
+            &session,
+            "openai",
+            chat_call("call_t", "send_invoice", json!({"to": "acme"})),
+        )
+        .await;
+    let turn_id = first["turn"].as_str().unwrap().to_string();
+    let mut runs = vec![first["pending"][0].clone()];
+    // Never answered: each run times out; the settlement asks again under the same key, once.
+    let done = loop {
+        let path = format!("/v1/sessions/{session}/turns/{turn_id}?wait_ms=60000");
+        let (status, now) = host.call("GET", &path, None).await;
+        assert_eq!(status, 200, "{now}");
+        if now["status"] == "complete" {
+            break now;
+        }
+        for action in now["pending"].as_array().unwrap() {
+            if !runs.iter().any(|r| r["id"] == action["id"]) {
+                runs.push(action.clone());
+            }
+        }
+        assert!(runs.len() <= 2, "asked more than once again: {runs:?}");
+        // A turn with an action pending answers at once: pace the polling, decide nothing by it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        runs.len(),
+        2,
+        "the unknown outcome was not settled by asking again: {runs:?}"
+    );
+    assert_eq!(runs[0]["idempotency_key"], runs[1]["idempotency_key"]);
+    assert_eq!(runs[0]["intent_id"], runs[1]["intent_id"]);
+    let result = seen(&done["results"][0]);
+    assert_eq!(result["outcome"]["kind"], "failed", "{result}");
+    assert_eq!(
+        result["outcome"]["uncertain"], true,
+        "never reported as a success: {result}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_custom_tool_call_is_checked_against_its_grammar_and_answered_as_custom_output() {
     let dir = tempfile::tempdir().unwrap();
     let server = serve(dir.path(), API_CONFIG);
@@ -815,8 +865,9 @@ fn schemathesis_finds_no_server_error_and_no_schema_violation() {
             "--exclude-path",
             "/v1/sessions/{id}/events",
         ])
+        // Its report directory goes to the test's own directory, never the source tree.
+        .current_dir(dir.path())
         .env("HOME", test_home())
-        .env("SCHEMATHESIS_HOOKS", "")
         .output()
         .expect("schemathesis runs");
     let report = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
