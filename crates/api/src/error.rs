@@ -29,8 +29,9 @@ pub enum ErrorKind {
     /// The request conflicts with the session's state: a tool name taken, tools changed while
     /// a turn is open, an action already answered (409).
     Conflict,
-    /// No route or method here (404 / 405).
+    /// No route here (404).
     NoRoute,
+    /// The route does not take this method (405).
     MethodNotAllowed,
     /// The request carries no principal (401): never reached behind the listener's gate.
     Unauthenticated,
@@ -77,14 +78,18 @@ pub struct FieldProblem {
     /// JSON pointer into the request body (`""` is the whole body; for a turn, into `message`
     /// as the provider format names it, e.g. `$.tool_calls[0].id`).
     pub loc: String,
+    /// What is wrong there.
     pub message: String,
 }
 
 /// The body of every refused request.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct ApiError {
+    /// Why, in one word; decides the HTTP status.
     pub status: ErrorKind,
+    /// What was refused, bounded.
     pub message: String,
+    /// Each problem and where it is, when the request's content is at fault.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<FieldProblem>,
     /// What to do about it.
@@ -92,6 +97,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// A refusal of `status`, its message cut to the rejection text bound.
     pub fn new(status: ErrorKind, message: impl Into<String>) -> Self {
         Self {
             status,
@@ -114,19 +120,23 @@ impl ApiError {
         self
     }
 
+    /// Nothing of that name for this principal.
     pub fn not_found(what: impl Into<String>) -> Self {
         Self::new(ErrorKind::NotFound, what)
     }
 
+    /// One located problem with the request's content.
     pub fn invalid(loc: impl Into<String>, message: impl Into<String>) -> Self {
         let message = message.into();
         Self::new(ErrorKind::ValidationError, message.clone()).at(loc, message)
     }
 
+    /// The request does not fit the session's state.
     pub fn conflict(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Conflict, message)
     }
 
+    /// A bound was reached.
     pub fn limit(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::LimitExceeded, message)
     }

@@ -25,14 +25,10 @@
 #![deny(missing_docs)]
 
 mod board;
-/// The refusal envelope of every `/v1` request.
-#[allow(missing_docs)]
 pub mod error;
 mod events;
 mod host;
 pub mod limits;
-/// Request and response bodies.
-#[allow(missing_docs)]
 pub mod model;
 mod routes;
 mod session;

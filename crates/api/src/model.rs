@@ -18,6 +18,7 @@ pub enum TurnFormat {
 }
 
 impl TurnFormat {
+    /// The kernel's name of the format.
     pub fn provider(self) -> ring0_core::ProviderFormat {
         match self {
             Self::Openai => ring0_core::ProviderFormat::OpenAiChat,
@@ -43,13 +44,18 @@ pub enum ExecutionMode {
 /// How much a call may do without a person, `A0` (read) to `A3` (irreversible).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub enum AuthorityLevel {
+    /// Read.
     A0,
+    /// A change inside the workspace sandbox (ring0's own tools only).
     A1,
+    /// An external effect that can be compensated or settled.
     A2,
+    /// Irreversible: always held for a person.
     A3,
 }
 
 impl AuthorityLevel {
+    /// The kernel's authority level.
     pub fn core(self) -> ring0_core::Authority {
         use ring0_core::Authority;
         match self {
@@ -68,11 +74,13 @@ pub struct CreateSession {
     /// The format turns are in when they do not say. Default `openai`.
     #[serde(default)]
     pub format: Option<TurnFormat>,
+    /// How the turn's calls are ordered. Default `safe_parallel`.
     #[serde(default)]
     pub mode: Option<ExecutionMode>,
     /// Narrows the principal's grants for this session; never widens them.
     #[serde(default)]
     pub grants: Option<SessionGrants>,
+    /// Limits of the session, within ring0's own.
     #[serde(default)]
     pub limits: Option<SessionLimits>,
     /// The user-intent scope of the session's calls (part of every call's identity): a host
@@ -113,10 +121,15 @@ pub struct SessionLimits {
 /// A created session.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct SessionCreated {
+    /// The session's id, in every route of it.
     pub id: String,
+    /// The principal the session acts for.
     pub principal: String,
+    /// The scope of its calls.
     pub scope: String,
+    /// The format of turns that do not say.
     pub format: TurnFormat,
+    /// How its calls are ordered.
     pub mode: ExecutionMode,
 }
 
@@ -124,8 +137,11 @@ pub struct SessionCreated {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EffectKind {
+    /// No effect at all: a read.
     Nullipotent,
+    /// Repeating it leaves the world as one run did.
     Idempotent,
+    /// Each run has its own effect.
     NonIdempotent,
 }
 
@@ -133,8 +149,11 @@ pub enum EffectKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StrategyKind {
+    /// Gathers information.
     Exploration,
+    /// Acts on what is known.
     Exploitation,
+    /// Neither: it may run beside anything.
     Neutral,
 }
 
@@ -153,8 +172,11 @@ pub enum SettlementKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ConcurrencyKind {
+    /// Decided by the mode and the effect.
     Default,
+    /// May overlap its neighbours even when it writes.
     Parallel,
+    /// Runs alone.
     Sequential,
 }
 
@@ -176,13 +198,17 @@ pub enum HostToolType {
 pub struct Grammar {
     /// `regex` (the whole input must match) or `lark` (not checked by ring0).
     pub syntax: GrammarSyntax,
+    /// The grammar's text.
     pub definition: String,
 }
 
+/// How a custom tool's grammar is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum GrammarSyntax {
+    /// A regular expression the whole input must match.
     Regex,
+    /// A Lark grammar (accepted, not checked).
     Lark,
 }
 
@@ -190,9 +216,12 @@ pub enum GrammarSyntax {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HostTool {
+    /// The name the model calls it by: not a tool ring0 serves, without `__`.
     pub name: String,
+    /// What the model reads about it.
     #[serde(default)]
     pub description: String,
+    /// `function` (default) or `custom`.
     #[serde(default, rename = "type")]
     pub kind: HostToolType,
     /// JSON Schema of a function tool's arguments (an object schema; closed unless it says
@@ -200,6 +229,7 @@ pub struct HostTool {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub input_schema: Option<Value>,
+    /// A custom tool's grammar.
     #[serde(default)]
     pub grammar: Option<Grammar>,
     /// Default `non_idempotent`.
@@ -212,6 +242,7 @@ pub struct HostTool {
     /// Default unknown (the call runs alone in its turn).
     #[serde(default)]
     pub strategy: Option<Vec<StrategyKind>>,
+    /// Default `default`.
     #[serde(default)]
     pub concurrency: Option<ConcurrencyKind>,
     /// A template over the arguments, e.g. `account:{to.account}`: calls with equal keys never
@@ -234,13 +265,16 @@ pub struct HostTool {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PutTools {
+    /// At most 128 tools.
     pub tools: Vec<HostTool>,
 }
 
 /// A tool a session may call.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ToolListing {
+    /// The name the model calls it by.
     pub name: String,
+    /// What the model reads about it.
     pub description: String,
     /// The prepared-arguments schema ring0 validates against.
     #[schema(value_type = Object)]
@@ -252,6 +286,7 @@ pub struct ToolListing {
 /// The session's catalog.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Tools {
+    /// Every tool the session may call.
     pub tools: Vec<ToolListing>,
 }
 
@@ -297,9 +332,11 @@ pub enum ActionKind {
 pub struct PendingAction {
     /// Names the action in the outcome the host reports.
     pub id: String,
+    /// Run it, or decide it.
     pub kind: ActionKind,
     /// The provider's call id.
     pub call_id: String,
+    /// The tool's name.
     pub tool: String,
     /// The prepared arguments: validated, defaulted, rewritten by policy. Run with these.
     #[schema(value_type = Object)]
@@ -319,6 +356,7 @@ pub struct PendingAction {
     /// Why a person must approve the call, and what they are shown.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// What a person approving it is shown: tool, authority, reason, digest, arguments.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
     /// After this time (Unix milliseconds) an unreported run's outcome is unknown and an
@@ -329,12 +367,15 @@ pub struct PendingAction {
 /// A turn's state as the host sees it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TurnResponse {
+    /// The turn's id, in the routes of it.
     pub turn: String,
+    /// Where the turn stands.
     pub status: TurnStatus,
     /// When complete: the tool-result message(s) in the turn's format (an array of messages or
     /// items for OpenAI, one user message for Anthropic).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub results: Option<Value>,
+    /// What the turn waits for the host to do.
     pub pending: Vec<PendingAction>,
     /// When complete: the run must end (a repeat limit, a failed projection), and why.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -348,6 +389,7 @@ pub struct TurnResponse {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HostFailure {
+    /// What went wrong, shown to the model (cut at 2 KiB).
     pub message: String,
     /// Whether the tool may have had its effect anyway. `false` only when the host knows
     /// nothing was applied; then the call settles FAILED. Default `true`: the outcome is
@@ -391,6 +433,7 @@ pub struct Outcome {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Outcomes {
+    /// One report per pending action answered.
     pub outcomes: Vec<Outcome>,
     /// As for a turn.
     #[serde(default)]
@@ -400,6 +443,7 @@ pub struct Outcomes {
 /// `DELETE /v1/sessions/{id}`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct SessionDeleted {
+    /// The id of the deleted session.
     pub id: String,
     /// Turns still open that were cancelled.
     pub turns_cancelled: usize,
