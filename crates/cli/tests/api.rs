@@ -386,46 +386,69 @@ async fn a_held_call_is_pending_for_approval_and_runs_once_approved() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_turn_sent_again_while_its_write_runs_is_answered_with_that_writes_result() {
+async fn a_write_sent_again_before_its_result_reached_the_host_is_not_run_twice() {
     let dir = tempfile::tempdir().unwrap();
     let server = serve(dir.path(), API_CONFIG);
     let host = Host::of(&server, None);
     let session = host.session(json!({})).await;
-    host.put_tools(&session, json!([send_invoice()])).await;
-    let message = chat_call("call_i", "send_invoice", json!({"to": "acme"}));
-    let first = host.turn(&session, "openai", message.clone()).await;
-    let action = first["pending"][0].clone();
-    assert_eq!(action["kind"], "run");
-
-    // The host lost track and sends the same message again before reporting: the identical
-    // write is in flight, so the retry waits for it instead of asking for a second run.
-    let path = format!("/v1/sessions/{session}/turns");
-    let retry = {
-        let host = Host::of(&server, None);
-        let body = json!({"message": message, "wait_ms": 60000});
-        tokio::spawn(async move { host.call("POST", &path, Some(&body)).await })
-    };
-    let first_turn = first["turn"].as_str().unwrap();
-    let (_, done) = host
-        .outcomes(
+    host.put_tools(&session, json!([send_invoice(), lookup_order()]))
+        .await;
+    let invoice = json!({"id": "call_i", "type": "function",
+        "function": {"name": "send_invoice", "arguments": "{\"to\":\"acme\"}"}});
+    let lookup = json!({"id": "call_l", "type": "function",
+        "function": {"name": "lookup_order", "arguments": "{\"id\":7}"}});
+    // The write is a barrier: the read after it waits for its own epoch.
+    let first = host
+        .turn(
             &session,
-            first_turn,
-            json!([{"id": action["id"], "output": {"invoice": "INV-1"}}]),
+            "openai",
+            json!({"role": "assistant", "tool_calls": [invoice, lookup]}),
         )
         .await;
-    assert_eq!(done["status"], "complete");
-    let (status, again) = retry.await.unwrap();
-    assert_eq!(status, 200, "{again}");
+    let first_turn = first["turn"].as_str().unwrap().to_string();
+    let write = first["pending"][0].clone();
+    assert_eq!(write["tool"], "send_invoice", "{first}");
+    let (_, next) = host
+        .outcomes(
+            &session,
+            &first_turn,
+            json!([{"id": write["id"], "output": {"invoice": "INV-1"}}]),
+        )
+        .await;
+    assert_eq!(next["status"], "pending");
+    assert_eq!(next["pending"][0]["tool"], "lookup_order", "{next}");
+
+    // The write's result has not reached the host yet (its turn is not complete): the same
+    // call sent again is answered with it, and the host is not asked to run it a second time.
+    let again = host
+        .turn(
+            &session,
+            "openai",
+            json!({"role": "assistant", "tool_calls": [invoice]}),
+        )
+        .await;
     assert_eq!(
         again["status"], "complete",
-        "the retry asked for a second run: {again}"
+        "the write was asked for again: {again}"
     );
     let replayed = seen(&again["results"][0]);
+    assert_eq!(replayed["disposition"], "replayed", "{replayed}");
+    assert_eq!(replayed["intent_id"], write["intent_id"]);
     assert_eq!(
         replayed["outcome"]["observation"]["structured"],
         json!({"invoice": "INV-1"})
     );
-    assert_eq!(replayed["intent_id"], action["intent_id"]);
+
+    let read = &next["pending"][0];
+    let (_, done) = host
+        .outcomes(
+            &session,
+            &first_turn,
+            json!([{"id": read["id"], "output": {"order": 7}}]),
+        )
+        .await;
+    assert_eq!(done["status"], "complete");
+    assert_eq!(done["results"].as_array().unwrap().len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
