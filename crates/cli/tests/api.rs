@@ -645,6 +645,15 @@ async fn bad_input_gets_the_error_envelope_and_changes_nothing() {
         .await;
     envelope(s, &b, 409, "conflict");
     assert_eq!(b["errors"][0]["loc"], "/tools/1/name");
+    // The form of an upstream's tool names is not a host tool's to take.
+    let (s, b) = host
+        .put_tools(
+            &session,
+            json!([{"name": "github__delete_repo", "input_schema": {"type": "object"}}]),
+        )
+        .await;
+    envelope(s, &b, 422, "validation_error");
+    assert_eq!(b["errors"][0]["loc"], "/tools/0/name");
     let (s, b) = host
         .put_tools(&session, json!([{"name": "lookup_x", "input_schema": {"type": "object"}, "effect": "sometimes"}]))
         .await;
