@@ -103,11 +103,46 @@ impl Host {
         body
     }
 
+    /// The session's open event stream.
+    async fn events(&self, session: &str) -> reqwest::Response {
+        let stream = self
+            .http
+            .get(format!("{}/v1/sessions/{session}/events", self.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stream.status(), 200);
+        stream
+    }
+
     async fn outcomes(&self, session: &str, turn: &str, outcomes: Value) -> (u16, Value) {
         let path = format!("/v1/sessions/{session}/turns/{turn}/outcomes");
         let body = json!({"outcomes": outcomes, "wait_ms": 60000});
         self.call("POST", &path, Some(&body)).await
     }
+}
+
+/// The events of `stream` up to and with the first of kind `last`, read within [`HTTP_WAIT`].
+async fn read_events_until(stream: &mut reqwest::Response, last: &str) -> Vec<Value> {
+    let mut events: Vec<Value> = Vec::new();
+    let mut buffer = String::new();
+    let deadline = Instant::now() + HTTP_WAIT;
+    while !events.iter().any(|e| e["event"] == last) {
+        assert!(Instant::now() < deadline, "no {last} in {events:?}");
+        let chunk = tokio::time::timeout(HTTP_WAIT, stream.chunk())
+            .await
+            .expect("an event within the wait")
+            .unwrap()
+            .expect("the stream stays open");
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buffer.find("\n\n") {
+            let frame: String = buffer.drain(..end + 2).collect();
+            if let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data: ")) {
+                events.push(serde_json::from_str(data).unwrap());
+            }
+        }
+    }
+    events
 }
 
 /// A workspace with `ring0.toml` (`config`) and `notes.txt`, served over HTTP.
@@ -502,6 +537,44 @@ async fn a_write_the_host_never_reports_is_asked_again_under_its_key_then_left_u
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_session_ends_its_turn_waiting_for_the_host_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    host.put_tools(&session, json!([send_invoice()])).await;
+    let mut stream = host.events(&session).await;
+    let turn = host
+        .turn(
+            &session,
+            "openai",
+            chat_call("call_d", "send_invoice", json!({"to": "acme"})),
+        )
+        .await;
+    assert_eq!(turn["status"], "pending");
+    let (status, deleted) = host
+        .call("DELETE", &format!("/v1/sessions/{session}"), None)
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(deleted["turns_cancelled"], 1, "{deleted}");
+    // The host's call would wait up to its 120 s timeout; deleting the session ends it now.
+    let events = read_events_until(&mut stream, "turn_finished").await;
+    let finished = events
+        .iter()
+        .find(|e| e["event"] == "call_finished")
+        .expect("the call finished");
+    assert_eq!(finished["call_id"], "call_d");
+    assert_eq!(
+        finished["is_error"], true,
+        "an unreported write is no success"
+    );
+    let (status, _) = host
+        .call("GET", &format!("/v1/sessions/{session}/tools"), None)
+        .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_custom_tool_call_is_checked_against_its_grammar_and_answered_as_custom_output() {
     let dir = tempfile::tempdir().unwrap();
     let server = serve(dir.path(), API_CONFIG);
@@ -781,13 +854,7 @@ async fn the_event_stream_tells_a_turns_calls_as_they_happen() {
     let server = serve(dir.path(), API_CONFIG);
     let host = Host::of(&server, None);
     let session = host.session(json!({})).await;
-    let mut stream = host
-        .http
-        .get(format!("{}/v1/sessions/{session}/events", host.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status(), 200);
+    let mut stream = host.events(&session).await;
     assert!(
         stream.headers()["content-type"]
             .to_str()
@@ -800,24 +867,7 @@ async fn the_event_stream_tells_a_turns_calls_as_they_happen() {
         chat_call("call_e", "read_file", json!({"path": "notes.txt"})),
     )
     .await;
-    let mut events = Vec::new();
-    let mut buffer = String::new();
-    let deadline = Instant::now() + HTTP_WAIT;
-    while !events.iter().any(|e: &Value| e["event"] == "turn_finished") {
-        assert!(Instant::now() < deadline, "no turn_finished in {events:?}");
-        let chunk = tokio::time::timeout(Duration::from_secs(60), stream.chunk())
-            .await
-            .expect("an event within the wait")
-            .unwrap()
-            .expect("the stream stays open");
-        buffer.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buffer.find("\n\n") {
-            let frame: String = buffer.drain(..end + 2).collect();
-            if let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data: ")) {
-                events.push(serde_json::from_str(data).unwrap());
-            }
-        }
-    }
+    let events = read_events_until(&mut stream, "turn_finished").await;
     let kinds: Vec<&str> = events
         .iter()
         .map(|e| e["event"].as_str().unwrap())
