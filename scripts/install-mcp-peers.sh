@@ -6,12 +6,14 @@
 #           drives Debian's headless `chromium` for the web console's tests; no browser download);
 #   py/     a venv with the Python MCP SDK (client and fixture servers);
 #   proxy/  a venv with mcp-proxy (the benchmark's comparison point), kept apart so its own
-#           dependency ranges cannot move the SDK version the tests use.
+#           dependency ranges cannot move the SDK version the tests use;
+#   schemathesis/  a venv with schemathesis, which the agent API's test runs against
+#           /v1/openapi.json (kept apart for the same reason).
 # Idempotent: a finished install is recorded in $DIR/.installed-<version> and skipped next time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${MCP_PEERS_DIR:-$PWD/target/mcp-peers}"
-STAMP="$DIR/.installed-4"
+STAMP="$DIR/.installed-5"
 if [[ -f "$STAMP" ]]; then
     exit 0
 fi
@@ -37,6 +39,8 @@ python3 -m venv "$DIR/py"
 "$DIR/py/bin/pip" install --quiet --disable-pip-version-check "mcp==2.3.*"
 python3 -m venv "$DIR/proxy"
 "$DIR/proxy/bin/pip" install --quiet --disable-pip-version-check "mcp-proxy==0.13.0"
+python3 -m venv "$DIR/schemathesis"
+"$DIR/schemathesis/bin/pip" install --quiet --disable-pip-version-check "schemathesis==4.32.5"
 
 "$DIR/node/node_modules/.bin/node" --version >/dev/null
 touch "$STAMP"

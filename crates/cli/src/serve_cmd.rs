@@ -332,8 +332,11 @@ async fn serve(
     )));
     // A held call is offered to the client and to `ring0 approve` in another terminal, and
     // recorded in the journal (and offered to the webhook) once the journal is open.
+    // A held call of the HTTP agent API is asked of its host instead of an MCP client.
     let channels = ring0_ops::approvals::ClientOrTerminal::new(
-        Arc::new(McpApprover::new(approvals.clone())),
+        Arc::new(ring0_api::HostApprovals::new(Arc::new(McpApprover::new(
+            approvals.clone(),
+        )))),
         ring0_policy::DirectoryApprover::new(ring0_config::approvals_dir(&loaded.state_dir)),
         log.clone(),
     );
@@ -345,7 +348,16 @@ async fn serve(
         .map_err(|e| e.to_string())?;
     let webhook = webhook(&loaded, &args, built.kernel.journal().clone(), &log)?;
     approver.attach(built.kernel.journal().clone(), webhook.clone());
-    let gw = start_gateway(&loaded, &built, &log, metrics.clone())?;
+    let spill = Arc::new(
+        ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
+            .map_err(|e| format!("spill store: {e}"))?,
+    );
+    let gw = start_gateway(&loaded, &built, &log, metrics.clone(), spill.clone())?;
+    let api = ring0_api::Api::new(ring0_api::ApiOptions {
+        gateway: gw.clone(),
+        spill: Some(spill),
+        observer: Some(metrics.clone()),
+    });
     let operations = Arc::new(ring0_ops::Operations::new(metrics, gw.clone()));
     let shutdown = CancellationToken::new();
     if let Some(metrics_addr) = args.metrics_addr {
@@ -397,6 +409,7 @@ async fn serve(
     let transport = Transport {
         approvals,
         routes,
+        api,
         webhook,
         shutdown,
     };
@@ -410,6 +423,7 @@ fn start_gateway(
     built: &ring0_config::Built,
     log: &Log,
     metrics: Arc<ring0_ops::metrics::Metrics>,
+    spill: Arc<ring0_shape::SpillStore>,
 ) -> Result<Gateway, String> {
     let builtins = built
         .kernel
@@ -417,8 +431,6 @@ fn start_gateway(
         .iter()
         .map(|t| (t.spec.clone(), t.tool.clone()))
         .collect();
-    let spill = ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
-        .map_err(|e| format!("spill store: {e}"))?;
     Gateway::start(GatewayOptions {
         audit: Some(built.audit.clone()),
         builtins,
@@ -427,7 +439,7 @@ fn start_gateway(
         authorizer: built.authorizer.clone(),
         workspace: loaded.workspace.clone(),
         state_dir: loaded.state_dir.clone(),
-        spill: Some(Arc::new(spill)),
+        spill: Some(spill),
         log: log.clone(),
         max_concurrent_tools: built.max_concurrent_tools,
         granted_roots: granted_roots(loaded),
@@ -484,6 +496,13 @@ fn announce(
     };
     let info = |line: &str| log.info(line);
     info(&format!("serving MCP on {where_}"));
+    if let Some(addr) = http {
+        info(&format!(
+            "agent API on http://{addr}{} (OpenAPI at {})",
+            ring0_api::API_PREFIX,
+            ring0_api::OPENAPI_PATH
+        ));
+    }
     info(&format!("workspace: {}", loaded.workspace.display()));
     info(&format!("config: {}", loaded.source));
     info(&format!("state: {}", loaded.state_dir.display()));
@@ -583,6 +602,8 @@ struct Transport {
     approvals: Arc<Approvals>,
     /// The operations routes, the console's and the webhook's links among them.
     routes: ring0_mcp::door::operations::OperationsRoutes,
+    /// The HTTP agent API under `/v1`.
+    api: ring0_api::Api,
     webhook: Option<Arc<ring0_ops::webhook::Webhook>>,
     shutdown: CancellationToken,
 }
@@ -599,6 +620,7 @@ async fn serve_transport(
     let Transport {
         approvals,
         routes,
+        api,
         webhook,
         shutdown,
     } = transport;
@@ -629,6 +651,13 @@ async fn serve_transport(
                     .collect(),
                 door: loaded.config.http.clone(),
                 operations: Some(routes),
+                mounted: Some({
+                    let routes = api.routes();
+                    ring0_mcp::http::Mounted {
+                        gated: routes.gated,
+                        open: routes.open,
+                    }
+                }),
             };
             let log2 = log.clone();
             ring0_mcp::http::serve_http(

@@ -19,6 +19,22 @@ pub enum ProposedArguments {
     /// JSON text (OpenAI `arguments` strings), parsed during preparation so that malformed text
     /// becomes a structured rejection instead of a parse failure of the whole turn.
     Text(String),
+    /// The free-form input of an OpenAI custom tool call (`custom_tool_call` in Responses,
+    /// `type: "custom"` in Chat Completions). Prepared as the argument object
+    /// `{"input": TEXT}` ([`FREE_FORM_INPUT`]), so that a custom tool's schema (a string
+    /// `input`, with the tool's grammar as its `pattern`) checks it like any other argument, and
+    /// its result is rendered as a custom tool's output.
+    FreeForm(String),
+}
+
+/// The one property a free-form input is prepared into: `{"input": TEXT}`.
+pub const FREE_FORM_INPUT: &str = "input";
+
+impl ProposedArguments {
+    /// Whether these are the free-form input of a custom tool call.
+    pub fn is_free_form(&self) -> bool {
+        matches!(self, Self::FreeForm(_))
+    }
 }
 
 /// One tool call as the model proposed it. Untrusted in every field.

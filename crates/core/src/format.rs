@@ -2,16 +2,26 @@
 //!
 //! Supported shapes (each provider's documented wire form):
 //! - OpenAI Chat Completions: an assistant message (or a whole completion) with
-//!   `tool_calls[].function.arguments` as a JSON string; results are `role: "tool"` messages
+//!   `tool_calls[].function.arguments` as a JSON string, or `tool_calls[].custom.input`, the
+//!   free-form text of a custom tool (`type: "custom"`); results are `role: "tool"` messages
 //!   with `tool_call_id`.
-//! - OpenAI Responses: a response (or its `output` array) with `function_call` items carrying
-//!   `call_id`; results are `function_call_output` items.
-//! - Anthropic Messages: a message with `tool_use` content blocks; results are one `user` message
-//!   of `tool_result` blocks with `tool_use_id` and `is_error`.
+//! - OpenAI Responses: a response (or its `output` array) with `function_call` items and
+//!   `custom_tool_call` items (free-form `input`) carrying `call_id`; results are
+//!   `function_call_output` and `custom_tool_call_output` items. Items OpenAI runs itself
+//!   (`web_search_call`, `mcp_call`, `reasoning`, …) are not calls for the host and are left
+//!   alone.
+//! - Anthropic Messages: a message with `tool_use` content blocks — with or without a `caller`
+//!   (programmatic tool calling: a call made from Anthropic's code execution is still the
+//!   host's to run) — results are one `user` message of `tool_result` blocks with
+//!   `tool_use_id` and `is_error`. Server-side blocks (`server_tool_use`, `*_tool_result`) are
+//!   Anthropic's own and are left alone.
 //! - MCP: a JSON-RPC `tools/call` request (or a batch of them); results are JSON-RPC responses
 //!   with `content`, `structuredContent` and `isError`.
 //!
-//! Results are matched by call id and rendered in source order.
+//! Results are matched by call id and rendered in source order. No call is dropped: every call
+//! item the host would have to answer becomes a proposed call (and so gets exactly one result),
+//! or the turn is refused whole with the item's path; a free-form input reaches the kernel as
+//! [`ProposedArguments::FreeForm`].
 
 use crate::call::{ProposedArguments, ProposedCall, Round};
 use crate::limits::{CALL_ID_BYTES_MAX, CALLS_PER_ROUND_MAX};
@@ -69,6 +79,10 @@ pub struct ToolResult {
     /// The projection the model sees: a JSON object.
     pub content: Value,
     pub is_error: bool,
+    /// The call was a custom tool's (free-form input): rendered as that tool's output
+    /// (`custom_tool_call_output` in Responses).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub free_form: bool,
 }
 
 impl ToolResult {
@@ -113,7 +127,14 @@ pub fn render_results(format: ProviderFormat, results: &[ToolResult]) -> Value {
         ProviderFormat::OpenAiResponses => Value::Array(
             results
                 .iter()
-                .map(|r| json!({"type": "function_call_output", "call_id": r.call_id, "output": r.content_text()}))
+                .map(|r| {
+                    let kind = if r.free_form {
+                        "custom_tool_call_output"
+                    } else {
+                        "function_call_output"
+                    };
+                    json!({"type": kind, "call_id": r.call_id, "output": r.content_text()})
+                })
                 .collect(),
         ),
         ProviderFormat::Anthropic => json!({
@@ -210,23 +231,65 @@ fn parse_chat(turn: &Value) -> Result<Round, FormatError> {
     };
     for (i, call) in calls.iter().enumerate() {
         let path = format!("$.tool_calls[{i}]");
-        let function = call
-            .get("function")
-            .ok_or_else(|| err(f, &path, "missing function"))?;
-        let arguments = match function.get("arguments") {
-            Some(Value::String(s)) => ProposedArguments::Text(s.clone()),
-            Some(Value::Null) | None => ProposedArguments::Text(String::new()),
-            Some(other) => ProposedArguments::Value(other.clone()),
+        let (tool, arguments) = match call.get("type").and_then(Value::as_str) {
+            Some("custom") => {
+                let custom = call
+                    .get("custom")
+                    .ok_or_else(|| err(f, &path, "a custom tool call without `custom`"))?;
+                (
+                    tool_name(custom.get("name")),
+                    free_form(f, &format!("{path}.custom.input"), custom.get("input"))?,
+                )
+            }
+            Some("function") | None => {
+                let function = call
+                    .get("function")
+                    .ok_or_else(|| err(f, &path, "missing function"))?;
+                (
+                    tool_name(function.get("name")),
+                    json_arguments(function.get("arguments")),
+                )
+            }
+            Some(other) => {
+                return Err(err(
+                    f,
+                    &format!("{path}.type"),
+                    format!("tool call type {other:?} is not one ring0 can answer"),
+                ));
+            }
         };
         round.calls.push(ProposedCall {
             index: i,
             call_id: call_id(f, &format!("{path}.id"), call.get("id"))?,
-            tool: tool_name(function.get("name")),
+            tool,
             arguments,
             idempotency_key: None,
         });
     }
     Ok(round)
+}
+
+/// OpenAI function arguments: a JSON string (parsed in preparation), or a value.
+fn json_arguments(v: Option<&Value>) -> ProposedArguments {
+    match v {
+        Some(Value::String(s)) => ProposedArguments::Text(s.clone()),
+        Some(Value::Null) | None => ProposedArguments::Text(String::new()),
+        Some(other) => ProposedArguments::Value(other.clone()),
+    }
+}
+
+/// A custom tool call's input: text (absent is empty text); anything else is not a custom
+/// call OpenAI sends.
+fn free_form(
+    format: ProviderFormat,
+    path: &str,
+    v: Option<&Value>,
+) -> Result<ProposedArguments, FormatError> {
+    match v {
+        Some(Value::String(s)) => Ok(ProposedArguments::FreeForm(s.clone())),
+        None | Some(Value::Null) => Ok(ProposedArguments::FreeForm(String::new())),
+        Some(_) => Err(err(format, path, "a custom tool call's input must be text")),
+    }
 }
 
 fn parse_responses(turn: &Value) -> Result<Round, FormatError> {
@@ -242,20 +305,33 @@ fn parse_responses(turn: &Value) -> Result<Round, FormatError> {
     let mut text = String::new();
     for (i, item) in items.iter().enumerate() {
         let path = format!("$.output[{i}]");
+        let arguments = match item.get("type").and_then(Value::as_str) {
+            Some("function_call") => Some(json_arguments(item.get("arguments"))),
+            Some("custom_tool_call") => {
+                Some(free_form(f, &format!("{path}.input"), item.get("input"))?)
+            }
+            _ => None,
+        };
+        if let Some(arguments) = arguments {
+            round.calls.push(ProposedCall {
+                index: round.calls.len(),
+                call_id: call_id(f, &format!("{path}.call_id"), item.get("call_id"))?,
+                tool: tool_name(item.get("name")),
+                arguments,
+                idempotency_key: None,
+            });
+            continue;
+        }
         match item.get("type").and_then(Value::as_str) {
-            Some("function_call") => {
-                let arguments = match item.get("arguments") {
-                    Some(Value::String(s)) => ProposedArguments::Text(s.clone()),
-                    Some(Value::Null) | None => ProposedArguments::Text(String::new()),
-                    Some(other) => ProposedArguments::Value(other.clone()),
-                };
-                round.calls.push(ProposedCall {
-                    index: round.calls.len(),
-                    call_id: call_id(f, &format!("{path}.call_id"), item.get("call_id"))?,
-                    tool: tool_name(item.get("name")),
-                    arguments,
-                    idempotency_key: None,
-                });
+            Some(kind) if HOST_ITEMS_NOT_MEDIATED.contains(&kind) => {
+                return Err(err(
+                    f,
+                    &format!("{path}.type"),
+                    format!(
+                        "{kind} items are the host's to answer and ring0 does not mediate them; \
+                         the turn is refused whole rather than leave a call unanswered"
+                    ),
+                ));
             }
             Some("message") => {
                 for part in item
@@ -277,6 +353,16 @@ fn parse_responses(turn: &Value) -> Result<Round, FormatError> {
     }
     Ok(round)
 }
+
+/// Responses output items the host must answer that ring0 cannot mediate (their outputs are not
+/// text): a turn holding one is refused whole, never passed on with the call unanswered.
+pub const HOST_ITEMS_NOT_MEDIATED: &[&str] = &[
+    "computer_call",
+    "local_shell_call",
+    "shell_call",
+    "apply_patch_call",
+    "mcp_approval_request",
+];
 
 fn parse_anthropic(turn: &Value) -> Result<Round, FormatError> {
     let f = ProviderFormat::Anthropic;
@@ -403,7 +489,40 @@ mod tests {
             tool: "get_weather".into(),
             content,
             is_error,
+            free_form: false,
         }
+    }
+
+    #[test]
+    fn custom_tool_calls_are_calls_in_both_openai_formats() {
+        let chat = json!({"role": "assistant", "tool_calls": [
+            {"id": "call_c", "type": "custom", "custom": {"name": "sql", "input": "SELECT 1"}}
+        ]});
+        let round = parse_turn(ProviderFormat::OpenAiChat, &chat).unwrap();
+        assert_eq!(round.calls[0].tool, "sql");
+        assert_eq!(
+            round.calls[0].arguments,
+            ProposedArguments::FreeForm("SELECT 1".into())
+        );
+        let responses = json!({"output": [
+            {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_c", "name": "sql", "input": "SELECT 1"}
+        ]});
+        let round = parse_turn(ProviderFormat::OpenAiResponses, &responses).unwrap();
+        assert_eq!(
+            round.calls[0].arguments,
+            ProposedArguments::FreeForm("SELECT 1".into())
+        );
+        let out = render_results(
+            ProviderFormat::OpenAiResponses,
+            &[ToolResult {
+                free_form: true,
+                ..result("call_c", json!({"rows": 1}), false)
+            }],
+        );
+        assert_eq!(
+            out,
+            json!([{"type": "custom_tool_call_output", "call_id": "call_c", "output": "{\"rows\":1}"}])
+        );
     }
 
     #[test]

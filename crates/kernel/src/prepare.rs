@@ -17,7 +17,7 @@ use crate::policy::{
 };
 use crate::registry::{RegisteredTool, Registry};
 use crate::validate::{echo, validate};
-use ring0_core::call::RejectionKind;
+use ring0_core::call::{FREE_FORM_INPUT, RejectionKind};
 use ring0_core::canonical::{canonical_string, parse_strict};
 use ring0_core::limits::{ARGUMENT_BYTES_MAX, ARGUMENT_DEPTH_MAX, IDEMPOTENCY_KEY_BYTES_MAX};
 use ring0_core::{
@@ -82,6 +82,21 @@ fn decode_arguments(call: &ProposedCall) -> Result<Value, Rejection> {
                     )
                 })?
             }
+        }
+        ProposedArguments::FreeForm(text) => {
+            if text.len() > ARGUMENT_BYTES_MAX {
+                return Err(reject(
+                    RejectionKind::LimitExceeded,
+                    format!(
+                        "input of {} bytes exceeds the limit of {ARGUMENT_BYTES_MAX}",
+                        text.len()
+                    ),
+                ));
+            }
+            // Never decoded as JSON: free-form input is text, whatever it looks like.
+            let mut object = serde_json::Map::new();
+            object.insert(FREE_FORM_INPUT.into(), Value::String(text.clone()));
+            return Ok(Value::Object(object));
         }
         ProposedArguments::Value(v) => {
             let bytes = v.to_string().len();

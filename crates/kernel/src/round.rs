@@ -403,6 +403,7 @@ fn project_round(
                 || failed
                 || content.get("status") == Some(&Value::from("projection_failed")),
             content,
+            free_form: book.calls[pos].arguments.is_free_form(),
         });
     }
     (receipts, results)

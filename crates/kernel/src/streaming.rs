@@ -170,6 +170,9 @@ fn raw_fingerprint(call: &ProposedCall) -> Option<Fingerprint> {
     let value = match &call.arguments {
         ProposedArguments::Text(t) => parse_strict(t).ok()?,
         ProposedArguments::Value(v) => v.clone(),
+        ProposedArguments::FreeForm(t) => {
+            serde_json::json!({ ring0_core::call::FREE_FORM_INPUT: t })
+        }
     };
     Fingerprint::compute(&call.tool, &value).ok()
 }

@@ -66,6 +66,25 @@ pub struct HttpOptions {
     /// Liveness, readiness and metrics routes served beside `/mcp`, if any (see
     /// [`crate::door::operations`]).
     pub operations: Option<crate::door::operations::OperationsRoutes>,
+    /// More routes a front end serves beside `/mcp` (the HTTP agent API): `gated` behind the
+    /// same authentication (each request's `Principal` in its extensions), `open` to anyone;
+    /// both Host-checked.
+    pub mounted: Option<Mounted>,
+}
+
+/// Routes a front end mounts on the listener beside `/mcp`.
+#[derive(Clone, Default)]
+pub struct Mounted {
+    /// Served behind the listener's authentication.
+    pub gated: axum::Router,
+    /// Served without credentials.
+    pub open: axum::Router,
+}
+
+impl std::fmt::Debug for Mounted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mounted").finish_non_exhaustive()
+    }
 }
 
 impl HttpOptions {
@@ -298,6 +317,11 @@ pub fn router(
         owners: SessionOwners::default(),
         log: log.clone(),
     });
+    let mounted_gate = Arc::new(Gate {
+        auth: auth.clone(),
+        owners: SessionOwners::default(),
+        log: log.clone(),
+    });
     let gate_state = Arc::new(Gate {
         auth: auth.clone(),
         owners: SessionOwners::default(),
@@ -330,6 +354,19 @@ pub fn router(
                 &format!("{METADATA_PATH}{MCP_PATH}"),
                 axum::routing::get(serve),
             );
+    }
+    if let Some(mounted) = &options.mounted {
+        use crate::door::operations::host_checked;
+        let gated =
+            mounted
+                .gated
+                .clone()
+                .layer(middleware::from_fn(move |req: Request, next: Next| {
+                    gate(mounted_gate.clone(), req, next)
+                }));
+        app = app
+            .merge(host_checked(gated, operations_hosts.clone()))
+            .merge(host_checked(mounted.open.clone(), operations_hosts.clone()));
     }
     if let Some(operations) = &options.operations {
         use crate::door::operations::host_checked;

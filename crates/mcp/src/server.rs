@@ -1283,6 +1283,7 @@ mod tests {
                 tool: "up__tool".into(),
                 content: projection,
                 is_error: false,
+                free_form: false,
             }],
             terminated: None,
             policy_message: None,

@@ -44,7 +44,7 @@ pub fn peers() -> Option<PathBuf> {
     let dir = std::env::var_os("MCP_PEERS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-peers"));
-    if dir.join(".installed-3").exists() {
+    if dir.join(".installed-4").exists() {
         Some(dir)
     } else {
         skip_or_fail(&format!(

@@ -1,0 +1,510 @@
+//! The `/v1` handlers. Each reads its body whole (bounded, strict JSON, then the typed request
+//! with every problem located), checks it against the session's state, and only then changes
+//! anything: a refused request changed nothing.
+
+use crate::Api;
+use crate::error::{ApiError, ErrorKind};
+use crate::limits::{
+    BODY_BYTES_MAX, GRANT_PATTERNS_MAX, SCOPE_BYTES_MAX, TURN_WAIT_MS_DEFAULT, TURN_WAIT_MS_MAX,
+    TURNS_OPEN_PER_SESSION_MAX,
+};
+use crate::model::{
+    CreateSession, Outcomes, PutTools, SessionCreated, SessionDeleted, ToolListing, Tools,
+    TurnRequest, TurnResponse, TurnStatus,
+};
+use crate::session::{ApiSession, Settings};
+use crate::turn::{Finished, Turn};
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use ring0_core::Principal;
+use ring0_kernel::RepeatLimits;
+use ring0_kernel::policy::ToolPattern;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Most concurrent calls a session may ask for.
+const SESSION_CONCURRENCY_MAX: usize = 64;
+/// Bounds of the repeat limits a session may ask for.
+const REPEAT_ADVISORY_MIN: u32 = 2;
+const REPEAT_LIMIT_MAX: u32 = 100;
+
+/// The principal the listener's gate authenticated; fails closed without one.
+fn principal(found: Option<Extension<Principal>>) -> Result<Principal, ApiError> {
+    found.map(|Extension(p)| p).ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::Unauthenticated,
+            "the request carries no principal",
+        )
+    })
+}
+
+/// The body as `T`, or where it is wrong. An empty body is `{}` when `empty_is_object`.
+async fn read_json<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+    empty_is_object: bool,
+) -> Result<T, ApiError> {
+    let bytes = axum::body::to_bytes(body, BODY_BYTES_MAX)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorKind::PayloadTooLarge,
+                format!("the body is larger than {BODY_BYTES_MAX} bytes or could not be read"),
+            )
+        })?;
+    let text = if bytes.is_empty() && empty_is_object {
+        "{}"
+    } else {
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return Err(ApiError::new(
+                ErrorKind::UnsupportedMediaType,
+                "the body must be application/json",
+            ));
+        }
+        std::str::from_utf8(&bytes)
+            .map_err(|_| ApiError::new(ErrorKind::InvalidJson, "the body is not UTF-8"))?
+    };
+    let value = ring0_core::parse_strict(text)
+        .map_err(|e| ApiError::new(ErrorKind::InvalidJson, format!("the body: {e}")))?;
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let loc = pointer(e.path());
+        let why = e.into_inner().to_string();
+        ApiError::invalid(loc, why)
+    })
+}
+
+/// A serde path as a JSON pointer.
+fn pointer(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => out.push_str(&format!("/{index}")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                out.push('/');
+                out.push_str(&key.replace('~', "~0").replace('/', "~1"));
+            }
+            Segment::Unknown => {}
+        }
+    }
+    out
+}
+
+fn wait_of(wait_ms: Option<u64>) -> Result<Duration, ApiError> {
+    match wait_ms {
+        None => Ok(Duration::from_millis(TURN_WAIT_MS_DEFAULT)),
+        Some(ms) if ms <= TURN_WAIT_MS_MAX => Ok(Duration::from_millis(ms)),
+        Some(ms) => Err(ApiError::invalid(
+            "/wait_ms",
+            format!("{ms} is above {TURN_WAIT_MS_MAX}"),
+        )),
+    }
+}
+
+/// The settings a creation request asks for, checked.
+fn settings(
+    id: &str,
+    request: CreateSession,
+    default_concurrency: usize,
+) -> Result<Settings, ApiError> {
+    let scope = request.scope.unwrap_or_else(|| id.to_string());
+    if scope.is_empty() || scope.len() > SCOPE_BYTES_MAX {
+        return Err(ApiError::invalid(
+            "/scope",
+            format!("a scope is 1 to {SCOPE_BYTES_MAX} bytes"),
+        ));
+    }
+    let grants = request.grants.unwrap_or_default();
+    let tools = match grants.tools {
+        Some(tools) if tools.len() > GRANT_PATTERNS_MAX => {
+            return Err(ApiError::invalid(
+                "/grants/tools",
+                format!("at most {GRANT_PATTERNS_MAX} patterns"),
+            ));
+        }
+        Some(tools) => Some(tools.into_iter().map(ToolPattern).collect()),
+        None => None,
+    };
+    let limits = request.limits.unwrap_or_default();
+    let max_concurrent_tools = match limits.max_concurrent_tools {
+        None => default_concurrency,
+        Some(n) if (1..=SESSION_CONCURRENCY_MAX).contains(&n) => n,
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "/limits/max_concurrent_tools",
+                format!("{n} is outside 1..={SESSION_CONCURRENCY_MAX}"),
+            ));
+        }
+    };
+    let mut repeat = RepeatLimits::default();
+    if let Some(a) = limits.repeat_advisory {
+        repeat.advisory = a;
+    }
+    if let Some(t) = limits.repeat_terminate {
+        repeat.terminate = t;
+    }
+    if repeat.advisory < REPEAT_ADVISORY_MIN
+        || repeat.terminate > REPEAT_LIMIT_MAX
+        || repeat.advisory >= repeat.terminate
+    {
+        return Err(ApiError::invalid(
+            "/limits",
+            format!(
+                "repeat limits need {REPEAT_ADVISORY_MIN} <= repeat_advisory < repeat_terminate <= {REPEAT_LIMIT_MAX} (got {} and {})",
+                repeat.advisory, repeat.terminate
+            ),
+        ));
+    }
+    Ok(Settings {
+        format: request.format.unwrap_or(crate::model::TurnFormat::Openai),
+        mode: request.mode.unwrap_or_default(),
+        scope,
+        tools,
+        ceiling: grants.ceiling.map(|c| c.core()),
+        max_concurrent_tools,
+        repeat,
+    })
+}
+
+/// Creates a session for the calling principal.
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
+    request_body(content = CreateSession, description = "May be empty: every field has a default"),
+    responses(
+        (status = 201, body = SessionCreated),
+        (status = 400, body = ApiError), (status = 413, body = ApiError),
+        (status = 415, body = ApiError), (status = 422, body = ApiError),
+        (status = 429, body = ApiError),
+    ))]
+pub(crate) async fn create_session(
+    State(api): State<Api>,
+    who: Option<Extension<Principal>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let principal = principal(who)?;
+    let request: CreateSession = read_json(&headers, body, true).await?;
+    let id = format!("ses_{}", uuid::Uuid::new_v4().simple());
+    let settings = settings(&id, request, api.inner.parts.gateway.max_concurrent_tools())?;
+    let session = api
+        .inner
+        .sessions
+        .add(ApiSession::new(id, principal, settings))?;
+    let s = &session.settings;
+    let created = SessionCreated {
+        id: session.id.clone(),
+        principal: session.principal.id.clone(),
+        scope: s.scope.clone(),
+        format: s.format,
+        mode: s.mode,
+    };
+    Ok((StatusCode::CREATED, axum::Json(created)).into_response())
+}
+
+/// Deletes a session: its open turns are cancelled, its host tools' waiting calls told.
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SessionDeleted), (status = 404, body = ApiError)))]
+pub(crate) async fn delete_session(
+    State(api): State<Api>,
+    who: Option<Extension<Principal>>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<SessionDeleted>, ApiError> {
+    let principal = principal(who)?;
+    let session = api.inner.sessions.remove(&principal, &id)?;
+    let turns_cancelled = session.end();
+    Ok(axum::Json(SessionDeleted {
+        id,
+        turns_cancelled,
+    }))
+}
+
+/// Registers the session's host tools, replacing any before.
+#[utoipa::path(put, path = "/v1/sessions/{id}/tools", tag = "tools",
+    params(("id" = String, Path)),
+    request_body = PutTools,
+    responses(
+        (status = 200, body = Tools),
+        (status = 400, body = ApiError), (status = 404, body = ApiError),
+        (status = 409, body = ApiError), (status = 413, body = ApiError),
+        (status = 415, body = ApiError), (status = 422, body = ApiError),
+        (status = 429, body = ApiError),
+    ))]
+pub(crate) async fn put_tools(
+    State(api): State<Api>,
+    who: Option<Extension<Principal>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<axum::Json<Tools>, ApiError> {
+    let principal = principal(who)?;
+    let session = api.inner.sessions.get(&principal, &id)?;
+    let request: PutTools = read_json(&headers, body, false).await?;
+    session
+        .set_host_tools(&api.inner.parts, &request.tools)
+        .await?;
+    list(&api, &session).await.map(axum::Json)
+}
+
+/// The tools the session may call: its host tools and ring0's, under its grants.
+#[utoipa::path(get, path = "/v1/sessions/{id}/tools", tag = "tools",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Tools), (status = 404, body = ApiError)))]
+pub(crate) async fn get_tools(
+    State(api): State<Api>,
+    who: Option<Extension<Principal>>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Tools>, ApiError> {
+    let principal = principal(who)?;
+    let session = api.inner.sessions.get(&principal, &id)?;
+    list(&api, &session).await.map(axum::Json)
+}
+
+async fn list(api: &Api, session: &ApiSession) -> Result<Tools, ApiError> {
+    let kernel_session = session.kernel_session(&api.inner.parts).await?;
+    let host = session.host_names().await;
+    let quarantined = api.inner.parts.gateway.generation().quarantined.clone();
+    let tools = kernel_session
+        .catalog()
+        .into_iter()
+        .filter(|spec| !quarantined.contains_key(&spec.name))
+        .map(|spec| ToolListing {
+            name: spec.name.clone(),
+            description: spec.description.clone(),
+            input_schema: spec.input_schema.clone(),
+            host: host.contains(&spec.name),
+        })
+        .collect();
+    Ok(Tools { tools })
+}
+
+/// Mediates one model turn: ring0's tools run now; host tools and approvals come back pending.
+#[utoipa::path(post, path = "/v1/sessions/{id}/turns", tag = "turns",
+    params(("id" = String, Path)),
+    request_body = TurnRequest,
+    responses(
+        (status = 200, body = TurnResponse),
+        (status = 400, body = ApiError), (status = 404, body = ApiError),
+        (status = 413, body = ApiError), (status = 415, body = ApiError),
+        (status = 422, body = ApiError), (status = 429, body = ApiError),
+    ))]
+pub(crate) async fn post_turn(
+    State(api): State<Api>,
+    who: Option<Extension<Principal>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let principal = principal(who)?;
+    let session = api.inner.sessions.get(&principal, &id)?;
+    let request: TurnRequest = read_json(&headers, body, false).await?;
+    let wait = wait_of(request.wait_ms)?;
+    let format = request.format.unwrap_or(session.settings.format).provider();
+    let round = ring0_core::format::parse_turn(format, &request.message).map_err(|e| {
+        ApiError::new(ErrorKind::InvalidTurn, e.to_string()).at(e.path.clone(), e.why.clone())
+    })?;
+    let kernel_session = session.kernel_session(&api.inner.parts).await?;
+    let turn = {
+        let mut turns = session.turns.lock().expect("turns");
+        if turns.open() >= TURNS_OPEN_PER_SESSION_MAX {
+            return Err(ApiError::limit(format!(
+                "{TURNS_OPEN_PER_SESSION_MAX} turns of this session are open; report their outcomes first"
+            )));
+        }
+        turns.trim();
+        turns.started += 1;
+        let turn_id = format!("turn_{:06}", turns.started);
+        let turn = Turn::start(
+            turn_id.clone(),
+            kernel_session,
+            format,
+            round,
+            session.events.clone(),
+        );
+        turns.by_id.insert(turn_id, turn.clone());
+        turn
+    };
+    let (view, finished) = turn.progress(wait).await;
+    Ok(respond(view, finished))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct WaitQuery {
+    /// How long to wait for the turn to finish or to need the host, in milliseconds (at most
+    /// 300000). Default 0: say where it stands now.
+    #[allow(dead_code)]
+    pub wait_ms: Option<u64>,
+}
+
+/// `wait_ms` of a query string (the only parameter taken).
+fn wait_query(query: Option<&str>) -> Result<u64, ApiError> {
+    let mut wait_ms = 0;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("wait_ms", value)) => {
+                wait_ms = value.parse().map_err(|_| {
+                    ApiError::invalid(
+                        "wait_ms",
+                        format!("{value:?} is not a whole number of milliseconds"),
+                    )
+                })?;
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "",
+                    format!("unknown query parameter {pair:?}; only wait_ms is taken"),
+                ));
+            }
+        }
+    }
+    Ok(wait_ms)
+}
+
+/// Where a turn stands (its results once complete), waiting up to `wait_ms` for news.
+#[utoipa::path(get, path = "/v1/sessions/{id}/turns/{turn}", tag = "turns",
+    params(("id" = String, Path), ("turn" = String, Path), WaitQuery),
+    responses(
+        (status = 200, body = TurnResponse),
+        (status = 400, body = ApiError), (status = 404, body = ApiError),
+        (status = 422, body = ApiError),
+    ))]
+pub(crate) async fn get_turn(
+    State(api): State<Api>,
+    who: Option<Extension<Principal>>,
+    Path((id, turn)): Path<(String, String)>,
+    uri: axum::http::Uri,
+) -> Result<Response, ApiError> {
+    let principal = principal(who)?;
+    let session = api.inner.sessions.get(&principal, &id)?;
+    let wait = wait_of(Some(wait_query(uri.query())?))?;
+    let turn = find_turn(&session, &turn)?;
+    let (view, finished) = turn.progress(wait).await;
+    Ok(respond(view, finished))
+}
+
+fn find_turn(session: &ApiSession, turn: &str) -> Result<Arc<Turn>, ApiError> {
+    let turns = session.turns.lock().expect("turns");
+    turns
+        .by_id
+        .get(turn)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(format!("no turn {turn:?} in this session")))
+}
+
+/// Reports what the host did with pending actions; answers like a turn.
+#[utoipa::path(post, path = "/v1/sessions/{id}/turns/{turn}/outcomes", tag = "turns",
+    params(("id" = String, Path), ("turn" = String, Path)),
+    request_body = Outcomes,
+    responses(
+        (status = 200, body = TurnResponse),
+        (status = 400, body = ApiError), (status = 404, body = ApiError),
+        (status = 409, body = ApiError), (status = 413, body = ApiError),
+        (status = 415, body = ApiError), (status = 422, body = ApiError),
+    ))]
+pub(crate) async fn post_outcomes(
+    State(api): State<Api>,
+    who: Option<Extension<Principal>>,
+    Path((id, turn)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let principal = principal(who)?;
+    let session = api.inner.sessions.get(&principal, &id)?;
+    let turn = find_turn(&session, &turn)?;
+    let request: Outcomes = read_json(&headers, body, false).await?;
+    let wait = wait_of(request.wait_ms)?;
+    if turn.is_finished() && !request.outcomes.is_empty() {
+        return Err(ApiError::conflict(
+            "the turn is complete: nothing waits for an outcome",
+        ));
+    }
+    turn.board.answer(request.outcomes)?;
+    let (view, finished) = turn.progress(wait).await;
+    Ok(respond(view, finished))
+}
+
+/// The session's events as server-sent events: kernel events and `pending` / `turn_finished`.
+#[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "sessions",
+    params(("id" = String, Path)),
+    responses(
+        (status = 200, description = "An event stream of JSON events", content_type = "text/event-stream"),
+        (status = 404, body = ApiError), (status = 429, body = ApiError),
+    ))]
+pub(crate) async fn events(
+    State(api): State<Api>,
+    who: Option<Extension<Principal>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let principal = principal(who)?;
+    let session = api.inner.sessions.get(&principal, &id)?;
+    match session.events.open() {
+        Some(stream) => Ok(stream.into_response()),
+        None => Err(ApiError::limit(format!(
+            "{} event streams are open on this session already",
+            crate::limits::EVENT_STREAMS_PER_SESSION_MAX
+        ))),
+    }
+}
+
+/// A turn's response; a complete one reports its results delivered once the body has left.
+fn respond(view: TurnResponse, finished: Option<Arc<Finished>>) -> Response {
+    let bytes = serde_json::to_vec(&view).expect("a turn response serializes");
+    let body = match finished.filter(|_| view.status == TurnStatus::Complete) {
+        Some(finished) => Body::new(ring0_mcp::delivery::DeliveringBody::new(
+            bytes.into(),
+            ring0_mcp::delivery::Delivery::new(move || finished.outcome.delivered()),
+        )),
+        None => Body::from(bytes),
+    };
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+pub(crate) async fn no_route() -> ApiError {
+    ApiError::new(ErrorKind::NoRoute, "no such route under /v1")
+}
+
+pub(crate) async fn no_method() -> Response {
+    let mut r = ApiError::new(
+        ErrorKind::MethodNotAllowed,
+        "this route does not take that method",
+    )
+    .into_response();
+    *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_is_the_only_query_parameter() {
+        assert_eq!(wait_query(None).unwrap(), 0);
+        assert_eq!(wait_query(Some("wait_ms=250")).unwrap(), 250);
+        assert!(wait_query(Some("wait_ms=-1")).is_err());
+        assert!(wait_query(Some("other=1")).is_err());
+        assert!(wait_of(Some(TURN_WAIT_MS_MAX + 1)).is_err());
+    }
+
+    #[test]
+    fn a_body_problem_is_located_by_a_json_pointer() {
+        let value = serde_json::json!({"tools": [{"name": "x", "effect": "sometimes"}]});
+        let e = serde_path_to_error::deserialize::<_, PutTools>(value).unwrap_err();
+        assert_eq!(pointer(e.path()), "/tools/0/effect");
+    }
+}

@@ -1,0 +1,960 @@
+//! The HTTP agent API (`/v1`) of the real `ring0 serve --http`, driven by a real HTTP client
+//! the way a host meets it: sessions, host tools, turns in each provider format, pending
+//! actions and their outcomes, approvals, the event stream, the OpenAPI document, and every
+//! refusal in the error envelope, changing nothing. The schemathesis run fuzzes every route of
+//! the published document against the server.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Grants of the tests' servers: the file tools up to A1, the host tools `lookup_*`, `sql` and
+/// `send_*` up to A2, `wire_*` held for a person's approval.
+const API_CONFIG: &str = r#"defaults = false
+
+[[grants]]
+name = "workspace"
+tools = ["read_file", "list_dir", "write_file"]
+ceiling = "A1"
+
+[[grants]]
+name = "host"
+tools = ["lookup_*", "sql", "send_*"]
+ceiling = "A2"
+
+[[grants]]
+name = "held"
+tools = ["wire_*"]
+ceiling = "A3"
+approval = true
+"#;
+
+/// A host's HTTP client of one server, acting with `token` when given.
+struct Host {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl Host {
+    fn of(server: &HttpServer, token: Option<&str>) -> Self {
+        // Installed once per process; a second install is refused harmlessly.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Self {
+            http: reqwest::Client::builder()
+                .timeout(HTTP_WAIT)
+                .build()
+                .unwrap(),
+            base: format!("http://{}", server.addr),
+            token: token.map(str::to_string),
+        }
+    }
+
+    /// One request with `body` sent as it is under `content_type`; the status and the JSON
+    /// body (null when there is none).
+    async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .header("content-type", content_type)
+            .body(body);
+        if let Some(token) = &self.token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let response = request.send().await.expect("the server answers");
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+        self.raw(method, path, "application/json", bytes).await
+    }
+
+    /// Creates a session with `settings`; its id.
+    async fn session(&self, settings: Value) -> String {
+        let (status, body) = self.call("POST", "/v1/sessions", Some(&settings)).await;
+        assert_eq!(status, 201, "{body}");
+        body["id"].as_str().unwrap().to_string()
+    }
+
+    async fn put_tools(&self, session: &str, tools: Value) -> (u16, Value) {
+        let path = format!("/v1/sessions/{session}/tools");
+        self.call("PUT", &path, Some(&json!({"tools": tools})))
+            .await
+    }
+
+    async fn turn(&self, session: &str, format: &str, message: Value) -> Value {
+        let path = format!("/v1/sessions/{session}/turns");
+        let body = json!({"format": format, "message": message, "wait_ms": 60000});
+        let (status, body) = self.call("POST", &path, Some(&body)).await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// The session's open event stream.
+    async fn events(&self, session: &str) -> reqwest::Response {
+        let stream = self
+            .http
+            .get(format!("{}/v1/sessions/{session}/events", self.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stream.status(), 200);
+        stream
+    }
+
+    async fn outcomes(&self, session: &str, turn: &str, outcomes: Value) -> (u16, Value) {
+        let path = format!("/v1/sessions/{session}/turns/{turn}/outcomes");
+        let body = json!({"outcomes": outcomes, "wait_ms": 60000});
+        self.call("POST", &path, Some(&body)).await
+    }
+}
+
+/// The events of `stream` up to and with the first of kind `last`, read within [`HTTP_WAIT`].
+async fn read_events_until(stream: &mut reqwest::Response, last: &str) -> Vec<Value> {
+    let mut events: Vec<Value> = Vec::new();
+    let mut buffer = String::new();
+    let deadline = Instant::now() + HTTP_WAIT;
+    while !events.iter().any(|e| e["event"] == last) {
+        assert!(Instant::now() < deadline, "no {last} in {events:?}");
+        let chunk = tokio::time::timeout(HTTP_WAIT, stream.chunk())
+            .await
+            .expect("an event within the wait")
+            .unwrap()
+            .expect("the stream stays open");
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buffer.find("\n\n") {
+            let frame: String = buffer.drain(..end + 2).collect();
+            if let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data: ")) {
+                events.push(serde_json::from_str(data).unwrap());
+            }
+        }
+    }
+    events
+}
+
+/// A workspace with `ring0.toml` (`config`) and `notes.txt`, served over HTTP.
+fn serve(dir: &Path, config: &str) -> HttpServer {
+    std::fs::write(dir.join("ring0.toml"), config).unwrap();
+    std::fs::write(dir.join("notes.txt"), "the vault code is 4711\n").unwrap();
+    start_http(serve_http_command(dir))
+}
+
+/// An OpenAI Chat Completions assistant message calling `tool` with `args`.
+fn chat_call(id: &str, tool: &str, args: Value) -> Value {
+    json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": id, "type": "function", "function": {"name": tool, "arguments": args.to_string()}}
+    ]})
+}
+
+/// The projection the model sees in a Chat Completions result message.
+fn seen(message: &Value) -> Value {
+    serde_json::from_str(message["content"].as_str().unwrap()).unwrap()
+}
+
+/// A host tool `lookup_order`: a read with a defaulted argument.
+fn lookup_order() -> Value {
+    json!({
+        "name": "lookup_order", "description": "An order by id",
+        "input_schema": {"type": "object", "properties": {
+            "id": {"type": "integer"}, "fields": {"type": "string", "default": "all"}
+        }, "required": ["id"]},
+        "effect": "nullipotent", "authority": "A0", "strategy": ["exploration"]
+    })
+}
+
+/// A host tool `send_invoice`: a write settled by idempotency key.
+fn send_invoice() -> Value {
+    json!({
+        "name": "send_invoice", "description": "Sends an invoice",
+        "input_schema": {"type": "object", "properties": {"to": {"type": "string"}}, "required": ["to"]},
+        "effect": "non_idempotent", "authority": "A2", "settlement": "idempotency_key",
+        "strategy": ["exploitation"]
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_runs_ring0s_tools_and_answers_in_the_turns_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    let read = json!({"path": "notes.txt"});
+    let chat = host
+        .turn(
+            &session,
+            "openai",
+            chat_call("call_1", "read_file", read.clone()),
+        )
+        .await;
+    assert_eq!(chat["status"], "complete");
+    assert_eq!(chat["pending"], json!([]));
+    let message = &chat["results"][0];
+    assert_eq!(message["role"], "tool");
+    assert_eq!(message["tool_call_id"], "call_1");
+    assert!(
+        message["content"]
+            .as_str()
+            .unwrap()
+            .contains("vault code is 4711")
+    );
+
+    let responses = host
+        .turn(
+            &session,
+            "responses",
+            json!({"output": [{"type": "function_call", "call_id": "call_2", "name": "read_file", "arguments": read.to_string()}]}),
+        )
+        .await;
+    let item = &responses["results"][0];
+    assert_eq!(item["type"], "function_call_output");
+    assert_eq!(item["call_id"], "call_2");
+    assert!(item["output"].as_str().unwrap().contains("4711"));
+
+    let anthropic = host
+        .turn(
+            &session,
+            "anthropic",
+            json!({"role": "assistant", "content": [
+                {"type": "text", "text": "Reading."},
+                {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": read}
+            ]}),
+        )
+        .await;
+    let results = &anthropic["results"];
+    assert_eq!(results["role"], "user");
+    assert_eq!(results["content"][0]["tool_use_id"], "toolu_1");
+    assert_eq!(results["content"][0]["is_error"], false);
+    assert!(
+        results["content"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("4711")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_tool_comes_back_pending_and_its_outcome_is_the_models_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    let (status, listed) = host.put_tools(&session, json!([lookup_order()])).await;
+    assert_eq!(status, 200, "{listed}");
+    let listing = listed["tools"].as_array().unwrap();
+    let mine = listing
+        .iter()
+        .find(|t| t["name"] == "lookup_order")
+        .unwrap();
+    assert_eq!(mine["host"], true);
+    assert!(
+        listing
+            .iter()
+            .any(|t| t["name"] == "read_file" && t["host"] == false)
+    );
+
+    let turn = host
+        .turn(
+            &session,
+            "openai",
+            chat_call("call_7", "lookup_order", json!({"id": 42})),
+        )
+        .await;
+    assert_eq!(turn["status"], "pending", "{turn}");
+    let action = &turn["pending"][0];
+    assert_eq!(action["kind"], "run");
+    assert_eq!(action["tool"], "lookup_order");
+    assert_eq!(action["call_id"], "call_7");
+    // The prepared arguments: the schema's default filled in.
+    assert_eq!(action["arguments"], json!({"id": 42, "fields": "all"}));
+    assert!(action["deadline_ms"].as_u64().unwrap() > 0);
+
+    let (status, done) = host
+        .outcomes(
+            &session,
+            turn["turn"].as_str().unwrap(),
+            json!([{"id": action["id"], "output": {"order": 42, "status": "shipped"}}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["status"], "complete");
+    let result = seen(&done["results"][0]);
+    assert_eq!(result["state"], "ACKED");
+    assert_eq!(
+        result["outcome"]["observation"]["structured"],
+        json!({"order": 42, "status": "shipped"})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_error_goes_back_to_the_model_and_the_host_runs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    host.put_tools(&session, json!([lookup_order()])).await;
+    let turn = host
+        .turn(
+            &session,
+            "openai",
+            chat_call(
+                "call_1",
+                "lookup_order",
+                json!({"id": "forty-two", "colour": 1}),
+            ),
+        )
+        .await;
+    assert_eq!(turn["status"], "complete", "{turn}");
+    assert_eq!(turn["pending"], json!([]));
+    let refusal = seen(&turn["results"][0]);
+    assert_eq!(refusal["status"], "validation_error");
+    let locs: Vec<&str> = refusal["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["loc"].as_str().unwrap())
+        .collect();
+    assert!(
+        locs.contains(&"/id") && locs.contains(&"/colour"),
+        "{locs:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_call_is_pending_for_approval_and_runs_once_approved() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    let wire = json!({
+        "name": "wire_money", "input_schema": {"type": "object", "properties": {"cents": {"type": "integer"}}},
+        "effect": "non_idempotent", "authority": "A3", "strategy": ["exploitation"]
+    });
+    host.put_tools(&session, json!([wire])).await;
+    let turn = host
+        .turn(
+            &session,
+            "openai",
+            chat_call("call_w", "wire_money", json!({"cents": 500})),
+        )
+        .await;
+    let turn_id = turn["turn"].as_str().unwrap().to_string();
+    let held = &turn["pending"][0];
+    assert_eq!(turn["status"], "pending");
+    assert_eq!(held["kind"], "approval_required", "{turn}");
+    assert_eq!(held["arguments"], json!({"cents": 500}));
+    assert!(held["args_hash"].as_str().unwrap().starts_with("v1:"));
+
+    // An approval that names other arguments' digest is refused, and changes nothing.
+    let (status, refused) = host
+        .outcomes(
+            &session,
+            &turn_id,
+            json!([{"id": held["id"], "approve": true, "args_hash": "v1:00"}]),
+        )
+        .await;
+    assert_eq!(status, 409, "{refused}");
+    let (_, still) = host
+        .call(
+            "GET",
+            &format!("/v1/sessions/{session}/turns/{turn_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(still["pending"][0]["id"], held["id"]);
+
+    let (status, run) = host
+        .outcomes(
+            &session,
+            &turn_id,
+            json!([{"id": held["id"], "approve": true, "args_hash": held["args_hash"]}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{run}");
+    let action = &run["pending"][0];
+    assert_eq!(action["kind"], "run", "{run}");
+    assert!(action["intent_id"].is_string() && action["idempotency_key"].is_string());
+    let (_, done) = host
+        .outcomes(
+            &session,
+            &turn_id,
+            json!([{"id": action["id"], "output": "wired"}]),
+        )
+        .await;
+    assert_eq!(done["status"], "complete");
+    assert_eq!(
+        seen(&done["results"][0])["outcome"]["observation"]["text"],
+        "wired"
+    );
+
+    // Denied: the model is told, and the host is never asked to run it.
+    let turn = host
+        .turn(
+            &session,
+            "openai",
+            chat_call("call_x", "wire_money", json!({"cents": 9})),
+        )
+        .await;
+    let held = &turn["pending"][0];
+    let (_, done) = host
+        .outcomes(
+            &session,
+            turn["turn"].as_str().unwrap(),
+            json!([{"id": held["id"], "approve": false, "reason": "not today"}]),
+        )
+        .await;
+    assert_eq!(done["status"], "complete", "{done}");
+    let refusal = seen(&done["results"][0]);
+    assert_eq!(refusal["status"], "approval_denied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_sent_again_before_its_result_reached_the_host_is_not_run_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    host.put_tools(&session, json!([send_invoice(), lookup_order()]))
+        .await;
+    let invoice = json!({"id": "call_i", "type": "function",
+        "function": {"name": "send_invoice", "arguments": "{\"to\":\"acme\"}"}});
+    let lookup = json!({"id": "call_l", "type": "function",
+        "function": {"name": "lookup_order", "arguments": "{\"id\":7}"}});
+    // The write is a barrier: the read after it waits for its own epoch.
+    let first = host
+        .turn(
+            &session,
+            "openai",
+            json!({"role": "assistant", "tool_calls": [invoice, lookup]}),
+        )
+        .await;
+    let first_turn = first["turn"].as_str().unwrap().to_string();
+    let write = first["pending"][0].clone();
+    assert_eq!(write["tool"], "send_invoice", "{first}");
+    let (_, next) = host
+        .outcomes(
+            &session,
+            &first_turn,
+            json!([{"id": write["id"], "output": {"invoice": "INV-1"}}]),
+        )
+        .await;
+    assert_eq!(next["status"], "pending");
+    assert_eq!(next["pending"][0]["tool"], "lookup_order", "{next}");
+
+    // The write's result has not reached the host yet (its turn is not complete): the same
+    // call sent again is answered with it, and the host is not asked to run it a second time.
+    let again = host
+        .turn(
+            &session,
+            "openai",
+            json!({"role": "assistant", "tool_calls": [invoice]}),
+        )
+        .await;
+    assert_eq!(
+        again["status"], "complete",
+        "the write was asked for again: {again}"
+    );
+    let replayed = seen(&again["results"][0]);
+    assert_eq!(replayed["disposition"], "replayed", "{replayed}");
+    assert_eq!(replayed["intent_id"], write["intent_id"]);
+    assert_eq!(
+        replayed["outcome"]["observation"]["structured"],
+        json!({"invoice": "INV-1"})
+    );
+
+    let read = &next["pending"][0];
+    let (_, done) = host
+        .outcomes(
+            &session,
+            &first_turn,
+            json!([{"id": read["id"], "output": {"order": 7}}]),
+        )
+        .await;
+    assert_eq!(done["status"], "complete");
+    assert_eq!(done["results"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_host_never_reports_is_asked_again_under_its_key_then_left_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    let mut invoice = send_invoice();
+    invoice["timeout_ms"] = json!(500);
+    host.put_tools(&session, json!([invoice])).await;
+    let first = host
+        .turn(
+            &session,
+            "openai",
+            chat_call("call_t", "send_invoice", json!({"to": "acme"})),
+        )
+        .await;
+    let turn_id = first["turn"].as_str().unwrap().to_string();
+    let mut runs = vec![first["pending"][0].clone()];
+    // Never answered: each run times out; the settlement asks again under the same key, once.
+    let done = loop {
+        let path = format!("/v1/sessions/{session}/turns/{turn_id}?wait_ms=60000");
+        let (status, now) = host.call("GET", &path, None).await;
+        assert_eq!(status, 200, "{now}");
+        if now["status"] == "complete" {
+            break now;
+        }
+        for action in now["pending"].as_array().unwrap() {
+            if !runs.iter().any(|r| r["id"] == action["id"]) {
+                runs.push(action.clone());
+            }
+        }
+        assert!(runs.len() <= 2, "asked more than once again: {runs:?}");
+        // A turn with an action pending answers at once: pace the polling, decide nothing by it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        runs.len(),
+        2,
+        "the unknown outcome was not settled by asking again: {runs:?}"
+    );
+    assert_eq!(runs[0]["idempotency_key"], runs[1]["idempotency_key"]);
+    assert_eq!(runs[0]["intent_id"], runs[1]["intent_id"]);
+    let result = seen(&done["results"][0]);
+    assert_eq!(result["outcome"]["kind"], "failed", "{result}");
+    assert_eq!(
+        result["outcome"]["uncertain"], true,
+        "never reported as a success: {result}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_session_ends_its_turn_waiting_for_the_host_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    host.put_tools(&session, json!([send_invoice()])).await;
+    let mut stream = host.events(&session).await;
+    let turn = host
+        .turn(
+            &session,
+            "openai",
+            chat_call("call_d", "send_invoice", json!({"to": "acme"})),
+        )
+        .await;
+    assert_eq!(turn["status"], "pending");
+    let (status, deleted) = host
+        .call("DELETE", &format!("/v1/sessions/{session}"), None)
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(deleted["turns_cancelled"], 1, "{deleted}");
+    // The host's call would wait up to its 120 s timeout; deleting the session ends it now.
+    let events = read_events_until(&mut stream, "turn_finished").await;
+    let finished = events
+        .iter()
+        .find(|e| e["event"] == "call_finished")
+        .expect("the call finished");
+    assert_eq!(finished["call_id"], "call_d");
+    assert_eq!(
+        finished["is_error"], true,
+        "an unreported write is no success"
+    );
+    let (status, _) = host
+        .call("GET", &format!("/v1/sessions/{session}/tools"), None)
+        .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_tool_call_is_checked_against_its_grammar_and_answered_as_custom_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({"format": "responses"})).await;
+    let sql = json!({
+        "name": "sql", "type": "custom", "grammar": {"syntax": "regex", "definition": "SELECT [a-z_]+ FROM [a-z_]+"},
+        "effect": "nullipotent", "authority": "A0", "strategy": ["exploration"]
+    });
+    let (status, body) = host.put_tools(&session, json!([sql])).await;
+    assert_eq!(status, 200, "{body}");
+    let path = format!("/v1/sessions/{session}/turns");
+    let body = json!({"message": {"output": [
+        {"type": "custom_tool_call", "call_id": "call_ok", "name": "sql", "input": "SELECT name FROM users"},
+        {"type": "custom_tool_call", "call_id": "call_bad", "name": "sql", "input": "DROP TABLE users"}
+    ]}});
+    let (_, turn) = host.call("POST", &path, Some(&body)).await;
+    let action = &turn["pending"][0];
+    assert_eq!(turn["pending"].as_array().unwrap().len(), 1, "{turn}");
+    assert_eq!(action["input"], "SELECT name FROM users");
+    let (_, done) = host
+        .outcomes(
+            &session,
+            turn["turn"].as_str().unwrap(),
+            json!([{"id": action["id"], "output": "alice"}]),
+        )
+        .await;
+    let items = done["results"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "every call is answered: {done}");
+    assert!(items.iter().all(|i| i["type"] == "custom_tool_call_output"));
+    assert_eq!(items[0]["call_id"], "call_ok");
+    let bad: Value = serde_json::from_str(items[1]["output"].as_str().unwrap()).unwrap();
+    assert_eq!(bad["status"], "validation_error");
+    assert_eq!(bad["errors"][0]["loc"], "/input");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_grants_narrow_its_principals_and_never_widen_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host
+        .session(json!({"grants": {"tools": ["read_file", "shell"], "ceiling": "A0"}}))
+        .await;
+    let (_, tools) = host
+        .call("GET", &format!("/v1/sessions/{session}/tools"), None)
+        .await;
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    // shell is named by the session but not granted by the server: the session cannot add it.
+    assert_eq!(names, ["read_file"]);
+    let turn = host
+        .turn(
+            &session,
+            "openai",
+            json!({"role": "assistant", "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "list_dir", "arguments": "{}"}},
+                {"id": "b", "type": "function", "function": {"name": "write_file", "arguments": "{\"path\":\"x.txt\",\"content\":\"x\"}"}}
+            ]}),
+        )
+        .await;
+    for message in turn["results"].as_array().unwrap() {
+        // A tool the session may not call is not even known to it.
+        assert_eq!(seen(message)["status"], "unknown_tool", "{message}");
+    }
+    assert!(!dir.path().join("x.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_the_error_envelope_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    let turns = format!("/v1/sessions/{session}/turns");
+    let envelope = |status: u16, body: &Value, expected: u16, kind: &str| {
+        assert_eq!(status, expected, "{body}");
+        assert_eq!(body["status"], kind, "{body}");
+        assert!(
+            body["message"].is_string() && body["advice"].is_string(),
+            "{body}"
+        );
+    };
+
+    let (s, b) = host
+        .call(
+            "POST",
+            "/v1/sessions/ses_nope/turns",
+            Some(&json!({"message": {}})),
+        )
+        .await;
+    envelope(s, &b, 404, "not_found");
+    let (s, b) = host
+        .raw(
+            "POST",
+            &turns,
+            "application/json",
+            b"{\"message\": ".to_vec(),
+        )
+        .await;
+    envelope(s, &b, 400, "invalid_json");
+    let (s, b) = host
+        .raw(
+            "POST",
+            &turns,
+            "application/json",
+            br#"{"message": {}, "message": {}}"#.to_vec(),
+        )
+        .await;
+    envelope(s, &b, 400, "invalid_json");
+    let (s, b) = host.raw("POST", &turns, "text/plain", b"{}".to_vec()).await;
+    envelope(s, &b, 415, "unsupported_media_type");
+    let (s, b) = host
+        .call(
+            "POST",
+            &turns,
+            Some(&json!({"format": "mcp", "message": {}})),
+        )
+        .await;
+    envelope(s, &b, 422, "validation_error");
+    assert_eq!(b["errors"][0]["loc"], "/format");
+    let (s, b) = host
+        .call("POST", &turns, Some(&json!({"message": {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "read_file"}}]}})))
+        .await;
+    envelope(s, &b, 422, "invalid_turn");
+    assert_eq!(b["errors"][0]["loc"], "$.tool_calls[0].id");
+    let big = vec![b' '; ring0_api_body_max() + 1];
+    let (s, b) = host.raw("POST", &turns, "application/json", big).await;
+    envelope(s, &b, 413, "payload_too_large");
+
+    // A tool set with one bad entry is refused whole: the good one is not registered either.
+    let (s, b) = host
+        .put_tools(
+            &session,
+            json!([lookup_order(), {"name": "read_file", "input_schema": {"type": "object"}}]),
+        )
+        .await;
+    envelope(s, &b, 409, "conflict");
+    assert_eq!(b["errors"][0]["loc"], "/tools/1/name");
+    // The form of an upstream's tool names is not a host tool's to take.
+    let (s, b) = host
+        .put_tools(
+            &session,
+            json!([{"name": "github__delete_repo", "input_schema": {"type": "object"}}]),
+        )
+        .await;
+    envelope(s, &b, 422, "validation_error");
+    assert_eq!(b["errors"][0]["loc"], "/tools/0/name");
+    let (s, b) = host
+        .put_tools(&session, json!([{"name": "lookup_x", "input_schema": {"type": "object"}, "effect": "sometimes"}]))
+        .await;
+    envelope(s, &b, 422, "validation_error");
+    assert_eq!(b["errors"][0]["loc"], "/tools/0/effect");
+    let (_, tools) = host
+        .call("GET", &format!("/v1/sessions/{session}/tools"), None)
+        .await;
+    assert!(
+        !tools["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["host"] == true)
+    );
+
+    // Outcomes are all or nothing: one unknown action refuses the request, the known one stays
+    // pending.
+    host.put_tools(&session, json!([lookup_order()])).await;
+    let turn = host
+        .turn(
+            &session,
+            "openai",
+            chat_call("c", "lookup_order", json!({"id": 1})),
+        )
+        .await;
+    let turn_id = turn["turn"].as_str().unwrap();
+    let action = &turn["pending"][0];
+    let (s, b) = host
+        .outcomes(
+            &session,
+            turn_id,
+            json!([{"id": action["id"], "output": 1}, {"id": "act_nope", "output": 2}]),
+        )
+        .await;
+    envelope(s, &b, 404, "not_found");
+    assert_eq!(b["errors"][0]["loc"], "/outcomes/1/id");
+    let (s, b) = host
+        .outcomes(
+            &session,
+            turn_id,
+            json!([{"id": action["id"], "approve": true}]),
+        )
+        .await;
+    envelope(s, &b, 422, "validation_error");
+    let (_, still) = host
+        .call(
+            "GET",
+            &format!("/v1/sessions/{session}/turns/{turn_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(still["status"], "pending");
+    assert_eq!(still["pending"][0]["id"], action["id"]);
+
+    let (s, b) = host.call("GET", "/v1/nothing/here", None).await;
+    envelope(s, &b, 404, "no_route");
+    let (s, b) = host.call("PATCH", &turns, None).await;
+    envelope(s, &b, 405, "method_not_allowed");
+}
+
+/// The API's body bound, as documented.
+fn ring0_api_body_max() -> usize {
+    4 * 1024 * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_belong_to_their_principal_and_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{API_CONFIG}\n{}", alice_and_bob_tokens());
+    let server = serve(dir.path(), &config);
+    let alice = Host::of(&server, Some("alice-token"));
+    let bob = Host::of(&server, Some("bob-token"));
+    let nobody = Host::of(&server, None);
+    let (status, _) = nobody.call("POST", "/v1/sessions", Some(&json!({}))).await;
+    assert_eq!(status, 401);
+    let (status, created) = alice.call("POST", "/v1/sessions", Some(&json!({}))).await;
+    assert_eq!(status, 201);
+    assert_eq!(created["principal"], "alice");
+    let id = created["id"].as_str().unwrap();
+    for (method, path) in [
+        ("GET", format!("/v1/sessions/{id}/tools")),
+        ("DELETE", format!("/v1/sessions/{id}")),
+    ] {
+        let (status, body) = bob.call(method, &path, None).await;
+        assert_eq!(status, 404, "bob reached alice's session: {body}");
+    }
+    let mut made = 1;
+    loop {
+        let (status, body) = alice.call("POST", "/v1/sessions", Some(&json!({}))).await;
+        if status == 429 {
+            assert_eq!(body["status"], "limit_exceeded");
+            break;
+        }
+        assert_eq!(status, 201);
+        made += 1;
+        assert!(made <= 64, "more than 64 sessions for one principal");
+    }
+    assert_eq!(made, 64);
+    // Bob's own bound is untouched by Alice's sessions.
+    assert_eq!(
+        bob.call("POST", "/v1/sessions", Some(&json!({}))).await.0,
+        201
+    );
+    let (status, deleted) = alice
+        .call("DELETE", &format!("/v1/sessions/{id}"), None)
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(
+        alice
+            .call("GET", &format!("/v1/sessions/{id}/tools"), None)
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        alice.call("POST", "/v1/sessions", Some(&json!({}))).await.0,
+        201
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_tells_a_turns_calls_as_they_happen() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    let mut stream = host.events(&session).await;
+    assert!(
+        stream.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    host.turn(
+        &session,
+        "openai",
+        chat_call("call_e", "read_file", json!({"path": "notes.txt"})),
+    )
+    .await;
+    let events = read_events_until(&mut stream, "turn_finished").await;
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    let started = kinds
+        .iter()
+        .position(|k| *k == "call_started")
+        .expect("call_started");
+    let finished = kinds
+        .iter()
+        .position(|k| *k == "call_finished")
+        .expect("call_finished");
+    assert!(started < finished, "{kinds:?}");
+    assert_eq!(events[started]["call_id"], "call_e");
+    assert_eq!(*kinds.last().unwrap(), "turn_finished");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_is_3_1_and_describes_every_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{API_CONFIG}\n{}", alice_and_bob_tokens());
+    let server = serve(dir.path(), &config);
+    // Served without credentials: it describes the API, not anyone's data.
+    let (status, doc) = Host::of(&server, None)
+        .call("GET", "/v1/openapi.json", None)
+        .await;
+    assert_eq!(status, 200);
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        doc["openapi"]
+    );
+    let paths = doc["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/v1/sessions", "post"),
+        ("/v1/sessions/{id}", "delete"),
+        ("/v1/sessions/{id}/tools", "put"),
+        ("/v1/sessions/{id}/tools", "get"),
+        ("/v1/sessions/{id}/turns", "post"),
+        ("/v1/sessions/{id}/turns/{turn}", "get"),
+        ("/v1/sessions/{id}/turns/{turn}/outcomes", "post"),
+        ("/v1/sessions/{id}/events", "get"),
+    ] {
+        assert!(
+            paths[path][method].is_object(),
+            "{method} {path} is not documented"
+        );
+    }
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+}
+
+#[test]
+fn schemathesis_finds_no_server_error_and_no_schema_violation() {
+    let Some(peers) = peers() else { return };
+    let st = peers.join("schemathesis/bin/schemathesis");
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let out = std::process::Command::new(&st)
+        .args([
+            "run",
+            &format!("http://{}/v1/openapi.json", server.addr),
+            "--checks",
+            "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
+            "--max-examples",
+            "40",
+            "--request-timeout",
+            "60",
+            "--workers",
+            "1",
+            "--seed",
+            "1",
+            // An event stream never ends, so a fuzzer that reads each response whole cannot
+            // check it; the_event_stream_tells_a_turns_calls_as_they_happen does.
+            "--exclude-path",
+            "/v1/sessions/{id}/events",
+        ])
+        // Its report directory goes to the test's own directory, never the source tree.
+        .current_dir(dir.path())
+        .env("HOME", test_home())
+        .output()
+        .expect("schemathesis runs");
+    let report = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "schemathesis found problems:\n{report}"
+    );
+}
