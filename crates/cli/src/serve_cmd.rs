@@ -401,11 +401,7 @@ async fn serve(
         shutdown.clone(),
     ));
     announce(&log, &loaded, &built, &generation, args.http, log_level);
-    let routes = operation_routes(
-        &operations,
-        webhook.as_ref(),
-        &console(&loaded, &gw, &log)?,
-    );
+    let routes = operation_routes(&operations, webhook.as_ref(), &console(&loaded, &gw, &log)?);
     let transport = Transport {
         approvals,
         routes,

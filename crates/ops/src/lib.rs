@@ -38,8 +38,8 @@ pub mod control;
 pub mod held;
 pub mod html;
 pub mod metrics;
-pub mod telemetry;
 pub mod operator;
+pub mod telemetry;
 pub mod webhook;
 
 use axum::extract::State;
