@@ -312,13 +312,21 @@ async fn home(State(c): State<Arc<Console>>, Extension(p): Extension<Principal>)
             let base = format!("/console/approvals/{}", h.approval_id);
             let _ = write!(
                 body,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td><pre>{}</pre>{}</td><td>{}{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td><pre>{}</pre>{}</td><td>{}{}{}</td></tr>",
                 cell(&h.approval_id),
                 cell(&h.tool),
                 cell(&h.principal),
                 cell(&h.summary),
                 rendered_change(h),
                 c.form(&p, &format!("{base}/approve"), "Approve"),
+                match &h.remember {
+                    Some(what) => c.form(
+                        &p,
+                        &format!("{base}/approve-session"),
+                        &format!("Allow for {what}"),
+                    ),
+                    None => String::new(),
+                },
                 c.form(&p, &format!("{base}/deny"), "Deny"),
             );
         }
@@ -475,7 +483,14 @@ async fn decide_held(
     }
     let by = format!("console ({})", p.id);
     let state = match action.as_str() {
-        "approve" => HoldState::Approved { by },
+        "approve" => HoldState::Approved {
+            by,
+            for_session: false,
+        },
+        "approve-session" => HoldState::Approved {
+            by,
+            for_session: true,
+        },
         "deny" => HoldState::Denied {
             by,
             reason: "denied in the console".into(),
