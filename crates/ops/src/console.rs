@@ -332,8 +332,17 @@ async fn home(State(c): State<Arc<Console>>, Extension(p): Extension<Principal>)
         }
         body.push_str("</table>");
     }
+    body.push_str(&dead_letters(&c, &p).await);
+    page("Pending", &body)
+}
+
+/// The dead letters, each with the forms that settle it.
+async fn dead_letters(c: &Console, p: &Principal) -> String {
+    let mut body = String::new();
     body.push_str("<h2>Dead letters</h2>");
-    let records = journal
+    let records = c
+        .gateway
+        .journal()
         .recent(ring0_journal::limits::RECENT_LIMIT_MAX)
         .await
         .unwrap_or_default();
@@ -359,14 +368,14 @@ async fn home(State(c): State<Arc<Console>>, Extension(p): Extension<Principal>)
                 cell(&r.tool),
                 cell(&r.canonical_args),
                 cell(&why),
-                c.form(&p, &format!("{base}/applied"), "Mark applied"),
-                c.form(&p, &format!("{base}/not-applied"), "Mark not applied"),
-                c.form(&p, &format!("{base}/compensate"), "Compensate"),
+                c.form(p, &format!("{base}/applied"), "Mark applied"),
+                c.form(p, &format!("{base}/not-applied"), "Mark not applied"),
+                c.form(p, &format!("{base}/compensate"), "Compensate"),
             );
         }
         body.push_str("</table>");
     }
-    page("Pending", &body)
+    body
 }
 
 /// What a held `apply_patch` or `write_file` would change, as a diff: the patch's lines, or
