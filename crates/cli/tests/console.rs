@@ -41,7 +41,8 @@ fn workspace(peers: &Path) -> tempfile::TempDir {
         "[workspace]\nstate_dir = \".ring0\"\n\n\
          [approval]\ntimeout_secs = 600\n\n\
          [console]\noperators = [\"alice\"]\n\n\
-         [[grants]]\nname = \"held\"\ntools = [\"fx__append\"]\nceiling = \"A2\"\napproval = true\n\n\
+         [[grants]]\nname = \"held\"\ntools = [\"fx__append\"]\nceiling = \"A2\"\napproval = true\n\
+         approval_scope = \"session\"\n\n\
          [[grants]]\nname = \"lanes\"\ntools = [\"fx__append_lane\"]\nceiling = \"A2\"\n\n\
          [[grants]]\nname = \"patches\"\ntools = [\"apply_patch\"]\nceiling = \"A1\"\napproval = true\n\n\
          [[upstreams]]\nalias = \"fx\"\ncommand = {:?}\nargs = [{:?}, \"--dir\", {:?}]\n\n\
@@ -311,4 +312,53 @@ fn a_held_patch_is_shown_to_the_operator_as_a_diff() {
         "nothing ran"
     );
     assert!(screenshots().join("diff.png").exists());
+}
+
+#[test]
+fn an_operator_allows_a_held_call_for_its_session_and_the_identical_call_runs_unasked() {
+    let Some(peers) = peers() else { return };
+    if !Path::new(CHROMIUM).exists() {
+        return skip_or_fail("no /usr/bin/chromium").unwrap_or(());
+    }
+    let dir = workspace(&peers);
+    let mut cmd = serve_http_command(dir.path());
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    let server = start_http(cmd);
+    let mut calls = client(
+        &peers,
+        &server,
+        "fx__append",
+        json!({"text": "twice"}),
+        "key-s",
+    );
+    let calls = calls
+        .args(["--never-answer", "--twice"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let seen = browser(&peers, &server, "alice-token", "session");
+    assert!(
+        seen["label"]
+            .as_str()
+            .unwrap_or("")
+            .contains("this session"),
+        "{seen}"
+    );
+    // The client's second, identical call is not held again: both calls end, both ran.
+    let deadline = Instant::now() + WAIT;
+    let mut calls = calls;
+    while calls.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the identical call was held again"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = calls.wait_with_output().unwrap();
+    let report: Value = serde_json::from_str(text(&out.stdout).lines().last().unwrap_or(""))
+        .unwrap_or_else(|_| panic!("{}", text(&out.stdout)));
+    assert_eq!(report["is_error"], false, "{report}");
+    assert_eq!(report["second"]["is_error"], false, "{report}");
+    assert_eq!(effects(dir.path(), "twice"), 2);
 }

@@ -26,8 +26,13 @@ pub const HOLD_ARGS_BYTES_MAX: usize = 64 * 1024;
 pub enum HoldState {
     /// Waiting for a person.
     Pending,
-    /// A person approved it, through `by` (a channel's name).
-    Approved { by: String },
+    /// A person approved it, through `by` (a channel's name); with `for_session`, identical
+    /// calls of the same session too, where the held call offered it ([`HeldCall::remember`]).
+    Approved {
+        by: String,
+        #[serde(default, skip_serializing_if = "is_false")]
+        for_session: bool,
+    },
     /// A person refused it, through `by`, saying `reason`.
     Denied { by: String, reason: String },
     /// Its deadline passed, or the call ended without a decision.
@@ -61,6 +66,10 @@ pub struct HeldCall {
     pub args_hash: String,
     /// What a person is shown (bounded by [`HOLD_SUMMARY_BYTES_MAX`]).
     pub summary: String,
+    /// Offered "allow for this session": how long identical calls would then run without
+    /// asking (the policy's wording). `None`: only this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remember: Option<String>,
     /// The prepared arguments, when their JSON fits [`HOLD_ARGS_BYTES_MAX`] (a view can then
     /// render them, e.g. a patch as a diff); `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -95,6 +104,10 @@ impl HeldCall {
     pub fn is_pending_at(&self, now_ms: u64) -> bool {
         self.state == HoldState::Pending && now_ms < self.deadline_ms
     }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What [`crate::Journal::hold_decide`] did.

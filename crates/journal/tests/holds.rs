@@ -22,6 +22,7 @@ fn held(id: &str, deadline_ms: u64) -> HeldCall {
         args_hash: "h".into(),
         summary: "refund 20".into(),
         arguments: Some(serde_json::json!({"amount": 20})),
+        remember: None,
         channels: vec!["client".into(), "webhook".into()],
         created_ms: NOW_MS,
         deadline_ms,
@@ -34,6 +35,7 @@ fn held(id: &str, deadline_ms: u64) -> HeldCall {
 fn approved() -> HoldState {
     HoldState::Approved {
         by: "webhook".into(),
+        for_session: false,
     }
 }
 

@@ -312,20 +312,37 @@ async fn home(State(c): State<Arc<Console>>, Extension(p): Extension<Principal>)
             let base = format!("/console/approvals/{}", h.approval_id);
             let _ = write!(
                 body,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td><pre>{}</pre>{}</td><td>{}{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td><pre>{}</pre>{}</td><td>{}{}{}</td></tr>",
                 cell(&h.approval_id),
                 cell(&h.tool),
                 cell(&h.principal),
                 cell(&h.summary),
                 rendered_change(h),
                 c.form(&p, &format!("{base}/approve"), "Approve"),
+                match &h.remember {
+                    Some(what) => c.form(
+                        &p,
+                        &format!("{base}/approve-session"),
+                        &format!("Allow for {what}"),
+                    ),
+                    None => String::new(),
+                },
                 c.form(&p, &format!("{base}/deny"), "Deny"),
             );
         }
         body.push_str("</table>");
     }
+    body.push_str(&dead_letters(&c, &p).await);
+    page("Pending", &body)
+}
+
+/// The dead letters, each with the forms that settle it.
+async fn dead_letters(c: &Console, p: &Principal) -> String {
+    let mut body = String::new();
     body.push_str("<h2>Dead letters</h2>");
-    let records = journal
+    let records = c
+        .gateway
+        .journal()
         .recent(ring0_journal::limits::RECENT_LIMIT_MAX)
         .await
         .unwrap_or_default();
@@ -351,14 +368,14 @@ async fn home(State(c): State<Arc<Console>>, Extension(p): Extension<Principal>)
                 cell(&r.tool),
                 cell(&r.canonical_args),
                 cell(&why),
-                c.form(&p, &format!("{base}/applied"), "Mark applied"),
-                c.form(&p, &format!("{base}/not-applied"), "Mark not applied"),
-                c.form(&p, &format!("{base}/compensate"), "Compensate"),
+                c.form(p, &format!("{base}/applied"), "Mark applied"),
+                c.form(p, &format!("{base}/not-applied"), "Mark not applied"),
+                c.form(p, &format!("{base}/compensate"), "Compensate"),
             );
         }
         body.push_str("</table>");
     }
-    page("Pending", &body)
+    body
 }
 
 /// What a held `apply_patch` or `write_file` would change, as a diff: the patch's lines, or
@@ -475,7 +492,14 @@ async fn decide_held(
     }
     let by = format!("console ({})", p.id);
     let state = match action.as_str() {
-        "approve" => HoldState::Approved { by },
+        "approve" => HoldState::Approved {
+            by,
+            for_session: false,
+        },
+        "approve-session" => HoldState::Approved {
+            by,
+            for_session: true,
+        },
         "deny" => HoldState::Denied {
             by,
             reason: "denied in the console".into(),

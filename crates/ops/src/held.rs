@@ -84,6 +84,7 @@ impl DurableApprover {
                 .filter(|text| text.len() <= ring0_journal::hold::HOLD_ARGS_BYTES_MAX)
                 .map(|_| request.args.clone()),
             channels,
+            remember: request.remember.clone(),
             created_ms: request.created_at_ms,
             deadline_ms: request.deadline_ms,
             incarnation: durable.journal.incarnation().unwrap_or(0),
@@ -104,6 +105,7 @@ impl DurableApprover {
             ApprovalOutcome::Approved { .. } | ApprovalOutcome::ApprovedForSession { .. } => {
                 HoldState::Approved {
                     by: "client or terminal".into(),
+                    for_session: matches!(answer, ApprovalOutcome::ApprovedForSession { .. }),
                 }
             }
             ApprovalOutcome::Denied { reason } => HoldState::Denied {
@@ -136,9 +138,13 @@ impl DurableApprover {
 /// request's own fingerprint, which the held call was recorded with.
 fn outcome_of(held: &HeldCall, request: &ApprovalRequest) -> ApprovalOutcome {
     match &held.state {
-        HoldState::Approved { .. } if held.args_hash == request.args_hash => {
-            ApprovalOutcome::Approved {
-                args_hash: held.args_hash.clone(),
+        HoldState::Approved { for_session, .. } if held.args_hash == request.args_hash => {
+            let args_hash = held.args_hash.clone();
+            // "For this session" only where the request offered it.
+            if *for_session && request.remember.is_some() {
+                ApprovalOutcome::ApprovedForSession { args_hash }
+            } else {
+                ApprovalOutcome::Approved { args_hash }
             }
         }
         HoldState::Approved { .. } => ApprovalOutcome::Denied {
@@ -343,7 +349,7 @@ async fn release(gateway: &Gateway, held: &HeldCall) -> String {
         Err(e) => return format!("approval {}: {e}", held.approval_id),
     };
     match &held.state {
-        HoldState::Approved { by } => {
+        HoldState::Approved { by, .. } => {
             let kernel = gateway.generation().kernel.clone();
             match kernel.release_held(record.id).await {
                 Ok(done) => format!(

@@ -103,6 +103,74 @@ fn compensating_tool(kernel: &Kernel, record: &IntentRecord) -> Result<String, S
     Ok(tool)
 }
 
+/// What the compensating call left: its own intent, and whether it ran now.
+struct CompensatingCall {
+    intent: Option<String>,
+    ran_now: bool,
+}
+
+/// Runs `tool` with `record`'s prepared arguments as a round of its own for the local
+/// principal, under the key `compensate:<intent>`; `Err` says why it did not complete (ACKED
+/// with a result that is not an error).
+async fn run_compensating_call(
+    kernel: &Kernel,
+    authorizer: Option<Arc<dyn Authorizer>>,
+    record: &IntentRecord,
+    tool: &str,
+) -> Result<CompensatingCall, String> {
+    let id = record.id;
+    let arguments: serde_json::Value = serde_json::from_str(&record.canonical_args)
+        .map_err(|e| format!("the recorded arguments of intent {id} do not parse: {e}"))?;
+    let call = ProposedCall {
+        index: 0,
+        call_id: format!("compensate-{id}"),
+        tool: tool.to_string(),
+        arguments: ProposedArguments::Value(arguments),
+        idempotency_key: Some(format!("{COMPENSATION_KEY_PREFIX}{id}")),
+    };
+    let mut config =
+        SessionConfig::new(format!("{COMPENSATION_KEY_PREFIX}{id}")).principal(Principal::local());
+    if let Some(authorizer) = authorizer {
+        config = config.authorizer(authorizer);
+    }
+    let round = Round {
+        calls: vec![call],
+        text: None,
+    };
+    let outcome = kernel
+        .open_session(config)
+        .run_round(round, &RoundOptions::default())
+        .await;
+    let receipt = outcome
+        .receipts
+        .first()
+        .ok_or("the kernel answered the compensating call with no receipt")?;
+    let why = match (&receipt.outcome, receipt.state) {
+        (CallOutcome::Completed { observation }, Some(IntentState::Acked))
+            if !observation.is_error =>
+        {
+            outcome.delivered();
+            return Ok(CompensatingCall {
+                intent: receipt.intent_id.clone(),
+                ran_now: receipt.disposition == Disposition::Dispatched,
+            });
+        }
+        (CallOutcome::Completed { observation }, state) => format!(
+            "{}: {}",
+            state.map_or("not journaled".into(), |s| s.to_string()),
+            ring0_core::text::truncate_utf8(&observation.text, NOTE_BYTES_MAX)
+        ),
+        (CallOutcome::Rejected { rejection }, _) => {
+            format!("{}: {}", rejection.status.as_str(), rejection.message)
+        }
+        (other, _) => format!("{other:?}"),
+    };
+    Err(format!(
+        "the compensating call {tool} did not complete ({why}); intent {id} stays {}",
+        record.state
+    ))
+}
+
 /// Undoes an ACKED, DEAD_LETTER or UNKNOWN intent's effect with its tool's compensating tool,
 /// through `kernel` under `authorizer` (the serving generation's gate, or the policy), for
 /// the local principal; then marks it COMPENSATED.
@@ -126,60 +194,11 @@ pub async fn compensate(
         ));
     }
     let tool = compensating_tool(kernel, &record)?;
-    let arguments: serde_json::Value = serde_json::from_str(&record.canonical_args)
-        .map_err(|e| format!("the recorded arguments of intent {id} do not parse: {e}"))?;
-    let call = ProposedCall {
-        index: 0,
-        call_id: format!("compensate-{id}"),
-        tool: tool.clone(),
-        arguments: ProposedArguments::Value(arguments),
-        idempotency_key: Some(format!("{COMPENSATION_KEY_PREFIX}{id}")),
-    };
-    let mut config =
-        SessionConfig::new(format!("{COMPENSATION_KEY_PREFIX}{id}")).principal(Principal::local());
-    if let Some(authorizer) = authorizer {
-        config = config.authorizer(authorizer);
-    }
-    let session = kernel.open_session(config);
-    let round = Round {
-        calls: vec![call],
-        text: None,
-    };
-    let outcome = session.run_round(round, &RoundOptions::default()).await;
-    let receipt = outcome
-        .receipts
-        .first()
-        .ok_or("the kernel answered the compensating call with no receipt")?;
-    let refused = |why: String| {
-        Err(format!(
-            "the compensating call {tool} did not complete ({why}); intent {id} stays {}",
-            record.state
-        ))
-    };
-    match (&receipt.outcome, receipt.state) {
-        (CallOutcome::Completed { observation }, Some(IntentState::Acked))
-            if !observation.is_error => {}
-        (CallOutcome::Completed { observation }, state) => {
-            return refused(format!(
-                "{}: {}",
-                state.map_or("not journaled".into(), |s| s.to_string()),
-                ring0_core::text::truncate_utf8(&observation.text, NOTE_BYTES_MAX)
-            ));
-        }
-        (CallOutcome::Rejected { rejection }, _) => {
-            return refused(format!(
-                "{}: {}",
-                rejection.status.as_str(),
-                rejection.message
-            ));
-        }
-        (other, _) => return refused(format!("{other:?}")),
-    }
-    outcome.delivered();
-    let by = receipt.intent_id.clone();
+    let done = run_compensating_call(kernel, authorizer, &record, &tool).await?;
     let why = format!(
         "compensated by {tool}{}{}",
-        by.as_deref()
+        done.intent
+            .as_deref()
             .map(|i| format!(" (intent {i})"))
             .unwrap_or_default(),
         if note.is_empty() {
@@ -197,7 +216,7 @@ pub async fn compensate(
     Ok(Compensation {
         record,
         tool,
-        intent: by,
-        ran_now: receipt.disposition == Disposition::Dispatched,
+        intent: done.intent,
+        ran_now: done.ran_now,
     })
 }

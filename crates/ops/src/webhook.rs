@@ -344,6 +344,7 @@ async fn decide(
     let state = match action {
         LinkAction::Approve => HoldState::Approved {
             by: "webhook".into(),
+            for_session: false,
         },
         LinkAction::Deny => HoldState::Denied {
             by: "webhook".into(),
