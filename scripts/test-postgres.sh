@@ -2,6 +2,7 @@
 # Starts a throw-away PostgreSQL cluster for the tests and prints the URL they reach it at.
 #
 #   eval "$(bash scripts/test-postgres.sh start DIR)"   # exports RING0_TEST_POSTGRES_URL
+#   bash scripts/test-postgres.sh restart DIR          # a server restart, for failure tests
 #   bash scripts/test-postgres.sh stop DIR
 #
 # Installs Debian's `postgresql` package when no server is found. The cluster lives in DIR
@@ -9,8 +10,8 @@
 # to run as root) and trades durability for speed (`fsync=off`): it holds test data only.
 set -euo pipefail
 
-cmd=${1:?usage: test-postgres.sh start|stop DIR}
-dir=${2:?usage: test-postgres.sh start|stop DIR}
+cmd=${1:?usage: test-postgres.sh start|restart|stop DIR}
+dir=${2:?usage: test-postgres.sh start|restart|stop DIR}
 
 bindir() {
     local initdb
@@ -53,12 +54,19 @@ start)
     echo "export RING0_TEST_POSTGRES_DIR=$dir"
     echo "export RING0_TEST_POSTGRES_BIN=$bin"
     ;;
+restart)
+    # The options given at start are kept (postmaster.opts); a fast shutdown drops every
+    # client connection, as a crash of the server would.
+    bin=$(bindir)
+    [ "$(id -u)" = 0 ] && pg_user=$(stat -c %U "$dir")
+    run_as "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >&2
+    ;;
 stop)
     bin=$(bindir)
     [ -d "$dir/data" ] && run_as "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >&2 || true
     ;;
 *)
-    echo "usage: test-postgres.sh start|stop DIR" >&2
+    echo "usage: test-postgres.sh start|restart|stop DIR" >&2
     exit 2
     ;;
 esac

@@ -441,3 +441,109 @@ fn a_replica_drained_with_sigterm_exits_cleanly_giving_its_lease_up() {
     );
     assert_eq!(effects(dir.path(), "before"), 1);
 }
+
+/// A PostgreSQL cluster of a test's own (`scripts/test-postgres.sh`), for a test that restarts
+/// the server (the shared test database serves other tests meanwhile). Stopped on drop.
+struct OwnCluster {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl OwnCluster {
+    fn start() -> Option<Self> {
+        // Only where the shared test database is available: the same script started it.
+        std::env::var("RING0_TEST_POSTGRES_URL")
+            .ok()
+            .filter(|u| !u.is_empty())?;
+        let dir = tempfile::tempdir().unwrap();
+        // The server runs as another user, who must reach the cluster's directory.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = Self::script(&dir, "start");
+        let url = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("export RING0_TEST_POSTGRES_URL="))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no cluster: {}", String::from_utf8_lossy(&out.stderr)));
+        Some(Self { dir, url })
+    }
+
+    fn script(dir: &tempfile::TempDir, command: &str) -> std::process::Output {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-postgres.sh");
+        let out = Command::new("bash")
+            .arg(script)
+            .arg(command)
+            .arg(dir.path().join("cluster"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "test-postgres.sh {command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// A fast restart: every client connection is dropped, as in a crash of the server.
+    fn restart(&self) {
+        Self::script(&self.dir, "restart");
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-postgres.sh"))
+            .arg("stop")
+            .arg(self.dir.path().join("cluster"))
+            .stdin(Stdio::null())
+            .output();
+    }
+}
+
+/// Sends a keyed call until it is answered with a result (a client re-issuing on error), within
+/// the HTTP wait.
+fn append_until_answered(replica: &Replica, arguments: Value, key: &str) -> (Value, usize) {
+    let deadline = std::time::Instant::now() + HTTP_WAIT;
+    let mut errors = 0;
+    loop {
+        let answer = replica.append(9, arguments.clone(), key);
+        if answer["result"]["isError"] == json!(false) {
+            return (answer, errors);
+        }
+        errors += 1;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never answered: {answer}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_replica_serves_on_after_postgresql_restarts_and_each_call_has_one_effect() {
+    let Some(cluster) = OwnCluster::start() else {
+        skip_or_fail::<()>(
+            "RING0_TEST_POSTGRES_URL is not set (scripts/test.sh starts a database)",
+        );
+        return;
+    };
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let a = Replica::start(dir.path(), "a", &cluster.url);
+    assert_eq!(
+        appended(&a.append(2, json!({"text": "before"}), "key-before")),
+        "before"
+    );
+    cluster.restart();
+    // The pool's connections died with the server: the replica reconnects, and a client that
+    // re-issues on error is answered.
+    let (answer, errors) = append_until_answered(&a, json!({"text": "after"}), "key-after");
+    assert_eq!(appended(&answer), "after", "after {errors} error(s)");
+    eprintln!("answered after the restart, the client having re-issued {errors} time(s)");
+    let (again, _) = append_until_answered(&a, json!({"text": "before"}), "key-before");
+    assert_eq!(appended(&again), "before");
+    assert_eq!(effects(dir.path(), "before"), 1);
+    assert_eq!(effects(dir.path(), "after"), 1);
+}

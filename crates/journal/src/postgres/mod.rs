@@ -22,6 +22,8 @@
 //! - **Delivery marks** are held in memory and written with the replica's next proposal (or
 //!   heartbeat), never waited for, as the SQLite journal writes them with its next commit.
 //! - **Migrations** (`schema`) are numbered, in `ring0_schema`, run once under an advisory lock.
+//! - **Reading from outside** (`reader`): [`PostgresReader`] lists and shows records, and
+//!   [`migrate`] runs the migrations, without registering a replica.
 //! - **TLS** through rustls (ring provider, the platform's roots), as the URL's `sslmode` asks.
 //!
 //! The journal runs its I/O on a small runtime of its own, so it serves any executor (the
