@@ -259,6 +259,9 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>, log: LogOptions) -> Result
         log.level(),
         Some(&crate::traces_config(&loaded)?),
     )?;
+    if telemetry.exports_traces() {
+        tracing::info!(target: "ring0", "traces: exported over OTLP/HTTP");
+    }
     if let Some(url) = &args.journal {
         loaded.config.journal.url = Some(url.clone());
         loaded

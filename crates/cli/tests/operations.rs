@@ -680,6 +680,12 @@ fn a_collector_that_cannot_be_reached_is_said_on_stderr_and_calls_go_on() {
     let text = std::fs::read_to_string(&log).unwrap();
     let lines = json_lines(&text);
     assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "traces: exported over OTLP/HTTP"),
+        "ring0 says traces are on: {text}"
+    );
+    assert!(
         lines.iter().any(|l| l["target"] == "opentelemetry_sdk"
             && l["message"].as_str().unwrap().contains("Export")),
         "the failed export is said: {text}"

@@ -522,8 +522,10 @@ fn a_turn_of_two_calls_is_one_span_with_each_calls_stages_under_it() {
     let out = child.wait_with_output().unwrap();
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(printed.contains(marker), "the file was read: {printed}");
-    // The command exported its spans before it returned: nothing to wait for.
-    let spans = collector.spans();
+    // The command exports its spans before it returns; the receiver may still be storing them.
+    let spans = collector.wait_for("the turn's span", |spans| {
+        spans.iter().any(|s| s.name == "ring0 turn")
+    });
     let roots: Vec<&Span> = spans.iter().filter(|s| s.name == "ring0 turn").collect();
     assert_eq!(roots.len(), 1, "{spans:#?}");
     let root = roots[0];

@@ -304,7 +304,18 @@ async fn mediated(
         }],
         text: None,
     };
-    let outcome = session.run_round(round, &RoundOptions::default()).await;
+    // A task's own operation (a job's status, its result, its cancellation) is a round of
+    // its own: its span is the parent of the round's stages.
+    let span = tracing::info_span!(
+        "ring0 task",
+        otel.name = %format_args!("execute_tool {tool}"),
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = tool,
+        ring0.principal = server.principal().id.as_str(),
+    );
+    let outcome =
+        tracing::Instrument::instrument(session.run_round(round, &RoundOptions::default()), span)
+            .await;
     match outcome.receipts.first().map(|r| &r.outcome) {
         Some(CallOutcome::Completed { observation }) if !observation.is_error => observation
             .structured
