@@ -11,39 +11,7 @@ use std::path::Path;
 use std::process::Command;
 
 fn config(dir: &Path) -> String {
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/restarting_upstream.py");
-    format!(
-        r#"defaults = false
-[workspace]
-state_dir = ".ring0"
-
-[[grants]]
-name = "pay"
-tools = ["pay__*"]
-ceiling = "A2"
-
-[[upstreams]]
-alias = "pay"
-command = "python3"
-args = [{fixture:?}, "--dir", {dir:?}]
-env = ["PATH"]
-
-[upstreams.tools.charge]
-effect = "non_idempotent"
-authority = "A2"
-strategy = ["exploitation"]
-settlement = "probe"
-probe = "charge_status"
-
-[upstreams.tools.charge_status]
-effect = "nullipotent"
-authority = "A0"
-strategy = ["exploration"]
-"#,
-        fixture = fixture.display().to_string(),
-        dir = dir.display().to_string(),
-    )
+    common::restarting_upstream_config(dir, "")
 }
 
 fn response(rx: &std::sync::mpsc::Receiver<Value>, id: i64) -> Value {

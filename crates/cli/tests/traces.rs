@@ -321,42 +321,9 @@ fn a_held_then_approved_call_is_one_trace_of_its_stages_with_the_approval_betwee
 }
 
 fn reconciling_config(dir: &Path, traces_url: &str) -> String {
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/restarting_upstream.py");
-    format!(
-        r#"defaults = false
-[workspace]
-state_dir = ".ring0"
-
-[telemetry]
-endpoint = {traces_url:?}
-service_name = "ring0-under-test"
-
-[[grants]]
-name = "pay"
-tools = ["pay__*"]
-ceiling = "A2"
-
-[[upstreams]]
-alias = "pay"
-command = "python3"
-args = [{fixture:?}, "--dir", {dir:?}]
-env = ["PATH"]
-
-[upstreams.tools.charge]
-effect = "non_idempotent"
-authority = "A2"
-strategy = ["exploitation"]
-settlement = "probe"
-probe = "charge_status"
-
-[upstreams.tools.charge_status]
-effect = "nullipotent"
-authority = "A0"
-strategy = ["exploration"]
-"#,
-        fixture = fixture.display().to_string(),
-        dir = dir.display().to_string(),
+    common::restarting_upstream_config(
+        dir,
+        &format!("\n[telemetry]\nendpoint = {traces_url:?}\nservice_name = \"ring0-under-test\"\n"),
     )
 }
 

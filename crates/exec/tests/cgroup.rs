@@ -7,14 +7,12 @@
 
 mod common;
 
-use common::{Workspace, hiding_tree, hiding_tree_then, marked_by_argument, never};
+use common::{Workspace, hiding_tree, hiding_tree_then, marker, never, wait_for_count};
 use ring0_exec::{
     CommandSpec, ResourceLimits, Sandbox, SandboxProfile, run_command, settle_leftover_runs,
 };
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// How long a test waits for processes to appear, or to disappear, in /proc.
-const PROC_WAIT: Duration = Duration::from_secs(20);
 /// Processes the hiding tree leaves, each a `sleep` carrying the marker.
 const TREE_SIZE: usize = 5;
 /// The process limit the bounded runs get.
@@ -40,26 +38,6 @@ while made < 1000:
 print(f'forked {made} then errno none')
 ";
 
-fn marker() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{}{:09}", 6_000 + std::process::id() % 1000, nanos)
-}
-
-async fn wait_for_count(mark: &str, want: impl Fn(usize) -> bool, what: &str) {
-    let deadline = Instant::now() + PROC_WAIT;
-    loop {
-        let n = marked_by_argument(mark);
-        if want(n) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: {n} processes");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// (children made, errno of the refusal) from the fork script's line.
 fn forks(text: &str) -> (u64, String) {
     let line = text
@@ -77,10 +55,17 @@ fn bounded() -> ResourceLimits {
     }
 }
 
+/// Runs the fork script under `policy`: (children made, errno of the refusal).
+async fn fork_until_refused(ws: &Workspace, policy: &ring0_exec::ExecPolicy) -> (u64, String) {
+    std::fs::write(ws.root().join("fork.py"), FORK_UNTIL_REFUSED).unwrap();
+    let spec = CommandSpec::argv(["python3", "fork.py"]).timeout(Duration::from_secs(60));
+    let report = run_command(policy, &spec, never()).await.unwrap();
+    forks(&report.observation.text)
+}
+
 #[tokio::test]
 async fn a_fork_bomb_in_the_sandbox_stops_at_the_profiles_process_limit() {
     let ws = Workspace::new();
-    std::fs::write(ws.root().join("fork.py"), FORK_UNTIL_REFUSED).unwrap();
     let profile = SandboxProfile {
         processes_max: Some(TASKS_MAX),
         ..SandboxProfile::workspace()
@@ -88,10 +73,8 @@ async fn a_fork_bomb_in_the_sandbox_stops_at_the_profiles_process_limit() {
     let policy = ws
         .policy()
         .sandbox(Sandbox::new(profile, ws.root(), Vec::new()));
-    let spec = CommandSpec::argv(["python3", "fork.py"]).timeout(Duration::from_secs(60));
-    let report = run_command(&policy, &spec, never()).await.unwrap();
-    let (made, errno) = forks(&report.observation.text);
-    assert_eq!(errno, EAGAIN, "{}", report.observation.text);
+    let (made, errno) = fork_until_refused(&ws, &policy).await;
+    assert_eq!(errno, EAGAIN);
     assert!(
         made < TASKS_MAX,
         "{made} children under a limit of {TASKS_MAX}"
@@ -101,12 +84,9 @@ async fn a_fork_bomb_in_the_sandbox_stops_at_the_profiles_process_limit() {
 #[tokio::test]
 async fn an_unconfined_fork_bomb_stops_at_the_run_limit_whoever_runs_ring0() {
     let ws = Workspace::new();
-    std::fs::write(ws.root().join("fork.py"), FORK_UNTIL_REFUSED).unwrap();
     let policy = ws.unconfined_policy().resource_limits(bounded());
-    let spec = CommandSpec::argv(["python3", "fork.py"]).timeout(Duration::from_secs(60));
-    let report = run_command(&policy, &spec, never()).await.unwrap();
-    let (made, errno) = forks(&report.observation.text);
-    assert_eq!(errno, EAGAIN, "{}", report.observation.text);
+    let (made, errno) = fork_until_refused(&ws, &policy).await;
+    assert_eq!(errno, EAGAIN);
     assert!(
         made < TASKS_MAX,
         "{made} children under a limit of {TASKS_MAX}"
@@ -116,7 +96,7 @@ async fn an_unconfined_fork_bomb_stops_at_the_run_limit_whoever_runs_ring0() {
 #[tokio::test]
 async fn an_unconfined_runs_hidden_processes_end_with_it_even_with_an_empty_environment() {
     let ws = Workspace::new();
-    let mark = marker();
+    let mark = marker(6000);
     let policy = ws.unconfined_policy().allow_shell(true);
     let script = hiding_tree_then(&mark, "sleep 1");
     let report = run_command(&policy, &CommandSpec::shell(script), never())
@@ -141,7 +121,7 @@ async fn cgroup_helper_runs_a_hiding_tree_and_waits_to_be_killed() {
 
 #[tokio::test]
 async fn the_runs_a_killed_ring0_left_are_ended_by_the_next_one() {
-    let mark = marker();
+    let mark = marker(6000);
     let mut helper = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",

@@ -6,38 +6,15 @@
 
 mod common;
 
-use common::{Workspace, hiding_tree, hiding_tree_then, marked_by_argument, never};
+use common::{PROC_WAIT, Workspace, hiding_tree, hiding_tree_then, marker, never, wait_for_count};
 use ring0_exec::{
     CommandSpec, ExecError, JobManager, JobState, JobsConfig, Sandbox, SandboxError,
     SandboxProfile, SessionId, run_command,
 };
 use std::time::{Duration, Instant};
 
-/// How long a test waits for a tree to appear, or to disappear, in /proc.
-const PROC_WAIT: Duration = Duration::from_secs(20);
 /// Processes the hiding tree leaves, each a `sleep` carrying the marker.
 const TREE_SIZE: usize = 5;
-
-/// A `sleep` duration unique to one test, used as the marker.
-fn marker() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{}{:09}", 7_000 + std::process::id() % 1000, nanos)
-}
-
-async fn wait_for_count(mark: &str, want: impl Fn(usize) -> bool, what: &str) {
-    let deadline = Instant::now() + PROC_WAIT;
-    loop {
-        let n = marked_by_argument(mark);
-        if want(n) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: {n} processes");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn assert_no_survivors(mark: &str) {
     wait_for_count(mark, |n| n == 0, "processes survive").await;
@@ -46,7 +23,7 @@ async fn assert_no_survivors(mark: &str) {
 #[tokio::test]
 async fn a_timed_out_foreground_run_leaves_no_survivors() {
     let ws = Workspace::new();
-    let mark = marker();
+    let mark = marker(7000);
     let policy = ws.policy().allow_shell(true);
     let spec = CommandSpec::shell(hiding_tree(&mark)).timeout(Duration::from_secs(5));
     let run = run_command(&policy, &spec, never());
@@ -60,7 +37,7 @@ async fn a_timed_out_foreground_run_leaves_no_survivors() {
 #[tokio::test]
 async fn a_cancelled_foreground_run_leaves_no_survivors() {
     let ws = Workspace::new();
-    let mark = marker();
+    let mark = marker(7000);
     let policy = ws.policy().allow_shell(true);
     let spec = CommandSpec::shell(hiding_tree(&mark));
     let m = mark.clone();
@@ -74,7 +51,7 @@ async fn a_cancelled_foreground_run_leaves_no_survivors() {
 #[tokio::test]
 async fn a_finished_foreground_run_leaves_no_survivors() {
     let ws = Workspace::new();
-    let mark = marker();
+    let mark = marker(7000);
     let policy = ws.policy().allow_shell(true);
     // The tree, and then the run's own shell exits.
     let script = hiding_tree_then(&mark, "sleep 1");
@@ -88,7 +65,7 @@ async fn a_finished_foreground_run_leaves_no_survivors() {
 #[tokio::test]
 async fn a_cancelled_job_leaves_no_survivors() {
     let ws = Workspace::new();
-    let mark = marker();
+    let mark = marker(7000);
     let config = JobsConfig::new(ws.root().join(".state"), ws.policy().allow_shell(true));
     let (jobs, _) = JobManager::open(config).await.unwrap();
     let session = SessionId::new("s").unwrap();

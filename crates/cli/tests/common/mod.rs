@@ -44,7 +44,7 @@ pub fn peers() -> Option<PathBuf> {
     let dir = std::env::var_os("MCP_PEERS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-peers"));
-    if dir.join(".installed-4").exists() {
+    if dir.join(".installed-5").exists() {
         Some(dir)
     } else {
         skip_or_fail(&format!(
@@ -513,4 +513,42 @@ pub fn held_request_id(call: &mut Child, wait: Duration) -> String {
     });
     rx.recv_timeout(wait)
         .expect("the call is held for approval")
+}
+
+/// A configuration with one upstream, `restarting_upstream.py` over `dir`, whose `charge` is
+/// settled by probe; `extra` (tables) goes after `[workspace]`.
+pub fn restarting_upstream_config(dir: &Path, extra: &str) -> String {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/restarting_upstream.py");
+    format!(
+        r#"defaults = false
+[workspace]
+state_dir = ".ring0"
+{extra}
+[[grants]]
+name = "pay"
+tools = ["pay__*"]
+ceiling = "A2"
+
+[[upstreams]]
+alias = "pay"
+command = "python3"
+args = [{fixture:?}, "--dir", {dir:?}]
+env = ["PATH"]
+
+[upstreams.tools.charge]
+effect = "non_idempotent"
+authority = "A2"
+strategy = ["exploitation"]
+settlement = "probe"
+probe = "charge_status"
+
+[upstreams.tools.charge_status]
+effect = "nullipotent"
+authority = "A0"
+strategy = ["exploration"]
+"#,
+        fixture = fixture.display().to_string(),
+        dir = dir.display().to_string(),
+    )
 }

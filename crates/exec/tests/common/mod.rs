@@ -103,3 +103,33 @@ pub async fn assert_no_survivors(pids: &[i32]) {
         .collect();
     panic!("processes still present (pid, alive): {left:?}");
 }
+
+/// How long a test waits for marked processes to appear, or to disappear, in /proc.
+pub const PROC_WAIT: Duration = Duration::from_secs(20);
+
+/// A `sleep` duration unique to one test (`base` keeps test files apart), used as the marker
+/// of the processes it starts: an emptied environment cannot hide a command line.
+pub fn marker(base: u32) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{}{:09}", base + std::process::id() % 1000, nanos)
+}
+
+/// Waits, up to [`PROC_WAIT`], until the number of live processes marked by `mark` satisfies
+/// `want`; fails naming `what` otherwise.
+pub async fn wait_for_count(mark: &str, want: impl Fn(usize) -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + PROC_WAIT;
+    loop {
+        let n = marked_by_argument(mark);
+        if want(n) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {n} processes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
