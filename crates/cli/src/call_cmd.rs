@@ -63,6 +63,22 @@ pub(crate) fn open(
     let traces = crate::traces_config(&loaded)?;
     let telemetry =
         ring0_ops::telemetry::Telemetry::install(log.format(), log.level(), Some(&traces))?;
+    let built = build(&loaded)?;
+    Ok(Opened { built, telemetry })
+}
+
+/// Loads the configuration and builds its kernel, for a command whose log is installed
+/// already (no traces of its own).
+pub(crate) fn open_built(session: &SessionArgs, state_dir: Option<&Path>) -> Result<Built, String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let loaded =
+        Config::load(session.config.as_deref(), &cwd, state_dir).map_err(|e| e.to_string())?;
+    build(&loaded)
+}
+
+/// The kernel of `loaded`, with held calls announced on stderr and decided through the
+/// approvals directory.
+fn build(loaded: &ring0_config::Loaded) -> Result<Built, String> {
     let approver = DirectoryApprover::new(approvals_dir(&loaded.state_dir)).on_request(|r| {
         tracing::warn!(
             target: "ring0",
@@ -73,8 +89,7 @@ pub(crate) fn open(
             r.id
         );
     });
-    let built = build_kernel(&loaded, Arc::new(approver)).map_err(|e| e.to_string())?;
-    Ok(Opened { built, telemetry })
+    build_kernel(loaded, Arc::new(approver)).map_err(|e| e.to_string())
 }
 
 /// Settles what an earlier process left open in the journal before anything new runs: calls in

@@ -105,14 +105,13 @@ pub fn run(
     url: Option<&str>,
     path: Option<&Path>,
     state_dir: Option<&Path>,
-    log: crate::LogOptions,
 ) -> Result<String, String> {
     match command {
         JournalCommand::Resolve(args) => {
-            return settle_by_hand(Settle::Resolve(args), path, state_dir, log);
+            return settle_by_hand(Settle::Resolve(args), path, state_dir);
         }
         JournalCommand::Compensate(args) => {
-            return settle_by_hand(Settle::Compensate(args), path, state_dir, log);
+            return settle_by_hand(Settle::Compensate(args), path, state_dir);
         }
         _ => {}
     }
@@ -274,7 +273,6 @@ fn settle_by_hand(
     settle: Settle,
     path: Option<&Path>,
     state_dir: Option<&Path>,
-    log: crate::LogOptions,
 ) -> Result<String, String> {
     if path.is_some() {
         return Err(
@@ -312,9 +310,8 @@ fn settle_by_hand(
         config: settle.config().map(Path::to_path_buf),
         scope: "cli".into(),
     };
-    // Kept to the end, so that the compensation's spans are exported.
-    let opened = crate::call_cmd::open(&session, state_dir, log)?;
-    let built = &opened.built;
+    // The log is installed already (by `main`).
+    let built = &crate::call_cmd::open_built(&session, state_dir)?;
     let message = rt.block_on(async {
         match &settle {
             Settle::Resolve(a) => {

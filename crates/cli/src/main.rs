@@ -257,7 +257,6 @@ fn main() -> ExitCode {
             args.journal.as_deref(),
             args.path.as_deref(),
             state,
-            log,
         ),
         Command::Shape(args) => shape_cmd::run(args),
         Command::Run(args) => return run(args, log),
