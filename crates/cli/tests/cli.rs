@@ -335,7 +335,12 @@ fn a_background_job_ends_with_its_http_session_unless_detached() {
     pid_in(dir.path(), "bound.pid");
     pid_in(dir.path(), "detached.pid");
     let (bound, detached) = ("3001", "3002");
-    assert!(alive(bound) && alive(detached));
+    // The file is written just before the script `exec`s its `sleep`: wait for both to run.
+    let deadline = std::time::Instant::now() + WAIT;
+    while !(alive(bound) && alive(detached)) {
+        assert!(std::time::Instant::now() < deadline, "both jobs run their sleep");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
     write!(
