@@ -22,7 +22,8 @@ pub enum ErrorKind {
     InvalidTurn,
     /// The body is larger than the API accepts (413).
     PayloadTooLarge,
-    /// The body is not `application/json` (415).
+    /// The body is not of the media type the route takes: `application/json`, or a streamed
+    /// turn's `text/event-stream` / `application/x-ndjson` (415).
     UnsupportedMediaType,
     /// A bound was reached: sessions, open turns, event streams (429).
     LimitExceeded,

@@ -21,8 +21,8 @@ use crate::model::{
 use async_trait::async_trait;
 use ring0_core::call::FREE_FORM_INPUT;
 use ring0_core::{
-    ConcurrencyMark, ConflictKeyTemplate, Effect, Observation, Settlement, Strategy, StrategySet,
-    ToolSpec,
+    ConcurrencyMark, ConflictKeyTemplate, Effect, ExecutionProfile, Observation, Settlement,
+    Strategy, StrategySet, ToolSpec,
 };
 use ring0_kernel::{CallContext, CallExtensions, Tool, ToolError};
 use ring0_policy::{ApprovalOutcome, ApprovalRequest, Approver};
@@ -152,6 +152,15 @@ pub(crate) fn host_tool(def: &HostTool, loc: &str) -> Result<(ToolSpec, Arc<dyn 
     };
     if let Some(bytes) = def.observation_budget_bytes {
         spec.observation_budget_bytes = bytes;
+    }
+    if def.early {
+        if !spec.strategy.is_exactly_neutral() {
+            return Err(ApiError::invalid(
+                format!("{loc}/early"),
+                "an early start needs strategy [\"neutral\"]: a call that explores or exploits waits for the turn it belongs to",
+            ));
+        }
+        spec.execution = ExecutionProfile::EARLY;
     }
     let executor = Arc::new(HostExecutor {
         tool: def.name.clone(),

@@ -79,7 +79,7 @@ pub struct ApiRoutes {
     info(title = "ring0 agent API", description = "Model turns in, tool results out: every call mediated by ring0's kernel."),
     paths(
         routes::create_session, routes::delete_session, routes::put_tools, routes::get_tools,
-        routes::post_turn, routes::get_turn, routes::post_outcomes, routes::events,
+        routes::post_turn, routes::post_turn_stream, routes::get_turn, routes::post_outcomes, routes::events,
     ),
     modifiers(&BearerAuth),
     security(("bearer" = []), ()),
@@ -98,6 +98,18 @@ impl utoipa::Modify for BearerAuth {
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
     }
+}
+
+/// Whether a request is a streamed turn, whose body the listener hands on as it arrives: the
+/// route reads it under bounds of its own (`limits::STREAM_*`).
+pub fn streams_body(parts: &http::request::Parts) -> bool {
+    parts.method == http::Method::POST
+        && parts
+            .uri
+            .path()
+            .strip_prefix("/v1/sessions/")
+            .and_then(|rest| rest.strip_suffix("/turns/stream"))
+            .is_some_and(|id| !id.is_empty() && !id.contains('/'))
 }
 
 impl Api {
@@ -133,6 +145,10 @@ impl Api {
                 get(routes::get_tools).put(routes::put_tools),
             )
             .route("/v1/sessions/{id}/turns", post(routes::post_turn))
+            .route(
+                "/v1/sessions/{id}/turns/stream",
+                post(routes::post_turn_stream),
+            )
             .route("/v1/sessions/{id}/turns/{turn}", get(routes::get_turn))
             .route(
                 "/v1/sessions/{id}/turns/{turn}/outcomes",

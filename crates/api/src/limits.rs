@@ -46,8 +46,19 @@ pub const OUTCOME_TEXT_BYTES_MAX: usize = 2 * 1024;
 /// Scheduler turns a response waits after the first pending action, so that actions the same
 /// epoch raises at once are answered together. Not a timer: a bound on yields.
 pub const PENDING_COALESCE_YIELDS: usize = 16;
+/// Largest body of a streamed turn (all its events), in bytes.
+pub const STREAM_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Longest silence between two events of a streamed turn; past it the stream is aborted.
+pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest a streamed turn's stream may last in all.
+pub const STREAM_DURATION_MAX: Duration = Duration::from_secs(10 * 60);
+/// Events read ahead of the round a streamed turn feeds (the body is read no faster).
+pub const STREAM_FEED_BUFFER: usize = 64;
+/// Longest provider turn id a streamed turn may name, in bytes.
+pub const STREAM_TURN_ID_BYTES_MAX: usize = 256;
 
 const _: () = assert!(TURN_WAIT_MS_DEFAULT <= TURN_WAIT_MS_MAX);
+const _: () = assert!(BODY_BYTES_MAX <= STREAM_BYTES_MAX);
 const _: () = assert!(HOST_TOOL_TIMEOUT_MS_DEFAULT <= HOST_TOOL_TIMEOUT_MS_MAX);
 const _: () = assert!(SESSIONS_PER_PRINCIPAL_MAX <= SESSIONS_MAX);
 const _: () = assert!(HOST_TOOLS_PER_SESSION_MAX <= ring0_core::limits::CATALOG_TOOLS_MAX);

@@ -259,6 +259,11 @@ pub struct HostTool {
     /// The model-visible budget of one result, in bytes (256..=49152). Default 16384.
     #[serde(default)]
     pub observation_budget_bytes: Option<usize>,
+    /// In a streamed turn, the call may start the moment its block is complete, while the model
+    /// is still generating (needs `strategy: ["neutral"]`). Default `false`: it waits for the
+    /// end of the stream.
+    #[serde(default)]
+    pub early: bool,
 }
 
 /// `PUT /v1/sessions/{id}/tools`: the session's host tools, replacing any before.
@@ -383,6 +388,10 @@ pub struct TurnResponse {
     /// When complete: one bounded message to append to the next model request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy_message: Option<String>,
+    /// A streamed turn whose stream broke: why. Its complete calls were decided as usual; a
+    /// call still open when it broke is answered `stream_aborted`, having run nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_error: Option<String>,
 }
 
 /// A host tool's failure.

@@ -5,15 +5,16 @@
 use crate::Api;
 use crate::error::{ApiError, ErrorKind};
 use crate::limits::{
-    BODY_BYTES_MAX, GRANT_PATTERNS_MAX, SCOPE_BYTES_MAX, TURN_WAIT_MS_DEFAULT, TURN_WAIT_MS_MAX,
-    TURNS_OPEN_PER_SESSION_MAX,
+    BODY_BYTES_MAX, GRANT_PATTERNS_MAX, SCOPE_BYTES_MAX, STREAM_BYTES_MAX, STREAM_DURATION_MAX,
+    STREAM_FEED_BUFFER, STREAM_IDLE_TIMEOUT, STREAM_TURN_ID_BYTES_MAX, TURN_WAIT_MS_DEFAULT,
+    TURN_WAIT_MS_MAX, TURNS_OPEN_PER_SESSION_MAX,
 };
 use crate::model::{
     CreateSession, Outcomes, PutTools, SessionCreated, SessionDeleted, ToolListing, Tools,
-    TurnRequest, TurnResponse, TurnStatus,
+    TurnFormat, TurnRequest, TurnResponse, TurnStatus,
 };
 use crate::session::{ApiSession, Settings};
-use crate::turn::{Finished, Turn};
+use crate::turn::{Feed, Finished, Turn};
 use axum::Extension;
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -24,6 +25,7 @@ use ring0_kernel::RepeatLimits;
 use ring0_kernel::policy::ToolPattern;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -313,28 +315,232 @@ pub(crate) async fn post_turn(
         ApiError::new(ErrorKind::InvalidTurn, e.to_string()).at(e.path.clone(), e.why.clone())
     })?;
     let kernel_session = session.kernel_session(&api.inner.parts).await?;
-    let turn = {
-        let mut turns = session.turns.lock().expect("turns");
-        if turns.open() >= TURNS_OPEN_PER_SESSION_MAX {
-            return Err(ApiError::limit(format!(
-                "{TURNS_OPEN_PER_SESSION_MAX} turns of this session are open; report their outcomes first"
-            )));
-        }
-        turns.trim();
-        turns.started += 1;
-        let turn_id = format!("turn_{:06}", turns.started);
-        let turn = Turn::start(
-            turn_id.clone(),
-            kernel_session,
-            format,
-            round,
-            session.events.clone(),
-        );
-        turns.by_id.insert(turn_id, turn.clone());
-        turn
-    };
+    let turn = open_turn(&session, |id| {
+        Turn::start(id, kernel_session, format, round, session.events.clone())
+    })?;
     let (view, finished) = turn.progress(wait).await;
     Ok(respond(view, finished))
+}
+
+/// Starts a turn of `session` under the next turn id, within the bound of open turns.
+fn open_turn(
+    session: &ApiSession,
+    start: impl FnOnce(String) -> Arc<Turn>,
+) -> Result<Arc<Turn>, ApiError> {
+    let mut turns = session.turns.lock().expect("turns");
+    if turns.open() >= TURNS_OPEN_PER_SESSION_MAX {
+        return Err(ApiError::limit(format!(
+            "{TURNS_OPEN_PER_SESSION_MAX} turns of this session are open; report their outcomes first"
+        )));
+    }
+    turns.trim();
+    turns.started += 1;
+    let turn_id = format!("turn_{:06}", turns.started);
+    let turn = start(turn_id.clone());
+    turns.by_id.insert(turn_id, turn.clone());
+    Ok(turn)
+}
+
+/// How a streamed turn's body frames the provider's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// `text/event-stream`: each event's `data` (OpenAI's `[DONE]` ends the stream).
+    Sse,
+    /// `application/x-ndjson` (or `application/jsonl`): one event per line.
+    Ndjson,
+}
+
+fn framing_of(headers: &HeaderMap) -> Result<Framing, ApiError> {
+    let media = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase());
+    match media.as_deref() {
+        Some("text/event-stream") => Ok(Framing::Sse),
+        Some("application/x-ndjson" | "application/jsonl") => Ok(Framing::Ndjson),
+        _ => Err(ApiError::new(
+            ErrorKind::UnsupportedMediaType,
+            "a streamed turn's body is text/event-stream or application/x-ndjson",
+        )),
+    }
+}
+
+/// The query of a streamed turn.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct StreamQuery {
+    /// The provider format of the events. Default: the session's format.
+    pub format: Option<TurnFormat>,
+    /// How long to wait, once the stream has ended, for the turn to finish or to need the host,
+    /// in milliseconds (at most 300000). Default 60000.
+    pub wait_ms: Option<u64>,
+    /// The model decision the stream belongs to (e.g. the provider's response id): a retry of
+    /// the same decision that re-emits a call already started early does not run it again.
+    /// Default: this turn's own id. At most 256 bytes.
+    pub turn_id: Option<String>,
+    /// The agent loop's step within `turn_id`. Default 0.
+    pub iteration: Option<u64>,
+}
+
+impl StreamQuery {
+    fn parse(query: Option<&str>) -> Result<Self, ApiError> {
+        let mut q = Self::default();
+        for (key, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            let number = |what: &str| {
+                value.parse::<u64>().map_err(|_| {
+                    ApiError::invalid(key.to_string(), format!("{value:?} is not {what}"))
+                })
+            };
+            match key.as_ref() {
+                "format" => {
+                    q.format = Some(
+                        serde_json::from_value(Value::String(value.to_string())).map_err(|_| {
+                            ApiError::invalid(
+                                "format",
+                                format!("{value:?} is not openai, responses or anthropic"),
+                            )
+                        })?,
+                    );
+                }
+                "wait_ms" => q.wait_ms = Some(number("a whole number of milliseconds")?),
+                "iteration" => q.iteration = Some(number("a whole number")?),
+                "turn_id" if value.is_empty() || value.len() > STREAM_TURN_ID_BYTES_MAX => {
+                    return Err(ApiError::invalid(
+                        "turn_id",
+                        format!("a turn id is 1 to {STREAM_TURN_ID_BYTES_MAX} bytes"),
+                    ));
+                }
+                "turn_id" => q.turn_id = Some(value.to_string()),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "",
+                        format!(
+                            "unknown query parameter {key:?}; format, wait_ms, turn_id and iteration are taken"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(q)
+    }
+}
+
+/// Mediates one model turn as the provider streams it: each call is decided the moment its
+/// block is complete, and a call that may start early (a neutral host tool marked `early`, or
+/// a tool so configured) runs while the stream goes on. Answers like a turn once the stream
+/// has ended.
+#[utoipa::path(post, path = "/v1/sessions/{id}/turns/stream", tag = "turns",
+    params(("id" = String, Path), StreamQuery),
+    request_body(
+        description = "The provider's stream events, as server-sent events or one JSON event per line",
+        content(
+            (String = "text/event-stream"),
+            (String = "application/x-ndjson"),
+        ),
+    ),
+    responses(
+        (status = 200, body = TurnResponse),
+        (status = 400, body = ApiError), (status = 404, body = ApiError),
+        (status = 415, body = ApiError), (status = 422, body = ApiError),
+        (status = 429, body = ApiError),
+    ))]
+pub(crate) async fn post_turn_stream(
+    State(api): State<Api>,
+    who: Option<Extension<Principal>>,
+    Path(id): Path<String>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let principal = principal(who)?;
+    let session = api.inner.sessions.get(&principal, &id)?;
+    let query = StreamQuery::parse(uri.query())?;
+    let framing = framing_of(&headers)?;
+    let wait = wait_of(query.wait_ms)?;
+    let format = query.format.unwrap_or(session.settings.format).provider();
+    let kernel_session = session.kernel_session(&api.inner.parts).await?;
+    let (feed, fed) = tokio::sync::mpsc::channel(STREAM_FEED_BUFFER);
+    let turn = open_turn(&session, |id| {
+        let identity = ring0_kernel::RoundIdentity::new(
+            query.turn_id.unwrap_or_else(|| id.clone()),
+            query.iteration.unwrap_or(0),
+        );
+        Turn::start_streaming(
+            id,
+            kernel_session,
+            format,
+            identity,
+            fed,
+            session.events.clone(),
+        )
+    })?;
+    read_stream(framing, body, &feed).await;
+    drop(feed);
+    let (view, finished) = turn.progress(wait).await;
+    Ok(respond(view, finished))
+}
+
+/// Reads a streamed turn's body into `feed`, an event at a time, until the stream ends, breaks
+/// (unreadable, not JSON, too large, silent too long) or the round stops listening.
+async fn read_stream(framing: Framing, body: Body, feed: &tokio::sync::mpsc::Sender<Feed>) {
+    use futures::StreamExt;
+    let bytes =
+        http_body_util::BodyDataStream::new(http_body_util::Limited::new(body, STREAM_BYTES_MAX))
+            .map(|chunk| chunk.map_err(std::io::Error::other));
+    let mut events: futures::stream::BoxStream<'static, Result<Option<String>, String>> =
+        match framing {
+            Framing::Sse => sse_stream::SseStream::from_bytes_stream(bytes)
+                .map(|event| event.map(|e| e.data).map_err(|e| e.to_string()))
+                .boxed(),
+            Framing::Ndjson => tokio_util::codec::FramedRead::new(
+                tokio_util::io::StreamReader::new(bytes),
+                tokio_util::codec::LinesCodec::new_with_max_length(STREAM_BYTES_MAX),
+            )
+            .map(|line| line.map(Some).map_err(|e| e.to_string()))
+            .boxed(),
+        };
+    let ends = tokio::time::Instant::now() + STREAM_DURATION_MAX;
+    let last = loop {
+        let idle = tokio::time::Instant::now() + STREAM_IDLE_TIMEOUT;
+        let next = match tokio::time::timeout_at(idle.min(ends), events.next()).await {
+            Err(_) if idle < ends => {
+                break Feed::Broken(format!("no event for {} s", STREAM_IDLE_TIMEOUT.as_secs()));
+            }
+            Err(_) => {
+                break Feed::Broken(format!(
+                    "the stream lasted past {} s",
+                    STREAM_DURATION_MAX.as_secs()
+                ));
+            }
+            Ok(next) => next,
+        };
+        let data = match next {
+            None => break Feed::End,
+            Some(Err(e)) => {
+                break Feed::Broken(format!(
+                    "the stream could not be read on (at most {STREAM_BYTES_MAX} bytes): {e}"
+                ));
+            }
+            Some(Ok(None)) => continue,
+            Some(Ok(Some(data))) => data,
+        };
+        let data = data.trim();
+        if data.is_empty() {
+            continue;
+        }
+        if framing == Framing::Sse && data == "[DONE]" {
+            break Feed::End;
+        }
+        let event = match ring0_core::parse_strict(data) {
+            Ok(event) => event,
+            Err(e) => break Feed::Broken(format!("an event is not JSON: {e}")),
+        };
+        if feed.send(Feed::Event(event)).await.is_err() {
+            return;
+        }
+    };
+    let _ = feed.send(last).await;
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

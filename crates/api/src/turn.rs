@@ -11,15 +11,16 @@
 //! second time.
 
 use crate::board::{Board, TurnLink};
+use crate::events::EventStream;
 use crate::limits::PENDING_COALESCE_YIELDS;
 use crate::model::{TurnResponse, TurnStatus};
 use ring0_core::format::render_results;
 use ring0_core::{ProviderFormat, Round};
-use ring0_kernel::{CallExtensions, RoundOptions, RoundOutcome};
+use ring0_kernel::{CallExtensions, RoundIdentity, RoundOptions, RoundOutcome};
 use serde_json::{Value, json};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 /// What a finished turn answers.
 pub(crate) struct Finished {
@@ -32,11 +33,45 @@ pub(crate) struct Turn {
     pub id: String,
     pub board: Arc<Board>,
     done: watch::Sender<Option<Arc<Finished>>>,
+    /// Why a streamed turn's stream broke, once it did.
+    stream_error: OnceLock<String>,
+}
+
+/// What the request carrying a streamed turn hands its round.
+pub(crate) enum Feed {
+    /// One provider stream event.
+    Event(Value),
+    /// The stream ended as the provider ends it.
+    End,
+    /// The stream could not be read on: why.
+    Broken(String),
 }
 
 impl Turn {
     pub(crate) fn is_finished(&self) -> bool {
         self.done.borrow().is_some()
+    }
+
+    fn new(id: &str, events: &crate::events::EventStream) -> (Arc<Self>, RoundOptions) {
+        let board = Board::new(id.to_string(), events.clone());
+        let turn = Arc::new(Self {
+            id: id.to_string(),
+            board: board.clone(),
+            done: watch::channel(None).0,
+            stream_error: OnceLock::new(),
+        });
+        let options = RoundOptions {
+            extensions: CallExtensions::new().with(TurnLink(board)),
+            ..RoundOptions::default()
+        };
+        (turn, options)
+    }
+
+    fn finish(&self, format: ProviderFormat, outcome: RoundOutcome, events: &EventStream) {
+        let results = render_results(format, &outcome.results);
+        self.done
+            .send_replace(Some(Arc::new(Finished { results, outcome })));
+        events.send(json!({"event": "turn_finished", "turn": self.id}));
     }
 
     /// Starts `round` on `session` in a task of its own.
@@ -45,26 +80,55 @@ impl Turn {
         session: Arc<ring0_kernel::Session>,
         format: ProviderFormat,
         round: Round,
-        events: crate::events::EventStream,
+        events: EventStream,
     ) -> Arc<Self> {
-        let board = Board::new(id.clone(), events.clone());
-        let turn = Arc::new(Self {
-            id: id.clone(),
-            board: board.clone(),
-            done: watch::channel(None).0,
-        });
-        let options = RoundOptions {
-            extensions: CallExtensions::new().with(TurnLink(board)),
-            ..RoundOptions::default()
-        };
+        let (turn, options) = Self::new(&id, &events);
         let running = turn.clone();
         tokio::spawn(async move {
             let outcome = session.run_round(round, &options).await;
-            let results = render_results(format, &outcome.results);
-            running
-                .done
-                .send_replace(Some(Arc::new(Finished { results, outcome })));
-            events.send(json!({"event": "turn_finished", "turn": id}));
+            running.finish(format, outcome, &events);
+        });
+        turn
+    }
+
+    /// Starts a streamed round on `session` in a task of its own, fed the provider's events by
+    /// `feed` as they arrive: each call is decided the moment its block is complete, and one
+    /// that may start early runs while the stream goes on. A feed that breaks (or whose
+    /// sender goes away before [`Feed::End`]) aborts the stream: complete calls are decided as
+    /// usual, open ones answered `stream_aborted`.
+    pub(crate) fn start_streaming(
+        id: String,
+        session: Arc<ring0_kernel::Session>,
+        format: ProviderFormat,
+        identity: RoundIdentity,
+        mut feed: mpsc::Receiver<Feed>,
+        events: EventStream,
+    ) -> Arc<Self> {
+        let (turn, options) = Self::new(&id, &events);
+        let running = turn.clone();
+        tokio::spawn(async move {
+            let mut round = session.streaming_round(format, identity, options);
+            let broke = loop {
+                match feed.recv().await {
+                    Some(Feed::Event(event)) => {
+                        if let Err(e) = round.push(&event).await {
+                            break Some(e.to_string());
+                        }
+                    }
+                    Some(Feed::End) => break None,
+                    Some(Feed::Broken(why)) => break Some(why),
+                    None => break Some("the request carrying the stream ended before it".into()),
+                }
+            };
+            drop(feed);
+            let outcome = match &broke {
+                Some(why) => round.abort(why).await,
+                None => round.finish().await,
+            };
+            if let Some(why) = broke {
+                let _ = running.stream_error.set(why);
+            }
+            running.finish(format, outcome, &events);
         });
         turn
     }
@@ -107,6 +171,7 @@ impl Turn {
             pending: self.board.open_actions(),
             terminated: None,
             policy_message: None,
+            stream_error: self.stream_error.get().cloned(),
         }
     }
 
@@ -122,6 +187,7 @@ impl Turn {
                 .as_ref()
                 .and_then(|t| serde_json::to_value(t).ok()),
             policy_message: finished.outcome.policy_message.clone(),
+            stream_error: self.stream_error.get().cloned(),
         }
     }
 }

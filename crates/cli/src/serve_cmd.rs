@@ -655,6 +655,7 @@ async fn serve_transport(
                     ring0_mcp::http::Mounted {
                         gated: routes.gated,
                         open: routes.open,
+                        streams_body: Some(ring0_api::streams_body),
                     }
                 }),
             };

@@ -885,6 +885,309 @@ async fn the_event_stream_tells_a_turns_calls_as_they_happen() {
     assert_eq!(*kinds.last().unwrap(), "turn_finished");
 }
 
+/// A streamed turn's request, its body fed by the test event by event: the sender of the
+/// body's chunks and the response to come.
+struct Streaming {
+    chunks: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+    response: tokio::task::JoinHandle<(u16, Value)>,
+}
+
+impl Host {
+    /// Starts `POST …/turns/stream?{query}` with `content_type`; the body stays open until the
+    /// returned sender is dropped.
+    fn stream(&self, session: &str, query: &str, content_type: &str) -> Streaming {
+        let (chunks, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        let body = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv()
+                .await
+                .map(|chunk| (Ok::<_, std::io::Error>(chunk), rx))
+        });
+        let mut request = self
+            .http
+            .post(format!(
+                "{}/v1/sessions/{session}/turns/stream?{query}",
+                self.base
+            ))
+            .header("content-type", content_type)
+            .body(reqwest::Body::wrap_stream(body));
+        if let Some(token) = &self.token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let response = tokio::spawn(async move {
+            let response = request.send().await.expect("the server answers");
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap();
+            (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+        });
+        Streaming { chunks, response }
+    }
+}
+
+impl Streaming {
+    fn sse(&self, event: &Value) {
+        self.chunks
+            .send(format!("data: {event}\n\n").into_bytes())
+            .unwrap();
+    }
+
+    fn line(&self, line: &str) {
+        self.chunks.send(format!("{line}\n").into_bytes()).unwrap();
+    }
+
+    /// Ends the body and waits for the answer.
+    async fn end(self) -> (u16, Value) {
+        drop(self.chunks);
+        tokio::time::timeout(HTTP_WAIT, self.response)
+            .await
+            .expect("the streamed turn is answered")
+            .unwrap()
+    }
+}
+
+/// One Chat Completions chunk carrying a tool call's delta.
+fn chat_chunk(index: u64, id: Option<&str>, name: Option<&str>, args: &str) -> Value {
+    let mut call = json!({"index": index, "function": {"arguments": args}});
+    if let Some(id) = id {
+        call["id"] = json!(id);
+        call["type"] = json!("function");
+    }
+    if let Some(name) = name {
+        call["function"]["name"] = json!(name);
+    }
+    json!({"object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": null}
+    ]})
+}
+
+/// A host tool `lookup_early`: a neutral read that may start while the model still streams.
+fn lookup_early() -> Value {
+    json!({
+        "name": "lookup_early", "description": "An order by id, looked up at once",
+        "input_schema": {"type": "object", "properties": {"id": {"type": "integer"}},
+                         "required": ["id"]},
+        "effect": "nullipotent", "authority": "A0", "strategy": ["neutral"], "early": true
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_turn_runs_an_early_call_while_the_model_still_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    let (status, body) = host.put_tools(&session, json!([lookup_early()])).await;
+    assert_eq!(status, 200, "{body}");
+    let mut events = host.events(&session).await;
+
+    let turn = host.stream(
+        &session,
+        "format=openai&turn_id=resp_1",
+        "text/event-stream",
+    );
+    turn.sse(&chat_chunk(
+        0,
+        Some("call_a"),
+        Some("lookup_early"),
+        "{\"id\"",
+    ));
+    turn.sse(&chat_chunk(0, None, None, ": 7}"));
+    // The next call's first delta completes the first: it starts while the stream is open.
+    turn.sse(&chat_chunk(
+        1,
+        Some("call_b"),
+        Some("read_file"),
+        "{\"path\": ",
+    ));
+    let seen_so_far = read_events_until(&mut events, "pending").await;
+    let pending = seen_so_far
+        .iter()
+        .find(|e| e["event"] == "pending")
+        .unwrap();
+    assert_eq!(pending["call_id"], "call_a", "{seen_so_far:?}");
+    assert!(
+        seen_so_far
+            .iter()
+            .any(|e| e["event"] == "early_started" && e["call_id"] == "call_a"),
+        "{seen_so_far:?}"
+    );
+    let turn_id = pending["turn"].as_str().unwrap().to_string();
+    let action = pending["action"].as_str().unwrap().to_string();
+    let path = format!("/v1/sessions/{session}/turns/{turn_id}/outcomes");
+    let (status, body) = host
+        .call(
+            "POST",
+            &path,
+            Some(
+                &json!({"outcomes": [{"id": action, "output": {"status": "shipped"}}],
+                         "wait_ms": 0}),
+            ),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_ne!(
+        body["status"], "complete",
+        "the stream is still open: {body}"
+    );
+
+    turn.sse(&chat_chunk(1, None, None, "\"notes.txt\"}"));
+    turn.sse(&json!({"object": "chat.completion.chunk",
+                     "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}));
+    turn.chunks.send(b"data: [DONE]\n\n".to_vec()).unwrap();
+    let (status, body) = turn.end().await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "complete", "{body}");
+    assert!(body.get("stream_error").is_none(), "{body}");
+    let results = body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{body}");
+    assert_eq!(results[0]["tool_call_id"], "call_a");
+    assert!(
+        results[0]["content"].as_str().unwrap().contains("shipped"),
+        "{body}"
+    );
+    assert_eq!(results[1]["tool_call_id"], "call_b");
+    assert!(
+        results[1]["content"].as_str().unwrap().contains("4711"),
+        "{body}"
+    );
+
+    // The provider retries the same decision: the early call is not run a second time.
+    let again = host.stream(
+        &session,
+        "format=openai&turn_id=resp_1",
+        "application/x-ndjson",
+    );
+    again.line(&chat_chunk(0, Some("call_a2"), Some("lookup_early"), "{\"id\": 7}").to_string());
+    again.line(
+        &json!({"object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+        .to_string(),
+    );
+    let (status, body) = again.end().await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["status"], "complete",
+        "nothing asked of the host again: {body}"
+    );
+    assert!(
+        body["results"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("shipped"),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_turn_that_breaks_answers_its_complete_calls_and_runs_no_open_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({"format": "anthropic"})).await;
+    let turn = host.stream(&session, "", "application/x-ndjson");
+    for event in [
+        json!({"type": "message_start", "message": {"id": "msg_1", "role": "assistant", "content": []}}),
+        json!({"type": "content_block_start", "index": 0,
+               "content_block": {"type": "tool_use", "id": "toolu_r", "name": "read_file", "input": {}}}),
+        json!({"type": "content_block_delta", "index": 0,
+               "delta": {"type": "input_json_delta", "partial_json": "{\"path\": \"notes.txt\"}"}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "content_block_start", "index": 1,
+               "content_block": {"type": "tool_use", "id": "toolu_w", "name": "write_file", "input": {}}}),
+        json!({"type": "content_block_delta", "index": 1,
+               "delta": {"type": "input_json_delta", "partial_json": "{\"path\": \"made.txt\", \"content\": \"x\"}"}}),
+    ] {
+        turn.line(&event.to_string());
+    }
+    turn.line("{not json");
+    let (status, body) = turn.end().await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "complete", "{body}");
+    assert!(
+        body["stream_error"].as_str().unwrap().contains("not JSON"),
+        "{body}"
+    );
+    let blocks = body["results"]["content"].as_array().unwrap();
+    let read = blocks
+        .iter()
+        .find(|b| b["tool_use_id"] == "toolu_r")
+        .unwrap();
+    assert!(read.to_string().contains("4711"), "{body}");
+    let write = blocks
+        .iter()
+        .find(|b| b["tool_use_id"] == "toolu_w")
+        .unwrap();
+    assert_eq!(write["is_error"], true, "{body}");
+    assert!(write.to_string().contains("stream_aborted"), "{body}");
+    assert!(!dir.path().join("made.txt").exists(), "the open call ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_turn_refuses_what_it_cannot_read_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), API_CONFIG);
+    let host = Host::of(&server, None);
+    let session = host.session(json!({})).await;
+    let path = format!("/v1/sessions/{session}/turns/stream");
+    let events = chat_chunk(
+        0,
+        Some("call_w"),
+        Some("write_file"),
+        "{\"path\": \"w.txt\", \"content\": \"x\"}",
+    );
+    let body = format!("data: {events}\n\n").into_bytes();
+    let (status, e) = host
+        .raw("POST", &path, "application/json", body.clone())
+        .await;
+    assert_eq!(
+        (status, e["status"].as_str()),
+        (415, Some("unsupported_media_type")),
+        "{e}"
+    );
+    let (status, e) = host
+        .raw(
+            "POST",
+            &format!("{path}?speed=fast"),
+            "text/event-stream",
+            body.clone(),
+        )
+        .await;
+    assert_eq!(status, 422, "{e}");
+    let (status, e) = host
+        .raw(
+            "POST",
+            &format!("{path}?format=gemini"),
+            "text/event-stream",
+            body.clone(),
+        )
+        .await;
+    assert_eq!(
+        (status, e["errors"][0]["loc"].as_str()),
+        (422, Some("format")),
+        "{e}"
+    );
+    let (status, _) = host
+        .raw(
+            "POST",
+            "/v1/sessions/ses_none/turns/stream",
+            "text/event-stream",
+            body,
+        )
+        .await;
+    assert_eq!(status, 404);
+    let mut eager = lookup_early();
+    eager["strategy"] = json!(["exploitation"]);
+    let (status, e) = host.put_tools(&session, json!([eager])).await;
+    assert_eq!(
+        (status, e["errors"][0]["loc"].as_str()),
+        (422, Some("/tools/0/early")),
+        "{e}"
+    );
+    assert!(
+        !dir.path().join("w.txt").exists(),
+        "a refused stream ran a call"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openapi_document_is_3_1_and_describes_every_route() {
     let dir = tempfile::tempdir().unwrap();
@@ -907,6 +1210,7 @@ async fn the_openapi_document_is_3_1_and_describes_every_route() {
         ("/v1/sessions/{id}/tools", "put"),
         ("/v1/sessions/{id}/tools", "get"),
         ("/v1/sessions/{id}/turns", "post"),
+        ("/v1/sessions/{id}/turns/stream", "post"),
         ("/v1/sessions/{id}/turns/{turn}", "get"),
         ("/v1/sessions/{id}/turns/{turn}/outcomes", "post"),
         ("/v1/sessions/{id}/events", "get"),

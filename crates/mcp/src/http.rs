@@ -79,6 +79,9 @@ pub struct Mounted {
     pub gated: axum::Router,
     /// Served without credentials.
     pub open: axum::Router,
+    /// The requests whose body a route reads as a stream under its own bounds (see
+    /// [`crate::door::listener::StreamsBody`]).
+    pub streams_body: Option<crate::door::listener::StreamsBody>,
 }
 
 impl std::fmt::Debug for Mounted {
@@ -429,7 +432,9 @@ pub async fn serve_http(
     bound(addr);
     let app = router(gw, approvals, &options, auth, log.clone(), shutdown.clone());
     // ring0's own accept loop: connection cap, header and body timeouts (see crate::door).
-    crate::door::listener::serve(listener, app, &options.door, log, shutdown).await
+    let streams = options.mounted.as_ref().and_then(|m| m.streams_body);
+    crate::door::listener::serve_streaming(listener, app, &options.door, streams, log, shutdown)
+        .await
 }
 
 #[cfg(test)]

@@ -100,14 +100,27 @@ fn plain(status: StatusCode, text: String) -> Response<Body> {
     r
 }
 
-/// Reads a request's body within the timeout and the size bound, then hands the request on.
+/// Which requests' bodies a route reads as a stream, under bounds of its own (an idle timeout,
+/// a duration and a size), instead of whole within the listener's.
+pub type StreamsBody = fn(&axum::http::request::Parts) -> bool;
+
+/// Reads a request's body within the timeout and the size bound, then hands the request on; a
+/// body `streams` names is handed on as it arrives.
 async fn serve_one(
     mut app: axum::Router,
     request: Request<hyper::body::Incoming>,
     body_timeout: Duration,
+    streams: Option<StreamsBody>,
     serving: Serving,
 ) -> Response<Body> {
     let (parts, body) = request.into_parts();
+    if streams.is_some_and(|streams| streams(&parts)) {
+        let response = match app.call(Request::from_parts(parts, Body::new(body))).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        };
+        return counted(response, serving);
+    }
     let read = axum::body::to_bytes(Body::new(body), CLIENT_MESSAGE_BYTES_MAX);
     let bytes = match tokio::time::timeout(body_timeout, read).await {
         Err(_) => {
@@ -134,7 +147,11 @@ async fn serve_one(
         Ok(r) => r,
         Err(never) => match never {},
     };
-    // The connection counts as serving until the response (an SSE stream, maybe) is done.
+    counted(response, serving)
+}
+
+/// The connection counts as serving until the response (an SSE stream, maybe) is done.
+fn counted(response: Response<Body>, serving: Serving) -> Response<Body> {
     response.map(|inner| {
         Body::new(Counted {
             inner,
@@ -225,6 +242,18 @@ pub async fn serve(
     log: Log,
     shutdown: CancellationToken,
 ) -> Result<(), String> {
+    serve_streaming(listener, app, config, None, log, shutdown).await
+}
+
+/// [`serve`], handing the bodies `streams` names on as they arrive.
+pub async fn serve_streaming(
+    listener: TcpListener,
+    app: axum::Router,
+    config: &DoorConfig,
+    streams: Option<StreamsBody>,
+    log: Log,
+    shutdown: CancellationToken,
+) -> Result<(), String> {
     let conns = Arc::new(Conns::default());
     let mut refused_logged = false;
     loop {
@@ -264,7 +293,11 @@ pub async fn serve(
             let service = hyper::service::service_fn(move |request| {
                 let serving = Serving::new(&state);
                 let app = app.clone();
-                async move { Ok::<_, Infallible>(serve_one(app, request, body_timeout, serving).await) }
+                async move {
+                    Ok::<_, Infallible>(
+                        serve_one(app, request, body_timeout, streams, serving).await,
+                    )
+                }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
