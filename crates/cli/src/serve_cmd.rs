@@ -41,6 +41,10 @@ use tokio_util::sync::CancellationToken;
 
 /// How long `serve` waits for the catalog to include the upstreams that are up.
 const CATALOG_REBUILD_WAIT: Duration = Duration::from_secs(2);
+/// How long the runtime's tasks are given to end once serving stopped, before the last spans
+/// are exported (`ring0_ops::telemetry::SHUTDOWN_TIMEOUT` bounds that in turn): a task stuck
+/// in a blocking read must not keep the process, or its spans, from ending.
+const RUNTIME_STOP_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -236,6 +240,27 @@ async fn stop_signal() {
     }
 }
 
+/// After serving stopped (stdin closed, SIGTERM, SIGINT): the runtime's tasks are ended, their
+/// spans with them, within [`RUNTIME_STOP_TIMEOUT`]; then every span ended so far is exported
+/// before the process exits, within the telemetry's own bound.
+fn stop_then_export(runtime: tokio::runtime::Runtime, telemetry: Telemetry) {
+    runtime.shutdown_timeout(RUNTIME_STOP_TIMEOUT);
+    telemetry.shutdown();
+}
+
+/// Serves MCP over stdio until the client closes stdin or the process is asked to stop
+/// (`SIGTERM`, `SIGINT`): either ends serving normally, so what is still queued (spans, the
+/// journal's writes) is finished before the process exits.
+async fn serve_stdio_until_stopped(server: GatewayServer, log: &Log) -> Result<(), String> {
+    tokio::select! {
+        served = ring0_mcp::serve_stdio(server) => served,
+        () = stop_signal() => {
+            log.info("stopping: asked to stop by a signal");
+            Ok(())
+        }
+    }
+}
+
 /// The gateway's log as `tracing` events of target `ring0`, at the level each line's severity
 /// says: the subscriber writes them in the format asked for.
 fn gateway_log() -> Log {
@@ -314,9 +339,7 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>, log: LogOptions) -> Result
     }
     .map_err(|e| format!("starting the runtime: {e}"))?;
     let served = runtime.block_on(serve(args, loaded, token, log.level));
-    drop(runtime);
-    // What is still queued is exported before the process ends.
-    telemetry.shutdown();
+    stop_then_export(runtime, telemetry);
     served.map(|()| String::new())
 }
 
@@ -629,7 +652,7 @@ async fn serve_transport(
                 Some(scope) => GatewayServer::new(gw, approvals, scope.clone()),
                 None => GatewayServer::new_session(gw, approvals),
             };
-            ring0_mcp::serve_stdio(server).await
+            serve_stdio_until_stopped(server, &log).await
         }
         Some(addr) => {
             let stop = shutdown.clone();

@@ -6,7 +6,9 @@
 //! `_meta.traceparent` (a stateless HTTP request's `traceparent` header too); the upstream is
 //! told the span that called it; no argument value or result is in any byte exported, not
 //! even what a person was shown on stderr while a span was open. `ring0 turn` is one span over
-//! each of its calls' stages; without an endpoint nothing is exported or propagated.
+//! each of its calls' stages; without an endpoint nothing is exported or propagated. The spans
+//! of a call reach the collector when `ring0 serve` stops — SIGTERM over stdio or HTTP, or the
+//! stdio client closing stdin — even on an export schedule that would never have sent them.
 
 mod common;
 
@@ -606,4 +608,148 @@ fn a_stateless_http_request_continues_the_trace_its_traceparent_header_names() {
         "",
         "a stateless request has no session"
     );
+}
+
+/// Export only when asked to: a schedule far longer than any test, so the spans a test finds
+/// were exported by the process's stop, not by the schedule.
+const SCHEDULE_DELAY_NEVER_MS: &str = "3600000";
+/// How long a stopped `ring0 serve` may take to exit.
+const EXIT_WAIT: Duration = Duration::from_secs(30);
+
+/// `ring0 serve` over stdio in `dir`, exporting to `collector` only when it stops; returns the
+/// child, its stdin and its messages, after one `read_file` call was answered.
+fn stdio_serve_after_one_call(
+    dir: &Path,
+    collector: &Collector,
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::sync::mpsc::Receiver<Value>,
+) {
+    std::fs::write(dir.join("notes.txt"), "hello").unwrap();
+    let mut cmd = ring0_command_in(dir);
+    cmd.arg("serve")
+        .env("RING0_STATE_DIR", dir.join(".ring0"))
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .env("OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_NEVER_MS);
+    let (child, mut stdin, rx) = spawn_stdio_json(cmd);
+    for message in [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "read_file", "arguments": {"path": "notes.txt"}}}),
+    ] {
+        writeln!(stdin, "{message}").unwrap();
+    }
+    stdin.flush().unwrap();
+    let deadline = Instant::now() + SPANS_WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let m = rx.recv_timeout(left).expect("ring0 answers the call");
+        if m["id"] == 2 {
+            assert!(m.to_string().contains("hello"), "{m}");
+            break;
+        }
+    }
+    (child, stdin, rx)
+}
+
+/// Sends SIGTERM to `child`.
+fn terminate(child: &std::process::Child) {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+/// Waits (bounded) for `child` to exit and returns its status.
+fn exited(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + EXIT_WAIT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("ring0 serve did not exit within {EXIT_WAIT:?} of being stopped");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether the spans received hold the `read_file` call with its stages (a read is not
+/// journaled: no commit, no settle).
+fn has_read_file_call(spans: &[Span]) -> bool {
+    let root = spans.iter().find(|s| s.name == "tools/call read_file");
+    root.is_some_and(|root| {
+        let stages = children(spans, root);
+        ["prepare", "dispatch", "shape", "project"]
+            .iter()
+            .all(|stage| stages.contains_key(stage))
+    })
+}
+
+#[test]
+fn the_spans_of_a_call_reach_the_collector_when_a_stdio_serve_is_stopped_by_sigterm() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, _stdin, _rx) = stdio_serve_after_one_call(dir.path(), &collector);
+    assert!(
+        collector.spans().is_empty(),
+        "nothing is exported before the stop"
+    );
+    terminate(&child);
+    let status = exited(&mut child);
+    assert!(
+        status.success(),
+        "a stop asked for is a clean exit: {status}"
+    );
+    let spans = collector.spans();
+    assert!(has_read_file_call(&spans), "{spans:#?}");
+}
+
+#[test]
+fn the_spans_of_a_call_reach_the_collector_when_the_stdio_client_closes_stdin() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, stdin, _rx) = stdio_serve_after_one_call(dir.path(), &collector);
+    drop(stdin);
+    let status = exited(&mut child);
+    assert!(status.success(), "{status}");
+    let spans = collector.spans();
+    assert!(has_read_file_call(&spans), "{spans:#?}");
+}
+
+#[test]
+fn the_spans_of_a_call_reach_the_collector_when_an_http_serve_is_stopped_by_sigterm() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "hello").unwrap();
+    let mut cmd = serve_http_command(dir.path());
+    cmd.env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .env("OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_NEVER_MS);
+    let mut server = start_http(cmd);
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {},
+                      "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}});
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "read_file", "arguments": {"path": "notes.txt"}, "_meta": meta}});
+    let (head, answer) = post(
+        &server.addr,
+        &[
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "read_file"),
+        ],
+        &call,
+    );
+    assert!(answer.to_string().contains("hello"), "{head}\n{answer}");
+    terminate(&server.child);
+    let status = exited(&mut server.child);
+    assert!(status.success(), "{status}");
+    let spans = collector.spans();
+    assert!(has_read_file_call(&spans), "{spans:#?}");
 }
