@@ -753,3 +753,102 @@ fn the_spans_of_a_call_reach_the_collector_when_an_http_serve_is_stopped_by_sigt
     let spans = collector.spans();
     assert!(has_read_file_call(&spans), "{spans:#?}");
 }
+
+/// `header_recorder.py`: a Streamable HTTP upstream that records every request's headers in
+/// `record`, killed on drop.
+struct HeaderRecorder {
+    child: std::process::Child,
+    url: String,
+}
+
+impl HeaderRecorder {
+    fn start(record: &Path) -> Self {
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/header_recorder.py");
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .arg(record)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("the recorder's address")
+            .to_string();
+        Self { child, url }
+    }
+}
+
+impl Drop for HeaderRecorder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn an_http_upstream_is_sent_the_traceparent_header_of_the_dispatch_that_called_it() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("upstream-requests.jsonl");
+    let recorder = HeaderRecorder::start(&record);
+    let config = one_upstream_config(
+        "rec",
+        "[\"rec__*\"]",
+        "A0",
+        "rec",
+        &format!("url = {:?}", recorder.url),
+        "",
+    );
+    std::fs::write(dir.path().join("ring0.toml"), config).unwrap();
+    let mut cmd = ring0_command_in(dir.path());
+    cmd.arg("serve")
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .env("OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS);
+    let mut serve = Serve::start(cmd);
+    serve.wait_for_tool("rec__ping");
+    let trace_id = "7d3c1e0f9a2b4c5d8e6f0a1b2c3d4e5f";
+    let client_span = "0123456789abcdef";
+    let answer = serve.request(
+        "tools/call",
+        json!({"name": "rec__ping", "arguments": {},
+               "_meta": {"traceparent": format!("00-{trace_id}-{client_span}-01"),
+                         "tracestate": "vendor=abc"}}),
+    );
+    assert!(answer.to_string().contains("pong"), "{answer}");
+    let spans = collector.wait_for("the call's dispatch span", |spans| {
+        spans
+            .iter()
+            .any(|s| s.trace_id == trace_id && s.name == "dispatch")
+    });
+    let dispatch = named(&spans, trace_id, "dispatch");
+    let calls: Vec<Value> = std::fs::read_to_string(&record)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|r: &Value| r["method"] == "tools/call")
+        .collect();
+    assert_eq!(calls.len(), 1, "{calls:#?}");
+    let headers = &calls[0]["headers"];
+    assert_eq!(
+        headers["traceparent"],
+        format!("00-{trace_id}-{}-01", dispatch.span_id),
+        "the header names ring0's dispatch span, in the client's trace: {headers}"
+    );
+    // The trace's vendor state travels along the trace, as W3C asks.
+    assert_eq!(headers["tracestate"], "vendor=abc", "{headers}");
+    // Requests outside a traced call carry no context.
+    let listed = std::fs::read_to_string(&record).unwrap();
+    let list: Value = listed
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["method"] == "tools/list")
+        .unwrap();
+    assert!(list["headers"].get("traceparent").is_none(), "{list}");
+}
