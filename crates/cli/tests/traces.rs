@@ -852,3 +852,149 @@ fn an_http_upstream_is_sent_the_traceparent_header_of_the_dispatch_that_called_i
         .unwrap();
     assert!(list["headers"].get("traceparent").is_none(), "{list}");
 }
+
+/// `shell` contained (A1) without approval: a call a test can leave in flight.
+const SHELL_GRANT: &str = "[workspace]\nstate_dir = \".ring0\"\n\n[[grants]]\nname = \"contained\"\ntools = [\"shell\"]\nceiling = \"A1\"\nshell = true\n";
+
+#[test]
+fn a_restart_that_settles_a_call_left_in_flight_is_traced_as_a_recover_span() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    std::fs::write(ws.join("ring0.toml"), SHELL_GRANT).unwrap();
+    // The first process is killed (SIGKILL) while its shell call runs: the intent stays
+    // DISPATCHED in the journal.
+    let mut first = Serve::start({
+        let mut cmd = ring0_command_in(&ws);
+        cmd.arg("serve").env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+        cmd
+    });
+    first.send(
+        json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {
+        "name": "shell", "arguments": {"argv": ["sh", "-c", "echo on > started; sleep 120"]}}}),
+    );
+    wait_for_file_text(&ws.join("started"), "on", "the shell call runs");
+    drop(first);
+
+    // The next one, tracing, settles it before it serves: shell has no probe and no key, so a
+    // person decides (DEAD_LETTER), and the restart says so in a span.
+    let mut cmd = ring0_command_in(&ws);
+    cmd.arg("serve")
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .env("OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS);
+    let mut second = Serve::start(cmd);
+    second.request("tools/list", json!({}));
+    let spans = collector.wait_for("the recovery's span", |spans| {
+        spans.iter().any(|s| s.name == "recover")
+    });
+    let recovered: Vec<&Span> = spans.iter().filter(|s| s.name == "recover").collect();
+    assert_eq!(recovered.len(), 1, "{spans:#?}");
+    let span = recovered[0];
+    assert_eq!(span.parent_span_id, "", "a root span: {span:#?}");
+    assert_eq!(span.attr("gen_ai.tool.name"), "shell");
+    assert!(!span.attr("ring0.intent.id").is_empty(), "{span:#?}");
+    assert_eq!(span.attr("ring0.recovery.found"), "UNKNOWN", "{span:#?}");
+    assert_eq!(
+        span.attr("ring0.recovery.action"),
+        "dead_letter",
+        "{span:#?}"
+    );
+    assert_eq!(span.attr("ring0.intent.state"), "DEAD_LETTER", "{span:#?}");
+    assert!(
+        span.attr("ring0.intent.timeline")
+            .ends_with("DISPATCHED,UNKNOWN,RECONCILING,DEAD_LETTER"),
+        "{span:#?}"
+    );
+    assert_eq!(span.attr("error.type"), "DEAD_LETTER");
+    assert_eq!(span.status, STATUS_ERROR);
+    // The journal agrees: the intent the span names is the dead letter.
+    let shown = ring0_command_in(&ws)
+        .args(["journal", "show", span.attr("ring0.intent.id")])
+        .output()
+        .unwrap();
+    assert!(
+        text(&shown.stdout).contains("DEAD_LETTER"),
+        "{}{}",
+        text(&shown.stdout),
+        text(&shown.stderr)
+    );
+    assert!(
+        !collector.received_bytes_contain("sleep 120"),
+        "an argument value was exported"
+    );
+}
+
+#[test]
+fn a_restart_that_re_sends_a_keyed_call_left_in_flight_traces_the_dispatch_under_its_recover_span()
+{
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/effect_upstream.py");
+    let config = one_upstream_config(
+        "effects",
+        "[\"fx__append\"]",
+        "A2",
+        "fx",
+        &format!(
+            "command = \"python3\"\nargs = [{:?}, \"--dir\", {:?}]\nenv = [\"PATH\"]",
+            fixture.display().to_string(),
+            ws.display().to_string()
+        ),
+        "[upstreams.tools.append]\neffect = \"non_idempotent\"\nauthority = \"A2\"\n\
+         strategy = [\"exploitation\"]\nsettlement = \"idempotency_key\"\n",
+    );
+    std::fs::write(ws.join("ring0.toml"), config).unwrap();
+    let mut first = Serve::start({
+        let mut cmd = ring0_command_in(&ws);
+        cmd.arg("serve").env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+        cmd
+    });
+    first.wait_for_tool("fx__append");
+    first.send(
+        json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {
+        "name": "fx__append", "arguments": {"text": "crash", "gate": "gate-crash"}}}),
+    );
+    wait_for_file_text(
+        &ws.join("entered.log"),
+        "crash",
+        "the call reaches the upstream",
+    );
+    drop(first);
+    std::fs::write(ws.join("gate-crash"), "").unwrap();
+
+    let mut cmd = ring0_command_in(&ws);
+    cmd.arg("serve")
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .env("OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS);
+    let mut second = Serve::start(cmd);
+    second.request("tools/list", json!({}));
+    let spans = collector.wait_for("the recovery's span and its dispatch", |spans| {
+        spans.iter().any(|s| {
+            s.name == "recover"
+                && spans
+                    .iter()
+                    .any(|c| c.parent_span_id == s.span_id && c.name == "dispatch")
+        })
+    });
+    let span = spans.iter().find(|s| s.name == "recover").unwrap();
+    assert_eq!(span.attr("gen_ai.tool.name"), "fx__append");
+    assert_eq!(
+        span.attr("ring0.recovery.action"),
+        "redispatched",
+        "{span:#?}"
+    );
+    assert_eq!(span.attr("ring0.intent.state"), "ACKED", "{span:#?}");
+    assert_eq!(span.status, STATUS_UNSET, "{span:#?}");
+    let dispatch = children(&spans, span)["dispatch"];
+    assert_eq!(dispatch.trace_id, span.trace_id);
+    assert_eq!(
+        dispatch.attr("ring0.dispatch.attempt"),
+        "2",
+        "{dispatch:#?}"
+    );
+    assert_eq!(
+        dispatch.attr("ring0.intent.id"),
+        span.attr("ring0.intent.id")
+    );
+}
