@@ -201,10 +201,11 @@ fn operation_routes(
     routes
 }
 
-/// The web console for the operators `[console]` names.
+/// The web console for the operators `[console]` names, with the server's background jobs.
 fn console(
     loaded: &Loaded,
     gateway: &Gateway,
+    jobs: &ring0_config::JobSessions,
     log: &Log,
 ) -> Result<Arc<ring0_ops::console::Console>, String> {
     let key = ring0_ops::webhook::signing_key(&loaded.state_dir, ring0_ops::console::KEY_FILE)?;
@@ -212,14 +213,17 @@ fn console(
         ids: loaded.config.console.operators.clone(),
         groups: loaded.config.console.operator_groups.clone(),
     };
-    Ok(Arc::new(ring0_ops::console::Console::new(
-        gateway.clone(),
-        operators,
-        key,
-        log.clone(),
-        loaded.workspace.clone(),
-        loaded.state_dir.clone(),
-    )))
+    Ok(Arc::new(
+        ring0_ops::console::Console::new(
+            gateway.clone(),
+            operators,
+            key,
+            log.clone(),
+            loaded.workspace.clone(),
+            loaded.state_dir.clone(),
+        )
+        .with_jobs(jobs.clone()),
+    ))
 }
 
 /// Waits for `SIGINT` or `SIGTERM` (what a service manager or an orchestrator sends to drain a
@@ -427,7 +431,11 @@ async fn serve(
         shutdown.clone(),
     ));
     announce(&log, &loaded, &built, &generation, args.http, log_level);
-    let routes = operation_routes(&operations, webhook.as_ref(), &console(&loaded, &gw, &log)?);
+    let routes = operation_routes(
+        &operations,
+        webhook.as_ref(),
+        &console(&loaded, &gw, &built.jobs, &log)?,
+    );
     let transport = Transport {
         approvals,
         routes,

@@ -2,7 +2,8 @@
 //! by playwright-core): an operator sees the call held for approval — its argument holding a
 //! script shown as text, never run — approves it and sees it run (counted by the upstream
 //! fixture), and marks a dead letter not applied; approves a quarantined upstream tool after
-//! seeing its definition's diff; a principal without the operator role is refused. The pages'
+//! seeing its definition's diff; watches a background job's output arrive on its page, kept
+//! live by ring0's own script; a principal without the operator role is refused. The pages'
 //! screenshots are saved (see `screenshots`); those in docs/console/ come from this test.
 
 mod common;
@@ -69,6 +70,17 @@ fn client(peers: &Path, server: &HttpServer, tool: &str, args: Value, key: &str)
 }
 
 fn browser(peers: &Path, server: &HttpServer, token: &str, scenario: &str) -> Value {
+    browser_with(peers, server, token, scenario, "")
+}
+
+/// [`browser`] with the scenario's extra argument.
+fn browser_with(
+    peers: &Path,
+    server: &HttpServer,
+    token: &str,
+    scenario: &str,
+    extra: &str,
+) -> Value {
     let shots = screenshots();
     std::fs::create_dir_all(&shots).unwrap();
     let out = Command::new(peers.join("node/node_modules/.bin/node"))
@@ -79,6 +91,7 @@ fn browser(peers: &Path, server: &HttpServer, token: &str, scenario: &str) -> Va
             token,
             &shots.display().to_string(),
             scenario,
+            extra,
         ])
         .output()
         .unwrap();
@@ -361,4 +374,72 @@ fn an_operator_allows_a_held_call_for_its_session_and_the_identical_call_runs_un
     assert_eq!(report["is_error"], false, "{report}");
     assert_eq!(report["second"]["is_error"], false, "{report}");
     assert_eq!(effects(dir.path(), "twice"), 2);
+}
+
+/// `shell` contained (A1) without approval, alice an operator.
+fn jobs_workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[workspace]\nstate_dir = \".ring0\"\n\n\
+         [console]\noperators = [\"alice\"]\n\n\
+         [[grants]]\nname = \"contained\"\ntools = [\"shell\", \"job_*\"]\nceiling = \"A1\"\nshell = true\n\n{}",
+        alice_and_bob_tokens(),
+    );
+    std::fs::write(dir.path().join("ring0.toml"), config).unwrap();
+    dir
+}
+
+#[test]
+fn an_operator_watches_a_background_jobs_output_arrive_on_its_console_page() {
+    let Some(peers) = peers() else { return };
+    if !Path::new(CHROMIUM).exists() {
+        return skip_or_fail("no /usr/bin/chromium").unwrap_or(());
+    }
+    let dir = jobs_workspace();
+    let ws = dir.path().canonicalize().unwrap();
+    let mut cmd = serve_http_command(&ws);
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    let server = start_http(cmd);
+    // The job prints a line, waits for the browser to create `release`, prints markup and a
+    // last line; detached, it outlives the client's session.
+    let script = format!(
+        "echo first line; while [ ! -e release ]; do sleep 0.05; done; echo '{INJECTED} <b>bold</b>'; echo last line"
+    );
+    let started = python_report(&mut client(
+        &peers,
+        &server,
+        "shell",
+        json!({"argv": ["sh", "-c", script], "background": true, "detached": true}),
+        "key-job",
+    ));
+    assert_eq!(started["is_error"], false, "{started}");
+    let release = ws.join("release");
+    let seen = browser_with(
+        &peers,
+        &server,
+        "alice-token",
+        "jobs",
+        &release.display().to_string(),
+    );
+    let list = seen["list_text"].as_str().unwrap_or("");
+    assert!(list.contains("sh -c"), "the command is listed: {seen}");
+    let before = seen["tail_before"].as_str().unwrap_or("");
+    assert!(before.contains("first line"), "{seen}");
+    assert!(!before.contains("last line"), "{seen}");
+    assert_ne!(seen["state_before"], "COMPLETED", "{seen}");
+    let after = seen["tail_after"].as_str().unwrap_or("");
+    assert!(
+        after.contains("last line"),
+        "arrived without a reload: {seen}"
+    );
+    assert!(after.contains(INJECTED), "output is shown as text: {seen}");
+    assert_eq!(seen["bold_elements"], 0, "{seen}");
+    assert_eq!(seen["pwned"], false, "{seen}");
+    assert_eq!(seen["state_after"], "COMPLETED", "{seen}");
+    assert_eq!(seen["exit_after"], "exit 0", "{seen}");
+    assert_eq!(seen["live"], "finished", "{seen}");
+    assert!(seen.get("console_errors").is_none(), "{seen}");
+    for shot in ["jobs.png", "job.png"] {
+        assert!(screenshots().join(shot).exists(), "{shot} saved");
+    }
 }
