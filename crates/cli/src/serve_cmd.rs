@@ -196,8 +196,9 @@ fn operation_routes(
     if let Some(webhook) = webhook {
         routes.open = routes.open.merge(webhook.routes());
     }
-    // The console is behind the listener's authentication: its principal is the request's.
-    routes.gated = routes.gated.merge(console.routes());
+    // The console authenticates each request itself, with the listener's authenticator: a
+    // bearer credential, or a browser's session cookie from its sign-in form.
+    routes.self_authenticated = Some(console.door());
     routes
 }
 

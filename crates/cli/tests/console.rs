@@ -443,3 +443,145 @@ fn an_operator_watches_a_background_jobs_output_arrive_on_its_console_page() {
         assert!(screenshots().join(shot).exists(), "{shot} saved");
     }
 }
+
+#[test]
+fn an_operator_signs_in_with_the_form_acts_and_signs_out_and_a_non_operator_is_refused() {
+    let Some(peers) = peers() else { return };
+    if !Path::new(CHROMIUM).exists() {
+        return skip_or_fail("no /usr/bin/chromium").unwrap_or(());
+    }
+    let dir = workspace(&peers);
+    let mut cmd = serve_http_command(dir.path());
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    let server = start_http(cmd);
+    let held = client(
+        &peers,
+        &server,
+        "fx__append",
+        json!({"text": "signed-in"}),
+        "key-login",
+    )
+    .arg("--never-answer")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    // No bearer header: the browser has only the form.
+    let seen = browser_with(&peers, &server, "", "login", "alice-token bob-token");
+    kill(held);
+    let login_url = format!("http://{}/console/login", server.addr);
+    assert_eq!(seen["unsigned_url"], login_url.as_str(), "{seen}");
+    assert_eq!(seen["outsider_status"], 403, "{seen}");
+    assert!(
+        seen["outsider_text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("operator role"),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["outsider_cookies"], 0,
+        "no session for a non-operator: {seen}"
+    );
+    assert_eq!(seen["wrong_status"], 401, "{seen}");
+    assert_eq!(
+        seen["signed_url"],
+        format!("http://{}/console", server.addr).as_str(),
+        "{seen}"
+    );
+    let cookies = seen["cookies"].as_array().unwrap();
+    assert_eq!(cookies.len(), 1, "{seen}");
+    let cookie = &cookies[0];
+    assert_eq!(cookie["name"], "ring0_console");
+    assert_eq!(cookie["httpOnly"], true, "{seen}");
+    assert_eq!(cookie["sameSite"], "Strict", "{seen}");
+    assert_eq!(cookie["path"], "/console", "{seen}");
+    let value = cookie["value"].as_str().unwrap_or("");
+    assert_eq!(value.len(), 64, "an opaque random id: {seen}");
+    assert!(!value.contains("alice"), "never the token: {seen}");
+    assert_eq!(seen["script_cookie"], "", "no script reads it: {seen}");
+    // The signed-in operator's approval ran the call, once.
+    let deadline = Instant::now() + WAIT;
+    while effects(dir.path(), "signed-in") < 1 {
+        assert!(Instant::now() < deadline, "the approved call never ran");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(effects(dir.path(), "signed-in"), 1);
+    assert_eq!(seen["signed_out_cookies"], 0, "{seen}");
+    assert_eq!(
+        seen["old_cookie_url"],
+        login_url.as_str(),
+        "the session ended on the server: {seen}"
+    );
+    assert!(screenshots().join("login.png").exists());
+}
+
+/// One raw request to the server; returns the response's head and body.
+fn raw(server: &HttpServer, request: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head.to_string(), rest.to_string())
+}
+
+#[test]
+fn a_sign_in_posted_from_another_origin_is_refused_and_gets_no_cookie() {
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let mut cmd = serve_http_command(dir.path());
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    let server = start_http(cmd);
+    let sign_in = |origin: &str| {
+        let body = "token=alice-token";
+        raw(
+            &server,
+            &format!(
+                "POST /console/login HTTP/1.1\r\nHost: {}\r\nOrigin: {origin}\r\n\
+                 Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                server.addr,
+                body.len()
+            ),
+        )
+    };
+    let (head, body) = sign_in("http://evil.example");
+    assert_eq!(status(&head), 403, "{head}\n{body}");
+    assert!(header(&head, "set-cookie").is_none(), "{head}");
+    let (head, _) = sign_in(&format!("http://{}", server.addr));
+    assert_eq!(status(&head), 303, "{head}");
+    let cookie = header(&head, "set-cookie").unwrap_or("");
+    assert!(cookie.starts_with("ring0_console="), "{head}");
+    assert!(!cookie.contains("Secure"), "plain HTTP: {head}");
+    // Behind a proxy that terminated TLS the cookie is Secure.
+    let body = "token=alice-token";
+    let (head, _) = raw(
+        &server,
+        &format!(
+            "POST /console/login HTTP/1.1\r\nHost: {}\r\nX-Forwarded-Proto: https\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            server.addr,
+            body.len()
+        ),
+    );
+    assert!(
+        header(&head, "set-cookie")
+            .unwrap_or("")
+            .ends_with("; Secure"),
+        "{head}"
+    );
+    // Without a credential or a session, a page sends the browser to sign in; a form is refused.
+    let (head, _) = raw(
+        &server,
+        &format!(
+            "GET /console HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            server.addr
+        ),
+    );
+    assert_eq!(status(&head), 303, "{head}");
+    assert_eq!(header(&head, "location"), Some("/console/login"), "{head}");
+}

@@ -24,6 +24,7 @@
         cache: "no-store",
         credentials: "same-origin",
       });
+      if (response.redirected) return stop("not refreshed: signed out");
       if (!response.ok) return stop(`not refreshed: the server answered ${response.status}`);
       answer = await response.json();
     } catch (e) {
