@@ -43,8 +43,13 @@ use tokio_util::sync::CancellationToken;
 const CATALOG_REBUILD_WAIT: Duration = Duration::from_secs(2);
 /// How long the runtime's tasks are given to end once serving stopped, before the last spans
 /// are exported (`ring0_ops::telemetry::SHUTDOWN_TIMEOUT` bounds that in turn): a task stuck
-/// in a blocking read must not keep the process, or its spans, from ending.
-const RUNTIME_STOP_TIMEOUT: Duration = Duration::from_secs(2);
+/// in a blocking read must not keep the process, or its spans, from ending. Ending the tasks
+/// closes the journal, which a shared journal does within its own bound (its lease given up):
+/// this one is longer, so a stop never cuts that short.
+const RUNTIME_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+const _: () = assert!(
+    RUNTIME_STOP_TIMEOUT.as_millis() > 2 * ring0_journal::limits::POSTGRES_CLOSE_TIMEOUT_MS as u128
+);
 
 #[derive(Args)]
 pub struct ServeArgs {
