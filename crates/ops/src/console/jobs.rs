@@ -46,9 +46,9 @@ fn when(ms: u64) -> String {
 /// runs.
 fn exit_of(status: &JobStatus) -> String {
     let exit = status.summary.as_ref().and_then(|s| s.exit);
-    match exit {
-        Some(e) if e.code.is_some() => format!("exit {}", e.code.unwrap_or_default()),
-        Some(e) if e.signal.is_some() => format!("signal {}", e.signal.unwrap_or_default()),
+    match exit.map(|e| (e.code, e.signal)) {
+        Some((Some(code), _)) => format!("exit {code}"),
+        Some((None, Some(signal))) => format!("signal {signal}"),
         _ if status.state.is_terminal() => status.note.clone().unwrap_or_default(),
         _ => String::new(),
     }
