@@ -439,6 +439,18 @@ fn an_operator_watches_a_background_jobs_output_arrive_on_its_console_page() {
     assert_eq!(seen["exit_after"], "exit 0", "{seen}");
     assert_eq!(seen["live"], "finished", "{seen}");
     assert!(seen.get("console_errors").is_none(), "{seen}");
+    // The page runs one script, ring0's own, by a nonce made for the response.
+    let csp = seen["csp"].as_str().unwrap_or("");
+    let nonces = seen["script_nonces"].as_array().unwrap();
+    assert_eq!(nonces.len(), 1, "{seen}");
+    let nonce = nonces[0].as_str().unwrap_or("");
+    assert!(nonce.len() >= 32, "{seen}");
+    assert!(
+        csp.contains(&format!("script-src 'nonce-{nonce}'")),
+        "{csp}"
+    );
+    assert!(csp.starts_with("default-src 'none'"), "{csp}");
+    assert!(!csp.contains("script-src 'unsafe"), "{csp}");
     for shot in ["jobs.png", "job.png"] {
         assert!(screenshots().join(shot).exists(), "{shot} saved");
     }
