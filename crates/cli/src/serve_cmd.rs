@@ -45,7 +45,7 @@ const CATALOG_REBUILD_WAIT: Duration = Duration::from_secs(2);
 /// are exported (`ring0_ops::telemetry::SHUTDOWN_TIMEOUT` bounds that in turn): a task stuck
 /// in a blocking read must not keep the process, or its spans, from ending. Ending the tasks
 /// closes the journal, which a shared journal does within its own bound (its lease given up):
-/// this one is longer, so a stop never cuts that short.
+/// this one is more than twice as long, so a stop never cuts that short.
 const RUNTIME_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 const _: () = assert!(
     RUNTIME_STOP_TIMEOUT.as_millis() > 2 * ring0_journal::limits::POSTGRES_CLOSE_TIMEOUT_MS as u128
@@ -353,7 +353,7 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>, log: LogOptions) -> Result
     served.map(|()| String::new())
 }
 
-/// Serves until stdin closes (stdio) or ctrl-c (HTTP).
+/// Serves until stdin closes (stdio), or SIGINT or SIGTERM (either transport).
 async fn serve(
     args: ServeArgs,
     loaded: Loaded,
@@ -644,7 +644,7 @@ struct Transport {
     shutdown: CancellationToken,
 }
 
-/// Serves MCP over stdio, or over HTTP until SIGINT or SIGTERM.
+/// Serves MCP over stdio until stdin closes, or over HTTP; either until SIGINT or SIGTERM.
 async fn serve_transport(
     args: ServeArgs,
     loaded: Loaded,
