@@ -41,6 +41,15 @@ use tokio_util::sync::CancellationToken;
 
 /// How long `serve` waits for the catalog to include the upstreams that are up.
 const CATALOG_REBUILD_WAIT: Duration = Duration::from_secs(2);
+/// How long the runtime's tasks are given to end once serving stopped, before the last spans
+/// are exported (`ring0_ops::telemetry::SHUTDOWN_TIMEOUT` bounds that in turn): a task stuck
+/// in a blocking read must not keep the process, or its spans, from ending. Ending the tasks
+/// closes the journal, which a shared journal does within its own bound (its lease given up):
+/// this one is more than twice as long, so a stop never cuts that short.
+const RUNTIME_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+const _: () = assert!(
+    RUNTIME_STOP_TIMEOUT.as_millis() > 2 * ring0_journal::limits::POSTGRES_CLOSE_TIMEOUT_MS as u128
+);
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -192,15 +201,17 @@ fn operation_routes(
     if let Some(webhook) = webhook {
         routes.open = routes.open.merge(webhook.routes());
     }
-    // The console is behind the listener's authentication: its principal is the request's.
-    routes.gated = routes.gated.merge(console.routes());
+    // The console authenticates each request itself, with the listener's authenticator: a
+    // bearer credential, or a browser's session cookie from its sign-in form.
+    routes.self_authenticated = Some(console.door());
     routes
 }
 
-/// The web console for the operators `[console]` names.
+/// The web console for the operators `[console]` names, with the server's background jobs.
 fn console(
     loaded: &Loaded,
     gateway: &Gateway,
+    jobs: &ring0_config::JobSessions,
     log: &Log,
 ) -> Result<Arc<ring0_ops::console::Console>, String> {
     let key = ring0_ops::webhook::signing_key(&loaded.state_dir, ring0_ops::console::KEY_FILE)?;
@@ -208,14 +219,17 @@ fn console(
         ids: loaded.config.console.operators.clone(),
         groups: loaded.config.console.operator_groups.clone(),
     };
-    Ok(Arc::new(ring0_ops::console::Console::new(
-        gateway.clone(),
-        operators,
-        key,
-        log.clone(),
-        loaded.workspace.clone(),
-        loaded.state_dir.clone(),
-    )))
+    Ok(Arc::new(
+        ring0_ops::console::Console::new(
+            gateway.clone(),
+            operators,
+            key,
+            log.clone(),
+            loaded.workspace.clone(),
+            loaded.state_dir.clone(),
+        )
+        .with_jobs(jobs.clone()),
+    ))
 }
 
 /// Waits for `SIGINT` or `SIGTERM` (what a service manager or an orchestrator sends to drain a
@@ -232,6 +246,27 @@ async fn stop_signal() {
         }
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// After serving stopped (stdin closed, SIGTERM, SIGINT): the runtime's tasks are ended, their
+/// spans with them, within [`RUNTIME_STOP_TIMEOUT`]; then every span ended so far is exported
+/// before the process exits, within the telemetry's own bound.
+fn stop_then_export(runtime: tokio::runtime::Runtime, telemetry: Telemetry) {
+    runtime.shutdown_timeout(RUNTIME_STOP_TIMEOUT);
+    telemetry.shutdown();
+}
+
+/// Serves MCP over stdio until the client closes stdin or the process is asked to stop
+/// (`SIGTERM`, `SIGINT`): either ends serving normally, so what is still queued (spans, the
+/// journal's writes) is finished before the process exits.
+async fn serve_stdio_until_stopped(server: GatewayServer, log: &Log) -> Result<(), String> {
+    tokio::select! {
+        served = ring0_mcp::serve_stdio(server) => served,
+        () = stop_signal() => {
+            log.info("stopping: asked to stop by a signal");
+            Ok(())
         }
     }
 }
@@ -314,13 +349,11 @@ pub fn run(args: ServeArgs, state_dir: Option<&Path>, log: LogOptions) -> Result
     }
     .map_err(|e| format!("starting the runtime: {e}"))?;
     let served = runtime.block_on(serve(args, loaded, token, log.level));
-    drop(runtime);
-    // What is still queued is exported before the process ends.
-    telemetry.shutdown();
+    stop_then_export(runtime, telemetry);
     served.map(|()| String::new())
 }
 
-/// Serves until stdin closes (stdio) or ctrl-c (HTTP).
+/// Serves until stdin closes (stdio), or SIGINT or SIGTERM (either transport).
 async fn serve(
     args: ServeArgs,
     loaded: Loaded,
@@ -404,7 +437,11 @@ async fn serve(
         shutdown.clone(),
     ));
     announce(&log, &loaded, &built, &generation, args.http, log_level);
-    let routes = operation_routes(&operations, webhook.as_ref(), &console(&loaded, &gw, &log)?);
+    let routes = operation_routes(
+        &operations,
+        webhook.as_ref(),
+        &console(&loaded, &gw, &built.jobs, &log)?,
+    );
     let transport = Transport {
         approvals,
         routes,
@@ -607,7 +644,7 @@ struct Transport {
     shutdown: CancellationToken,
 }
 
-/// Serves MCP over stdio, or over HTTP until SIGINT or SIGTERM.
+/// Serves MCP over stdio until stdin closes, or over HTTP; either until SIGINT or SIGTERM.
 async fn serve_transport(
     args: ServeArgs,
     loaded: Loaded,
@@ -629,7 +666,7 @@ async fn serve_transport(
                 Some(scope) => GatewayServer::new(gw, approvals, scope.clone()),
                 None => GatewayServer::new_session(gw, approvals),
             };
-            ring0_mcp::serve_stdio(server).await
+            serve_stdio_until_stopped(server, &log).await
         }
         Some(addr) => {
             let stop = shutdown.clone();

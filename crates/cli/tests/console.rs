@@ -2,7 +2,8 @@
 //! by playwright-core): an operator sees the call held for approval — its argument holding a
 //! script shown as text, never run — approves it and sees it run (counted by the upstream
 //! fixture), and marks a dead letter not applied; approves a quarantined upstream tool after
-//! seeing its definition's diff; a principal without the operator role is refused. The pages'
+//! seeing its definition's diff; watches a background job's output arrive on its page, kept
+//! live by ring0's own script; a principal without the operator role is refused. The pages'
 //! screenshots are saved (see `screenshots`); those in docs/console/ come from this test.
 
 mod common;
@@ -69,6 +70,17 @@ fn client(peers: &Path, server: &HttpServer, tool: &str, args: Value, key: &str)
 }
 
 fn browser(peers: &Path, server: &HttpServer, token: &str, scenario: &str) -> Value {
+    browser_with(peers, server, token, scenario, "")
+}
+
+/// [`browser`] with the scenario's extra argument.
+fn browser_with(
+    peers: &Path,
+    server: &HttpServer,
+    token: &str,
+    scenario: &str,
+    extra: &str,
+) -> Value {
     let shots = screenshots();
     std::fs::create_dir_all(&shots).unwrap();
     let out = Command::new(peers.join("node/node_modules/.bin/node"))
@@ -79,6 +91,7 @@ fn browser(peers: &Path, server: &HttpServer, token: &str, scenario: &str) -> Va
             token,
             &shots.display().to_string(),
             scenario,
+            extra,
         ])
         .output()
         .unwrap();
@@ -361,4 +374,226 @@ fn an_operator_allows_a_held_call_for_its_session_and_the_identical_call_runs_un
     assert_eq!(report["is_error"], false, "{report}");
     assert_eq!(report["second"]["is_error"], false, "{report}");
     assert_eq!(effects(dir.path(), "twice"), 2);
+}
+
+/// `shell` contained (A1) without approval, alice an operator.
+fn jobs_workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[workspace]\nstate_dir = \".ring0\"\n\n\
+         [console]\noperators = [\"alice\"]\n\n\
+         [[grants]]\nname = \"contained\"\ntools = [\"shell\", \"job_*\"]\nceiling = \"A1\"\nshell = true\n\n{}",
+        alice_and_bob_tokens(),
+    );
+    std::fs::write(dir.path().join("ring0.toml"), config).unwrap();
+    dir
+}
+
+#[test]
+fn an_operator_watches_a_background_jobs_output_arrive_on_its_console_page() {
+    let Some(peers) = peers() else { return };
+    if !Path::new(CHROMIUM).exists() {
+        return skip_or_fail("no /usr/bin/chromium").unwrap_or(());
+    }
+    let dir = jobs_workspace();
+    let ws = dir.path().canonicalize().unwrap();
+    let mut cmd = serve_http_command(&ws);
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    let server = start_http(cmd);
+    // The job prints a line, waits for the browser to create `release`, prints markup and a
+    // last line; detached, it outlives the client's session.
+    let script = format!(
+        "echo first line; while [ ! -e release ]; do sleep 0.05; done; echo '{INJECTED} <b>bold</b>'; echo last line"
+    );
+    let started = python_report(&mut client(
+        &peers,
+        &server,
+        "shell",
+        json!({"argv": ["sh", "-c", script], "background": true, "detached": true}),
+        "key-job",
+    ));
+    assert_eq!(started["is_error"], false, "{started}");
+    let release = ws.join("release");
+    let seen = browser_with(
+        &peers,
+        &server,
+        "alice-token",
+        "jobs",
+        &release.display().to_string(),
+    );
+    let list = seen["list_text"].as_str().unwrap_or("");
+    assert!(list.contains("sh -c"), "the command is listed: {seen}");
+    let before = seen["tail_before"].as_str().unwrap_or("");
+    assert!(before.contains("first line"), "{seen}");
+    assert!(!before.contains("last line"), "{seen}");
+    assert_ne!(seen["state_before"], "COMPLETED", "{seen}");
+    let after = seen["tail_after"].as_str().unwrap_or("");
+    assert!(
+        after.contains("last line"),
+        "arrived without a reload: {seen}"
+    );
+    assert!(after.contains(INJECTED), "output is shown as text: {seen}");
+    assert_eq!(seen["bold_elements"], 0, "{seen}");
+    assert_eq!(seen["pwned"], false, "{seen}");
+    assert_eq!(seen["state_after"], "COMPLETED", "{seen}");
+    assert_eq!(seen["exit_after"], "exit 0", "{seen}");
+    assert_eq!(seen["live"], "finished", "{seen}");
+    assert!(seen.get("console_errors").is_none(), "{seen}");
+    // The page runs one script, ring0's own, by a nonce made for the response.
+    let csp = seen["csp"].as_str().unwrap_or("");
+    let nonces = seen["script_nonces"].as_array().unwrap();
+    assert_eq!(nonces.len(), 1, "{seen}");
+    let nonce = nonces[0].as_str().unwrap_or("");
+    assert!(nonce.len() >= 32, "{seen}");
+    assert!(
+        csp.contains(&format!("script-src 'nonce-{nonce}'")),
+        "{csp}"
+    );
+    assert!(csp.starts_with("default-src 'none'"), "{csp}");
+    assert!(!csp.contains("script-src 'unsafe"), "{csp}");
+    for shot in ["jobs.png", "job.png"] {
+        assert!(screenshots().join(shot).exists(), "{shot} saved");
+    }
+}
+
+#[test]
+fn an_operator_signs_in_with_the_form_acts_and_signs_out_and_a_non_operator_is_refused() {
+    let Some(peers) = peers() else { return };
+    if !Path::new(CHROMIUM).exists() {
+        return skip_or_fail("no /usr/bin/chromium").unwrap_or(());
+    }
+    let dir = workspace(&peers);
+    let mut cmd = serve_http_command(dir.path());
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    let server = start_http(cmd);
+    let held = client(
+        &peers,
+        &server,
+        "fx__append",
+        json!({"text": "signed-in"}),
+        "key-login",
+    )
+    .arg("--never-answer")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    // No bearer header: the browser has only the form.
+    let seen = browser_with(&peers, &server, "", "login", "alice-token bob-token");
+    kill(held);
+    let login_url = format!("http://{}/console/login", server.addr);
+    assert_eq!(seen["unsigned_url"], login_url.as_str(), "{seen}");
+    assert_eq!(seen["outsider_status"], 403, "{seen}");
+    assert!(
+        seen["outsider_text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("operator role"),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["outsider_cookies"], 0,
+        "no session for a non-operator: {seen}"
+    );
+    assert_eq!(seen["wrong_status"], 401, "{seen}");
+    assert_eq!(
+        seen["signed_url"],
+        format!("http://{}/console", server.addr).as_str(),
+        "{seen}"
+    );
+    let cookies = seen["cookies"].as_array().unwrap();
+    assert_eq!(cookies.len(), 1, "{seen}");
+    let cookie = &cookies[0];
+    assert_eq!(cookie["name"], "ring0_console");
+    assert_eq!(cookie["httpOnly"], true, "{seen}");
+    assert_eq!(cookie["sameSite"], "Strict", "{seen}");
+    assert_eq!(cookie["path"], "/console", "{seen}");
+    let value = cookie["value"].as_str().unwrap_or("");
+    assert_eq!(value.len(), 64, "an opaque random id: {seen}");
+    assert!(!value.contains("alice"), "never the token: {seen}");
+    assert_eq!(seen["script_cookie"], "", "no script reads it: {seen}");
+    // The signed-in operator's approval ran the call, once.
+    let deadline = Instant::now() + WAIT;
+    while effects(dir.path(), "signed-in") < 1 {
+        assert!(Instant::now() < deadline, "the approved call never ran");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(effects(dir.path(), "signed-in"), 1);
+    assert_eq!(seen["signed_out_cookies"], 0, "{seen}");
+    assert_eq!(
+        seen["old_cookie_url"],
+        login_url.as_str(),
+        "the session ended on the server: {seen}"
+    );
+    assert!(screenshots().join("login.png").exists());
+}
+
+/// One raw request to the server; returns the response's head and body.
+fn raw(server: &HttpServer, request: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head.to_string(), rest.to_string())
+}
+
+#[test]
+fn a_sign_in_posted_from_another_origin_is_refused_and_gets_no_cookie() {
+    let Some(peers) = peers() else { return };
+    let dir = workspace(&peers);
+    let mut cmd = serve_http_command(dir.path());
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    let server = start_http(cmd);
+    let sign_in = |origin: &str| {
+        let body = "token=alice-token";
+        raw(
+            &server,
+            &format!(
+                "POST /console/login HTTP/1.1\r\nHost: {}\r\nOrigin: {origin}\r\n\
+                 Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                server.addr,
+                body.len()
+            ),
+        )
+    };
+    let (head, body) = sign_in("http://evil.example");
+    assert_eq!(status(&head), 403, "{head}\n{body}");
+    assert!(header(&head, "set-cookie").is_none(), "{head}");
+    let (head, _) = sign_in(&format!("http://{}", server.addr));
+    assert_eq!(status(&head), 303, "{head}");
+    let cookie = header(&head, "set-cookie").unwrap_or("");
+    assert!(cookie.starts_with("ring0_console="), "{head}");
+    assert!(!cookie.contains("Secure"), "plain HTTP: {head}");
+    // Behind a proxy that terminated TLS the cookie is Secure.
+    let body = "token=alice-token";
+    let (head, _) = raw(
+        &server,
+        &format!(
+            "POST /console/login HTTP/1.1\r\nHost: {}\r\nX-Forwarded-Proto: https\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            server.addr,
+            body.len()
+        ),
+    );
+    assert!(
+        header(&head, "set-cookie")
+            .unwrap_or("")
+            .ends_with("; Secure"),
+        "{head}"
+    );
+    // Without a credential or a session, a page sends the browser to sign in; a form is refused.
+    let (head, _) = raw(
+        &server,
+        &format!(
+            "GET /console HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            server.addr
+        ),
+    );
+    assert_eq!(status(&head), 303, "{head}");
+    assert_eq!(header(&head, "location"), Some("/console/login"), "{head}");
 }

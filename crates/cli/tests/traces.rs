@@ -6,7 +6,9 @@
 //! `_meta.traceparent` (a stateless HTTP request's `traceparent` header too); the upstream is
 //! told the span that called it; no argument value or result is in any byte exported, not
 //! even what a person was shown on stderr while a span was open. `ring0 turn` is one span over
-//! each of its calls' stages; without an endpoint nothing is exported or propagated.
+//! each of its calls' stages; without an endpoint nothing is exported or propagated. The spans
+//! of a call reach the collector when `ring0 serve` stops — SIGTERM over stdio or HTTP, or the
+//! stdio client closing stdin — even on an export schedule that would never have sent them.
 
 mod common;
 
@@ -605,5 +607,394 @@ fn a_stateless_http_request_continues_the_trace_its_traceparent_header_names() {
         root.attr("mcp.session.id"),
         "",
         "a stateless request has no session"
+    );
+}
+
+/// Export only when asked to: a schedule far longer than any test, so the spans a test finds
+/// were exported by the process's stop, not by the schedule.
+const SCHEDULE_DELAY_NEVER_MS: &str = "3600000";
+/// How long a stopped `ring0 serve` may take to exit.
+const EXIT_WAIT: Duration = Duration::from_secs(30);
+
+/// `ring0 serve` over stdio in `dir`, exporting to `collector` only when it stops; returns the
+/// child, its stdin and its messages, after one `read_file` call was answered.
+fn stdio_serve_after_one_call(
+    dir: &Path,
+    collector: &Collector,
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::sync::mpsc::Receiver<Value>,
+) {
+    std::fs::write(dir.join("notes.txt"), "hello").unwrap();
+    let mut cmd = ring0_command_in(dir);
+    cmd.arg("serve")
+        .env("RING0_STATE_DIR", dir.join(".ring0"))
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .env("OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_NEVER_MS);
+    let (child, mut stdin, rx) = spawn_stdio_json(cmd);
+    for message in [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "read_file", "arguments": {"path": "notes.txt"}}}),
+    ] {
+        writeln!(stdin, "{message}").unwrap();
+    }
+    stdin.flush().unwrap();
+    let deadline = Instant::now() + SPANS_WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let m = rx.recv_timeout(left).expect("ring0 answers the call");
+        if m["id"] == 2 {
+            assert!(m.to_string().contains("hello"), "{m}");
+            break;
+        }
+    }
+    (child, stdin, rx)
+}
+
+/// Sends SIGTERM to `child`.
+fn terminate(child: &std::process::Child) {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+/// Waits (bounded) for `child` to exit and returns its status.
+fn exited(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + EXIT_WAIT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("ring0 serve did not exit within {EXIT_WAIT:?} of being stopped");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether the spans received hold the `read_file` call with its stages (a read is not
+/// journaled: no commit, no settle).
+fn has_read_file_call(spans: &[Span]) -> bool {
+    let root = spans.iter().find(|s| s.name == "tools/call read_file");
+    root.is_some_and(|root| {
+        let stages = children(spans, root);
+        ["prepare", "dispatch", "shape", "project"]
+            .iter()
+            .all(|stage| stages.contains_key(stage))
+    })
+}
+
+#[test]
+fn the_spans_of_a_call_reach_the_collector_when_a_stdio_serve_is_stopped_by_sigterm() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, _stdin, _rx) = stdio_serve_after_one_call(dir.path(), &collector);
+    assert!(
+        collector.spans().is_empty(),
+        "nothing is exported before the stop"
+    );
+    terminate(&child);
+    let status = exited(&mut child);
+    assert!(
+        status.success(),
+        "a stop asked for is a clean exit: {status}"
+    );
+    let spans = collector.spans();
+    assert!(has_read_file_call(&spans), "{spans:#?}");
+}
+
+#[test]
+fn the_spans_of_a_call_reach_the_collector_when_the_stdio_client_closes_stdin() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, stdin, _rx) = stdio_serve_after_one_call(dir.path(), &collector);
+    drop(stdin);
+    let status = exited(&mut child);
+    assert!(status.success(), "{status}");
+    let spans = collector.spans();
+    assert!(has_read_file_call(&spans), "{spans:#?}");
+}
+
+#[test]
+fn the_spans_of_a_call_reach_the_collector_when_an_http_serve_is_stopped_by_sigterm() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "hello").unwrap();
+    let mut cmd = serve_http_command(dir.path());
+    cmd.env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .env("OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_NEVER_MS);
+    let mut server = start_http(cmd);
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {},
+                      "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}});
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "read_file", "arguments": {"path": "notes.txt"}, "_meta": meta}});
+    let (head, answer) = post(
+        &server.addr,
+        &[
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "read_file"),
+        ],
+        &call,
+    );
+    assert!(answer.to_string().contains("hello"), "{head}\n{answer}");
+    terminate(&server.child);
+    let status = exited(&mut server.child);
+    assert!(status.success(), "{status}");
+    let spans = collector.spans();
+    assert!(has_read_file_call(&spans), "{spans:#?}");
+}
+
+/// `header_recorder.py`: a Streamable HTTP upstream that records every request's headers in
+/// `record`, killed on drop.
+struct HeaderRecorder {
+    child: std::process::Child,
+    url: String,
+}
+
+impl HeaderRecorder {
+    fn start(record: &Path) -> Self {
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/header_recorder.py");
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .arg(record)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("the recorder's address")
+            .to_string();
+        Self { child, url }
+    }
+}
+
+impl Drop for HeaderRecorder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn an_http_upstream_is_sent_the_traceparent_header_of_the_dispatch_that_called_it() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("upstream-requests.jsonl");
+    let recorder = HeaderRecorder::start(&record);
+    let config = one_upstream_config(
+        "rec",
+        "[\"rec__*\"]",
+        "A0",
+        "rec",
+        &format!("url = {:?}", recorder.url),
+        "",
+    );
+    std::fs::write(dir.path().join("ring0.toml"), config).unwrap();
+    let mut cmd = ring0_command_in(dir.path());
+    cmd.arg("serve")
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .env("OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS);
+    let mut serve = Serve::start(cmd);
+    serve.wait_for_tool("rec__ping");
+    let trace_id = "7d3c1e0f9a2b4c5d8e6f0a1b2c3d4e5f";
+    let client_span = "0123456789abcdef";
+    let answer = serve.request(
+        "tools/call",
+        json!({"name": "rec__ping", "arguments": {},
+               "_meta": {"traceparent": format!("00-{trace_id}-{client_span}-01"),
+                         "tracestate": "vendor=abc"}}),
+    );
+    assert!(answer.to_string().contains("pong"), "{answer}");
+    let spans = collector.wait_for("the call's dispatch span", |spans| {
+        spans
+            .iter()
+            .any(|s| s.trace_id == trace_id && s.name == "dispatch")
+    });
+    let dispatch = named(&spans, trace_id, "dispatch");
+    let calls: Vec<Value> = std::fs::read_to_string(&record)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|r: &Value| r["method"] == "tools/call")
+        .collect();
+    assert_eq!(calls.len(), 1, "{calls:#?}");
+    let headers = &calls[0]["headers"];
+    assert_eq!(
+        headers["traceparent"],
+        format!("00-{trace_id}-{}-01", dispatch.span_id),
+        "the header names ring0's dispatch span, in the client's trace: {headers}"
+    );
+    // The trace's vendor state travels along the trace, as W3C asks.
+    assert_eq!(headers["tracestate"], "vendor=abc", "{headers}");
+    // Requests outside a traced call carry no context.
+    let listed = std::fs::read_to_string(&record).unwrap();
+    let list: Value = listed
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["method"] == "tools/list")
+        .unwrap();
+    assert!(list["headers"].get("traceparent").is_none(), "{list}");
+}
+
+/// `shell` contained (A1) without approval: a call a test can leave in flight.
+const SHELL_GRANT: &str = "[workspace]\nstate_dir = \".ring0\"\n\n[[grants]]\nname = \"contained\"\ntools = [\"shell\"]\nceiling = \"A1\"\nshell = true\n";
+
+#[test]
+fn a_restart_that_settles_a_call_left_in_flight_is_traced_as_a_recover_span() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    std::fs::write(ws.join("ring0.toml"), SHELL_GRANT).unwrap();
+    // The first process is killed (SIGKILL) while its shell call runs: the intent stays
+    // DISPATCHED in the journal.
+    let mut first = Serve::start({
+        let mut cmd = ring0_command_in(&ws);
+        cmd.arg("serve").env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+        cmd
+    });
+    first.send(
+        json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {
+        "name": "shell", "arguments": {"argv": ["sh", "-c", "echo on > started; sleep 120"]}}}),
+    );
+    wait_for_file_text(&ws.join("started"), "on", "the shell call runs");
+    drop(first);
+
+    // The next one, tracing, settles it before it serves: shell has no probe and no key, so a
+    // person decides (DEAD_LETTER), and the restart says so in a span.
+    let mut cmd = ring0_command_in(&ws);
+    cmd.arg("serve")
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .env("OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS);
+    let mut second = Serve::start(cmd);
+    second.request("tools/list", json!({}));
+    let spans = collector.wait_for("the recovery's span", |spans| {
+        spans.iter().any(|s| s.name == "recover")
+    });
+    let recovered: Vec<&Span> = spans.iter().filter(|s| s.name == "recover").collect();
+    assert_eq!(recovered.len(), 1, "{spans:#?}");
+    let span = recovered[0];
+    assert_eq!(span.parent_span_id, "", "a root span: {span:#?}");
+    assert_eq!(span.attr("gen_ai.tool.name"), "shell");
+    assert!(!span.attr("ring0.intent.id").is_empty(), "{span:#?}");
+    assert_eq!(span.attr("ring0.recovery.found"), "UNKNOWN", "{span:#?}");
+    assert_eq!(
+        span.attr("ring0.recovery.action"),
+        "dead_letter",
+        "{span:#?}"
+    );
+    assert_eq!(span.attr("ring0.intent.state"), "DEAD_LETTER", "{span:#?}");
+    assert!(
+        span.attr("ring0.intent.timeline")
+            .ends_with("DISPATCHED,UNKNOWN,RECONCILING,DEAD_LETTER"),
+        "{span:#?}"
+    );
+    assert_eq!(span.attr("error.type"), "DEAD_LETTER");
+    assert_eq!(span.status, STATUS_ERROR);
+    // The journal agrees: the intent the span names is the dead letter.
+    let shown = ring0_command_in(&ws)
+        .args(["journal", "show", span.attr("ring0.intent.id")])
+        .output()
+        .unwrap();
+    assert!(
+        text(&shown.stdout).contains("DEAD_LETTER"),
+        "{}{}",
+        text(&shown.stdout),
+        text(&shown.stderr)
+    );
+    assert!(
+        !collector.received_bytes_contain("sleep 120"),
+        "an argument value was exported"
+    );
+}
+
+#[test]
+fn a_restart_that_re_sends_a_keyed_call_left_in_flight_traces_the_dispatch_under_its_recover_span()
+{
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/effect_upstream.py");
+    let config = one_upstream_config(
+        "effects",
+        "[\"fx__append\"]",
+        "A2",
+        "fx",
+        &format!(
+            "command = \"python3\"\nargs = [{:?}, \"--dir\", {:?}]\nenv = [\"PATH\"]",
+            fixture.display().to_string(),
+            ws.display().to_string()
+        ),
+        "[upstreams.tools.append]\neffect = \"non_idempotent\"\nauthority = \"A2\"\n\
+         strategy = [\"exploitation\"]\nsettlement = \"idempotency_key\"\n",
+    );
+    std::fs::write(ws.join("ring0.toml"), config).unwrap();
+    let mut first = Serve::start({
+        let mut cmd = ring0_command_in(&ws);
+        cmd.arg("serve").env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+        cmd
+    });
+    first.wait_for_tool("fx__append");
+    first.send(
+        json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {
+        "name": "fx__append", "arguments": {"text": "crash", "gate": "gate-crash"}}}),
+    );
+    wait_for_file_text(
+        &ws.join("entered.log"),
+        "crash",
+        "the call reaches the upstream",
+    );
+    drop(first);
+    std::fs::write(ws.join("gate-crash"), "").unwrap();
+
+    let mut cmd = ring0_command_in(&ws);
+    cmd.arg("serve")
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.traces_url())
+        .env("OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS);
+    let mut second = Serve::start(cmd);
+    second.request("tools/list", json!({}));
+    let spans = collector.wait_for("the recovery's span and its dispatch", |spans| {
+        spans.iter().any(|s| {
+            s.name == "recover"
+                && spans
+                    .iter()
+                    .any(|c| c.parent_span_id == s.span_id && c.name == "dispatch")
+        })
+    });
+    let span = spans.iter().find(|s| s.name == "recover").unwrap();
+    assert_eq!(span.attr("gen_ai.tool.name"), "fx__append");
+    assert_eq!(
+        span.attr("ring0.recovery.action"),
+        "redispatched",
+        "{span:#?}"
+    );
+    assert_eq!(span.attr("ring0.intent.state"), "ACKED", "{span:#?}");
+    assert_eq!(span.status, STATUS_UNSET, "{span:#?}");
+    let dispatch = children(&spans, span)["dispatch"];
+    assert_eq!(dispatch.trace_id, span.trace_id);
+    assert_eq!(
+        dispatch.attr("ring0.dispatch.attempt"),
+        "2",
+        "{dispatch:#?}"
+    );
+    assert_eq!(
+        dispatch.attr("ring0.intent.id"),
+        span.attr("ring0.intent.id")
     );
 }

@@ -46,27 +46,9 @@ impl Built {
 /// stay valid across processes.
 fn cursor_key(state_dir: &Path) -> Result<Vec<u8>, String> {
     let path = state_dir.join("cursor.key");
-    if let Ok(key) = std::fs::read(&path)
-        && key.len() >= 32
-    {
-        return Ok(key);
-    }
-    let mut key = Vec::with_capacity(32);
-    key.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
-    key.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    use std::io::Write;
-    options
-        .open(&path)
-        .and_then(|mut f| f.write_all(&key))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(key)
+    ring0_shape::keyfile::load_or_create(&path)
+        .map(Vec::from)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// A journal several replicas share: what a front end needs to run recovery while it serves.

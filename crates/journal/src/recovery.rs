@@ -15,6 +15,7 @@ use crate::settle::{
 };
 use crate::{Journal, JournalError};
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use ring0_core::{IntentState, ProbeFinding, Settlement};
 use serde_json::Value;
 
@@ -43,6 +44,18 @@ pub trait Executor: Send + Sync {
 
     /// The tool's nullipotent reconciliation probe. Called only for `Settlement::Probe`.
     async fn probe(&self, record: &IntentRecord) -> ProbeFinding;
+
+    /// Runs `settle`, [`recover`]'s settlement of one record it found open (`record`, as found),
+    /// and returns its result: a host wraps it to observe what recovery did with each record
+    /// (the kernel opens a span). The default runs it as is.
+    fn recovering<'a>(
+        &'a self,
+        record: &'a IntentRecord,
+        settle: BoxFuture<'a, Result<IntentRecord, JournalError>>,
+    ) -> BoxFuture<'a, Result<IntentRecord, JournalError>> {
+        let _ = record;
+        settle
+    }
 }
 
 /// Most protocol steps [`drive`] takes for one record. Each dispatch costs at most four steps
@@ -247,19 +260,20 @@ pub async fn recover(
         }
     }
     for r in queue {
-        let result = match r.state {
+        let settle: BoxFuture<'_, Result<IntentRecord, JournalError>> = match r.state {
             IntentState::Recorded if !policy.resume_recorded => {
                 report.cancelled += 1;
                 let t = Transition::to(&r, IntentState::RejectedConflict)
                     .note("cancelled at recovery before dispatch; nothing was sent");
-                journal.transition(t).await
+                journal.transition(t)
             }
             IntentState::Recorded => {
                 report.resumed += 1;
-                drive(journal, exec, r.clone()).await
+                Box::pin(drive(journal, exec, r.clone()))
             }
-            _ => drive(journal, exec, r.clone()).await,
+            _ => Box::pin(drive(journal, exec, r.clone())),
         };
+        let result = exec.recovering(&r, settle).await;
         if let Some(done) = skip_stale(result, r.id, &mut report)? {
             report.settled.push(done);
         }

@@ -14,7 +14,9 @@ use crate::policy::{AuthDecision, AuthRequest, Authorizer, SessionInfo};
 use crate::registry::Registry;
 use crate::settle::{ReceiptOrigin, dispatch_outcome, ms, probe, run_tool, snapshot};
 use crate::tool::{CallContext, EventSink, ProbeFinding, ToolError};
+use crate::trace;
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use ring0_core::receipt::{Disposition, Timing};
 use ring0_core::{Fingerprint, IntentState, Principal, Settlement};
 use ring0_journal::record::Transition;
@@ -25,6 +27,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// The registered tools as the journal's executor for records found in the log.
 pub(crate) struct RegistryExecutor<'a> {
@@ -82,13 +85,25 @@ impl Executor for RegistryExecutor<'_> {
             extensions: Default::default(),
         };
         let started = Instant::now();
+        let span = trace::call_stage(trace::DISPATCH, &record.tool, call_id);
+        trace::record_intent(&span, &record.id, record.state);
+        let attempt = record
+            .timeline
+            .iter()
+            .filter(|e| e.state == IntentState::Dispatched)
+            .count();
+        span.record("ring0.dispatch.attempt", attempt);
         let result = run_tool(
             tool.tool.clone(),
             ctx,
             args_of(record),
             tool.spec.timeout_ms,
         )
+        .instrument(span.clone())
         .await;
+        if let Err(e) = &result {
+            trace::record_error(&span, trace::failure_kind(e.class));
+        }
         let origin = ReceiptOrigin {
             call_id,
             index: 0,
@@ -111,14 +126,36 @@ impl Executor for RegistryExecutor<'_> {
                 record.tool
             ));
         };
-        probe(
+        // Under the record's `recover` span (current here): the probe is part of it.
+        let recovering = tracing::Span::current();
+        let span = trace::call_stage(trace::PROBE, &record.tool, record.last_call_id());
+        trace::record_intent(&span, &record.id, record.state);
+        let finding = probe(
             tool.tool.as_ref(),
             &args_of(record),
             record,
             tool.spec.observation_budget_bytes,
             self.shape,
         )
-        .await
+        .instrument(span.clone())
+        .await;
+        let kind = trace::finding_kind(&finding);
+        span.record("ring0.probe.finding", kind);
+        recovering.record("ring0.probe.finding", kind);
+        finding
+    }
+
+    fn recovering<'a>(
+        &'a self,
+        record: &'a IntentRecord,
+        settle: BoxFuture<'a, Result<IntentRecord, JournalError>>,
+    ) -> BoxFuture<'a, Result<IntentRecord, JournalError>> {
+        let span = trace::recover_span(record);
+        Box::pin(async move {
+            let settled = settle.instrument(span.clone()).await;
+            trace::record_recovered(&span, record, &settled);
+            settled
+        })
     }
 }
 
@@ -157,7 +194,12 @@ pub(crate) async fn recheck_recorded(
             "refused at recovery by the current policy ({rule}): {reason}; nothing was sent"
         ));
         match journal.transition(t).await {
-            Ok(settled) => refused.push(settled),
+            Ok(settled) => {
+                let span = trace::recover_span(&record);
+                span.record(trace::DECISION_RULE, rule.as_str());
+                trace::record_recovered(&span, &record, &Ok(settled.clone()));
+                refused.push(settled);
+            }
             // Another writer moved it first: it is no longer this recovery's to settle.
             Err(JournalError::StaleFence { .. }) => {}
             Err(e) => return Err(e),

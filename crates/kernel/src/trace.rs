@@ -5,7 +5,8 @@
 //! current when the round runs — the host's span for the request or the turn. The kernel knows
 //! nothing of exporters: a host that installs a `tracing` subscriber (ring0's `ring0-ops`
 //! turns these spans into OpenTelemetry ones) sees them, and without one they cost a check of
-//! a static interest.
+//! a static interest. Recovery's settlement of each intent an earlier process left open is a
+//! root [`RECOVER`] span of its own, with the attempt and the probe it made under it.
 //!
 //! The attributes are identities and states only — the tool's name, the provider's call id,
 //! the intent's id and state, the rule that decided — **never an argument value, a result or a
@@ -32,6 +33,11 @@ pub const SETTLE: &str = "settle";
 pub const PROBE: &str = "probe";
 /// A receipt made into what the model sees.
 pub const PROJECT: &str = "project";
+
+/// The settlement of one intent an earlier process left open, when a process recovers its
+/// journal (at start, or a replica taking the calls of one whose lease lapsed): a root span,
+/// no request being served. A re-dispatch and a probe are its `dispatch` and `probe` children.
+pub const RECOVER: &str = "recover";
 
 /// The OpenTelemetry GenAI attribute naming the tool.
 pub const TOOL_NAME: &str = "gen_ai.tool.name";
@@ -76,6 +82,65 @@ pub(crate) fn call_stage(name: &'static str, tool: &str, call_id: &str) -> Span 
         PROBE => stage!("probe"),
         PROJECT => stage!("project"),
         other => unreachable!("{other} is not a per-call stage"),
+    }
+}
+
+/// The root span of one record's settlement at recovery, with the state it was found in.
+pub(crate) fn recover_span(record: &ring0_journal::IntentRecord) -> Span {
+    tracing::info_span!(
+        parent: None,
+        "recover",
+        gen_ai.tool.name = record.tool.as_str(),
+        ring0.intent.id = %record.id,
+        ring0.recovery.found = record.state.as_str(),
+        ring0.recovery.action = tracing::field::Empty,
+        ring0.intent.state = tracing::field::Empty,
+        ring0.intent.timeline = tracing::field::Empty,
+        ring0.probe.finding = tracing::field::Empty,
+        ring0.decision.rule = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    )
+}
+
+/// What recovery did with a record, from how it was `found` and how it was left: `reconciled`
+/// (settled without sending it again: its probe decided), `redispatched` (sent again under the
+/// same key), `resumed` (a
+/// committed call never sent, sent now), `dead_letter` (left for a person), `cancelled`
+/// (refused before it was sent), or `settled` (anything else: its settlement needed no call).
+pub(crate) fn recovery_action(
+    found: &ring0_journal::IntentRecord,
+    settled: &ring0_journal::IntentRecord,
+) -> &'static str {
+    let since = settled.timeline.get(found.timeline.len()..).unwrap_or(&[]);
+    let reached = |state: IntentState| since.iter().any(|e| e.state == state);
+    match settled.state {
+        IntentState::DeadLetter => "dead_letter",
+        IntentState::RejectedConflict => "cancelled",
+        _ if reached(IntentState::Dispatched) && found.state == IntentState::Recorded => "resumed",
+        _ if reached(IntentState::Dispatched) => "redispatched",
+        _ if reached(IntentState::Reconciling) => "reconciled",
+        _ => "settled",
+    }
+}
+
+/// How a record's settlement at recovery ended, on its span: the state, the timeline, the
+/// action, and a state other than ACKED as its error.
+pub(crate) fn record_recovered(
+    span: &Span,
+    found: &ring0_journal::IntentRecord,
+    settled: &Result<ring0_journal::IntentRecord, ring0_journal::JournalError>,
+) {
+    match settled {
+        Ok(done) => {
+            record_intent(span, &done.id, done.state);
+            record_timeline(span, done);
+            span.record("ring0.recovery.action", recovery_action(found, done));
+            if done.state != IntentState::Acked {
+                record_error(span, done.state.as_str());
+            }
+        }
+        Err(_) => record_error(span, "journal_unavailable"),
     }
 }
 

@@ -278,6 +278,8 @@ pub fn router(
     log: Log,
     shutdown: CancellationToken,
 ) -> axum::Router {
+    // The routes that authenticate themselves get the listener's authenticator.
+    let self_auth = auth.clone();
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     hosts.extend(options.extra_hosts.iter().cloned());
     let mut origins: Vec<String> = vec![
@@ -380,6 +382,9 @@ pub fn router(
                 .layer(middleware::from_fn(move |req: Request, next: Next| {
                     gate(operations_gate.clone(), req, next)
                 }));
+        if let Some(build) = &operations.self_authenticated {
+            app = app.merge(host_checked(build(self_auth), operations_hosts.clone()));
+        }
         app = app
             .merge(host_checked(gated, operations_hosts.clone()))
             .merge(host_checked(operations.open.clone(), operations_hosts));

@@ -4,8 +4,9 @@
 //! the request's `_meta`, as the MCP semantic conventions of OpenTelemetry place them, or in
 //! the HTTP request's headers. The call's span ([`call_span`]) continues that trace, and each
 //! upstream `tools/call` ring0 sends carries the context of the span it was sent from (the
-//! kernel's `dispatch`) in its own `_meta` ([`upstream_meta`]), so the upstream's spans join
-//! the same trace.
+//! kernel's `dispatch`) in its own `_meta` ([`upstream_meta`]), and over Streamable HTTP in
+//! the request's `traceparent` / `tracestate` headers too ([`upstream_headers`]), so the
+//! upstream's spans join the same trace.
 //!
 //! Spans here are `tracing` spans; whether they become OpenTelemetry spans, and where they
 //! are exported, is decided by the host's subscriber (`ring0-ops`). Without one, nothing is
@@ -157,6 +158,29 @@ pub fn upstream_meta(meta: &mut Map<String, Value>) {
     }
 }
 
+/// The W3C headers of a request ring0 sends an HTTP upstream: the trace context its `_meta`
+/// carries ([`upstream_meta`] put ring0's own span there) as `traceparent` and `tracestate`, so
+/// that proxies and servers that read the headers, not the body, join the same trace. Nothing
+/// when the request carries no context or one that does not parse (never a header value that
+/// was not checked).
+pub fn upstream_headers(message: &Value) -> Vec<(&'static str, String)> {
+    let Some(meta) = message.pointer("/params/_meta").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    let Some(traceparent) = meta.get(TRACEPARENT).and_then(Value::as_str) else {
+        return Vec::new();
+    };
+    let tracestate = meta.get(TRACESTATE).and_then(Value::as_str);
+    let Some(parsed) = TraceParent::parse(traceparent, tracestate) else {
+        return Vec::new();
+    };
+    let mut out = vec![(TRACEPARENT, traceparent.trim().to_string())];
+    if let Some(state) = parsed.state {
+        out.push((TRACESTATE, state));
+    }
+    out
+}
+
 /// What the MCP span of one `tools/call` is made of.
 pub struct CallSpanInput<'a> {
     /// The tool the client named.
@@ -288,6 +312,35 @@ mod tests {
         assert_eq!(tp.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
         let tp = TraceParent::of_request(&[], Some(&headers)).unwrap();
         assert_eq!(tp.trace_id(), "11111111111111111111111111111111");
+    }
+
+    #[test]
+    fn an_upstream_request_s_headers_carry_the_trace_context_of_its_meta_when_it_parses() {
+        let request = |meta: Value| {
+            serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                               "params": {"name": "t", "_meta": meta}})
+        };
+        let headers = upstream_headers(&request(serde_json::json!({
+            TRACEPARENT: GOOD, TRACESTATE: "vendor=abc"
+        })));
+        assert_eq!(
+            headers,
+            vec![
+                (TRACEPARENT, GOOD.to_string()),
+                (TRACESTATE, "vendor=abc".to_string())
+            ]
+        );
+        for meta in [
+            serde_json::json!({}),
+            serde_json::json!({TRACEPARENT: "00-zz\r\nx: y"}),
+            serde_json::json!({TRACEPARENT: 7}),
+        ] {
+            assert!(upstream_headers(&request(meta)).is_empty());
+        }
+        let unprintable = upstream_headers(&request(serde_json::json!({
+            TRACEPARENT: GOOD, TRACESTATE: "k=v\nx"
+        })));
+        assert_eq!(unprintable, vec![(TRACEPARENT, GOOD.to_string())]);
     }
 
     #[test]

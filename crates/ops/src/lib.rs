@@ -190,7 +190,11 @@ impl Operations {
         let gated = axum::Router::new()
             .route(METRICS_PATH, axum::routing::get(scrape))
             .with_state(self.clone());
-        OperationsRoutes { open, gated }
+        OperationsRoutes {
+            open,
+            gated,
+            self_authenticated: None,
+        }
     }
 
     /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` of their own (a stdio deployment,

@@ -31,7 +31,6 @@ pub const POST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const SUMMARY_SHOWN_BYTES_MAX: usize = 4096;
 /// Separates the signed fields' domain from every other MAC ring0 makes.
 const DOMAIN: &[u8] = b"ring0-approval-link-v1\0";
-const KEY_BYTES: usize = 32;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -70,31 +69,14 @@ pub struct Webhook {
     log: ring0_mcp::Log,
 }
 
-/// The signing key `file` under `state_dir` ([`KEY_FILE`] for the links), created (private) on first use, so links stay valid
-/// across a restart.
+/// The signing key `file` under `state_dir` ([`KEY_FILE`] for the links), created (private) on
+/// first use, so links stay valid across a restart (`ring0_shape::keyfile`, as every signing key
+/// of ring0's).
 pub fn signing_key(state_dir: &Path, file: &str) -> Result<Vec<u8>, String> {
     let path = state_dir.join(file);
-    if let Ok(key) = std::fs::read(&path)
-        && key.len() >= KEY_BYTES
-    {
-        return Ok(key);
-    }
-    let mut key = Vec::with_capacity(KEY_BYTES);
-    key.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
-    key.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    use std::io::Write;
-    options
-        .open(&path)
-        .and_then(|mut f| f.write_all(&key))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(key)
+    ring0_shape::keyfile::load_or_create(&path)
+        .map(Vec::from)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 impl Webhook {

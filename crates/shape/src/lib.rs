@@ -31,6 +31,7 @@ pub mod config;
 pub mod cursor;
 mod diagnostics;
 pub mod framing;
+pub mod keyfile;
 pub mod mcp;
 pub mod observation;
 pub mod redact;

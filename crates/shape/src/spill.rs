@@ -34,7 +34,7 @@ pub const SPILL_FILE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 pub const SPILL_PAGE_BYTES_MAX: usize = 64 * 1024;
 
 /// Bytes of the store's sealing key.
-pub const SPILL_KEY_BYTES: usize = 32;
+pub const SPILL_KEY_BYTES: usize = crate::keyfile::KEY_BYTES;
 /// Bytes of the MAC a sealed handle carries (hex-encoded in the handle).
 pub const SPILL_MAC_BYTES: usize = 16;
 
@@ -417,44 +417,7 @@ fn parse_handle(handle: &str) -> Result<(&str, Option<&str>), SpillError> {
 /// The store's sealing key: read from `.key`, or created there (0600) by the first opener.
 fn load_or_create_key(dir: &Path) -> Result<[u8; SPILL_KEY_BYTES], SpillError> {
     let path = dir.join(KEY_FILE);
-    let io_err = |source| SpillError::Io {
-        path: path.clone(),
-        source,
-    };
-    let read = |path: &Path| -> io::Result<[u8; SPILL_KEY_BYTES]> {
-        let bytes = fs::read(path)?;
-        bytes.try_into().map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("the key is not {SPILL_KEY_BYTES} bytes"),
-            )
-        })
-    };
-    match read(&path) {
-        Ok(key) => return Ok(key),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err(e)),
-    }
-    let mut key = [0u8; SPILL_KEY_BYTES];
-    getrandom::fill(&mut key).map_err(|e| io_err(io::Error::other(e.to_string())))?;
-    // Written whole under a private name, then linked into place: a concurrent opener either
-    // wins the link or reads the winner's key, never a partial one.
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let temp = dir.join(format!("{TEMP_PREFIX}key-{}-{n}", std::process::id()));
-    let mut options = fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let written = options
-        .open(&temp)
-        .and_then(|mut f| f.write_all(&key).and_then(|()| f.sync_all()));
-    let linked = written.and_then(|()| fs::hard_link(&temp, &path));
-    let _ = fs::remove_file(&temp);
-    match linked {
-        Ok(()) => Ok(key),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => read(&path).map_err(io_err),
-        Err(e) => Err(io_err(e)),
-    }
+    crate::keyfile::load_or_create(&path).map_err(|source| SpillError::Io { path, source })
 }
 
 fn parse_hex(s: &str) -> Option<&str> {

@@ -269,6 +269,25 @@ impl JobSessions {
     pub async fn settle_leftovers(&self) -> Result<(), String> {
         self.jobs.manager().await.map(|_| ()).map_err(|e| e.message)
     }
+
+    /// Every session's background jobs, newest first, at most `max`: for an operator (the web
+    /// console), never for a session's calls.
+    pub async fn every_session(&self, max: usize) -> Result<Vec<ring0_exec::JobStatus>, String> {
+        let manager = self.jobs.manager().await.map_err(|e| e.message)?;
+        Ok(manager.list_every_session(max))
+    }
+
+    /// Status and output tail of any session's job, for an operator (the web console).
+    pub async fn inspect_any_session(
+        &self,
+        job: &str,
+        tail_lines: usize,
+    ) -> Result<ring0_exec::JobSnapshot, String> {
+        let manager = self.jobs.manager().await.map_err(|e| e.message)?;
+        manager
+            .inspect_any_session(job, tail_lines)
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// Every built-in tool: its spec and executor, ready for `KernelBuilder::tool`.

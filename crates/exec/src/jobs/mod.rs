@@ -710,15 +710,48 @@ impl JobManager {
 
     /// The job `job` of `session`, or the one answer given for anything else.
     fn find(&self, session: &SessionId, job: &str) -> Result<Arc<Job>, JobError> {
+        self.find_where(job, |found| found.session == *session)
+    }
+
+    /// The job `job` if `visible` lets it be seen, or the one answer given for anything else.
+    fn find_where(&self, job: &str, visible: impl Fn(&Job) -> bool) -> Result<Arc<Job>, JobError> {
         let unknown = || JobError::UnknownJob {
             handle: job.chars().take(64).collect(),
         };
         let handle = JobHandle::parse(job).ok_or_else(unknown)?;
         let table = lock(&self.inner.table);
         match table.jobs.get(&handle) {
-            Some(found) if found.session == *session => Ok(Arc::clone(found)),
+            Some(found) if visible(found) => Ok(Arc::clone(found)),
             _ => Err(unknown()),
         }
+    }
+
+    /// Every session's jobs, newest first, at most `max`: what an operator oversees (the web
+    /// console), never what a session's calls see.
+    pub fn list_every_session(&self, max: usize) -> Vec<JobStatus> {
+        let jobs: Vec<Arc<Job>> = lock(&self.inner.table).jobs.values().cloned().collect();
+        let mut out: Vec<JobStatus> = jobs.iter().map(|j| j.status()).collect();
+        out.sort_by_key(|s| std::cmp::Reverse(s.started_at_ms));
+        out.truncate(max);
+        out
+    }
+
+    /// [`JobManager::inspect`] of any session's job, for an operator (the web console).
+    pub fn inspect_any_session(
+        &self,
+        job: &str,
+        tail_lines: usize,
+    ) -> Result<JobSnapshot, JobError> {
+        let found = self.find_where(job, |_| true)?;
+        let status = found.status();
+        let (tail, lines) = found.tail(tail_lines.min(limits::TAIL_LINES_MAX));
+        let usage = (!status.state.is_terminal()).then(|| usage_of(found.root_pid));
+        Ok(JobSnapshot {
+            status,
+            tail,
+            tail_lines: lines,
+            usage,
+        })
     }
 
     /// Status, sanitized output tail (at most [`limits::TAIL_LINES_MAX`] lines) and, while the job

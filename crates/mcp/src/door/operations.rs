@@ -3,7 +3,9 @@
 //!
 //! Two kinds, with different doors: [`OperationsRoutes::open`] (`/healthz`, `/readyz`) answer
 //! anyone who reaches the listener, since they tell nothing about calls and a probe carries no
-//! credential; [`OperationsRoutes::gated`] (`/metrics`) pass the same authentication as `/mcp`.
+//! credential; [`OperationsRoutes::gated`] (`/metrics`) pass the same authentication as `/mcp`;
+//! [`OperationsRoutes::self_authenticated`] (the console) are handed the listener's
+//! authenticator and check each request themselves (a bearer header, or a session cookie).
 //! Both check the `Host` header against the names the MCP endpoint accepts, so a web page
 //! cannot read them through a DNS-rebound name.
 
@@ -14,6 +16,12 @@ use http::StatusCode;
 use http::header;
 use std::sync::Arc;
 
+/// Builds routes that authenticate each request themselves, from the listener's
+/// authenticator (`None` when the listener serves without credentials, every client `local`):
+/// the web console, whose browsers carry a session cookie rather than a bearer header.
+pub type SelfAuthenticated =
+    Arc<dyn Fn(Option<Arc<crate::auth::Authenticator>>) -> axum::Router + Send + Sync>;
+
 /// The routes an operations host adds to the HTTP listener.
 #[derive(Clone, Default)]
 pub struct OperationsRoutes {
@@ -21,6 +29,9 @@ pub struct OperationsRoutes {
     pub open: axum::Router,
     /// Served behind the listener's authentication: metrics.
     pub gated: axum::Router,
+    /// Served with the listener's authenticator, each request authenticated by the routes
+    /// themselves (see [`SelfAuthenticated`]).
+    pub self_authenticated: Option<SelfAuthenticated>,
 }
 
 impl std::fmt::Debug for OperationsRoutes {

@@ -387,6 +387,10 @@ async fn post(state: Arc<State>, message: Value, related: Option<u64>) {
     for (k, v) in extra {
         builder = builder.header(k, v);
     }
+    // The call's trace context travels in the headers as well as in `_meta`.
+    for (k, v) in crate::trace::upstream_headers(&message) {
+        builder = builder.header(k, v);
+    }
     let sent = builder.send().await;
     let fail = |e: RpcError| {
         if let Some(id) = related {

@@ -4,14 +4,18 @@
 //! the journal (filtered by state, tool, principal — of calls made under an idempotency key,
 //! the only ones whose principal the journal records — and time).
 //!
-//! Server-rendered HTML without JavaScript, served behind the HTTP listener's authentication
-//! (the principal is the request's, as for `/mcp`); a principal without the operator role
-//! (`[console]`) is refused `403`. Every value from the journal is written through
-//! [`crate::html::escape`]; the page's Content-Security-Policy allows no script at all. Each form
+//! Server-rendered HTML, served behind the console's own door ([`door`]: the listener's bearer
+//! credentials, or a browser's session cookie from `/console/login`); a principal without the
+//! operator role (`[console]`) is refused `403`, and is never given a session. Every value from the journal is written through
+//! [`crate::html::escape`]; a page's Content-Security-Policy allows no script at all, except a
+//! job's page ([`jobs`]), which runs ring0's own live-tail script by a nonce. Each form
 //! carries a CSRF token (HMAC of the principal under a key in the state directory) that a POST
 //! must return. A decision goes through the same functions as the other channels: the held
 //! call's record in the journal ([`ring0_journal::Journal::hold_decide`], decided once) and
 //! [`crate::operator`].
+
+pub mod door;
+pub mod jobs;
 
 use crate::html::escape;
 use crate::operator;
@@ -65,6 +69,10 @@ pub struct Console {
     /// Where `ring0.lock` (approved definitions) and the pending ones are.
     workspace: PathBuf,
     state_dir: PathBuf,
+    /// The background jobs the shell tool started, when this server runs any.
+    jobs: Option<ring0_tools::JobSessions>,
+    /// Browsers signed in at `/console/login`.
+    sessions: door::BrowserSessions,
 }
 
 impl Console {
@@ -85,12 +93,46 @@ impl Console {
             log,
             workspace,
             state_dir,
+            jobs: None,
+            sessions: door::BrowserSessions::default(),
         }
     }
 
-    /// The console's routes, for the listener's authenticated side.
+    /// The console as the HTTP listener serves it: its pages behind its own door (a bearer
+    /// credential checked by the listener's authenticator, or a browser's session cookie; see
+    /// [`door`]), with the sign-in form and sign-out beside them.
+    pub fn door(self: &Arc<Self>) -> ring0_mcp::door::operations::SelfAuthenticated {
+        let console = self.clone();
+        Arc::new(move |auth| {
+            let gate = door::Door {
+                console: console.clone(),
+                auth,
+            };
+            let pages = console.routes().layer(axum::middleware::from_fn_with_state(
+                gate.clone(),
+                door::authenticate,
+            ));
+            let sign = axum::Router::new()
+                .route(
+                    door::LOGIN_PATH,
+                    axum::routing::get(door::login_form).post(door::login),
+                )
+                .route(door::LOGOUT_PATH, axum::routing::post(door::logout))
+                .with_state(gate);
+            pages.merge(sign)
+        })
+    }
+
+    /// Shows `jobs`, the server's background jobs, at `/console/jobs`.
+    pub fn with_jobs(mut self, jobs: ring0_tools::JobSessions) -> Self {
+        self.jobs = Some(jobs);
+        self
+    }
+
+    /// The console's pages, for a door that puts the request's `Principal` in its extensions
+    /// (the listener's authenticated side, or [`Console::door`]).
     pub fn routes(self: &Arc<Self>) -> axum::Router {
-        axum::Router::new()
+        jobs::routes(axum::Router::new())
             .route(CONSOLE_PATH, axum::routing::get(home))
             .route("/console/journal", axum::routing::get(journal))
             .route(
@@ -160,22 +202,43 @@ fn plain(status: StatusCode, text: &str) -> Response {
 }
 
 fn page(title: &str, body: &str) -> Response {
+    page_with_script(title, body, None)
+}
+
+/// A console page; with `nonce`, the page may run the scripts carrying it (ring0's own, see
+/// [`jobs`]) and fetch from its own origin, and nothing else.
+fn page_with_script(title: &str, body: &str, nonce: Option<&str>) -> Response {
+    let nav = "<nav><a href=\"/console\">Pending</a><a href=\"/console/tools\">Quarantined tools</a>\
+         <a href=\"/console/journal\">Journal</a><a href=\"/console/jobs\">Jobs</a>\
+         <form method=post action=\"/console/logout\"><button>Sign out</button></form></nav>";
+    document(title, nav, body, nonce)
+}
+
+/// A page without the console's navigation (the sign-in form).
+fn page_signed_out(title: &str, body: &str) -> Response {
+    document(title, "", body, None)
+}
+
+fn document(title: &str, nav: &str, body: &str, nonce: Option<&str>) -> Response {
+    let csp = match nonce {
+        Some(nonce) => format!("{CSP}; script-src 'nonce-{nonce}'; connect-src 'self'"),
+        None => CSP.to_string(),
+    };
     let html = format!(
         "<!doctype html><html><head><meta charset=utf-8><title>ring0 console: {t}</title>\
          <style>body{{font:14px system-ui;margin:2em}}table{{border-collapse:collapse}}\
          td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}}\
          pre{{white-space:pre-wrap;max-width:60em;margin:0}}form{{display:inline}}\
          nav a{{margin-right:1em}}.add{{background:#e6ffec}}.del{{background:#ffebe9}}\
-         pre.diff{{margin-top:.5em;border-top:1px dashed #ccc}}</style></head><body>\
-         <nav><a href=\"/console\">Pending</a><a href=\"/console/tools\">Quarantined tools</a>\
-         <a href=\"/console/journal\">Journal</a></nav>\
-         <h1>{t}</h1>{body}</body></html>",
+         pre.diff{{margin-top:.5em;border-top:1px dashed #ccc}}\
+         pre.tail{{background:#f6f8fa;padding:8px;max-height:40em;overflow:auto}}\
+         .problem{{color:#b00}}</style></head><body>{nav}<h1>{t}</h1>{body}</body></html>",
         t = escape(title)
     );
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CONTENT_SECURITY_POLICY, CSP),
+            (header::CONTENT_SECURITY_POLICY, csp.as_str()),
         ],
         html,
     )
