@@ -411,6 +411,7 @@ async fn serve(
         api,
         webhook,
         shutdown,
+        deployment: built.journal_shared.as_ref().map(|s| s.deployment.clone()),
     };
     serve_transport(args, loaded, token, gw, transport, log).await
 }
@@ -605,6 +606,8 @@ struct Transport {
     api: ring0_api::Api,
     webhook: Option<Arc<ring0_ops::webhook::Webhook>>,
     shutdown: CancellationToken,
+    /// What this replica shares with the others on a PostgreSQL journal.
+    deployment: Option<Arc<dyn ring0_journal::Deployment>>,
 }
 
 /// Serves MCP over stdio, or over HTTP until SIGINT or SIGTERM.
@@ -622,6 +625,7 @@ async fn serve_transport(
         api,
         webhook,
         shutdown,
+        deployment,
     } = transport;
     match args.http {
         None => {
@@ -657,6 +661,7 @@ async fn serve_transport(
                         open: routes.open,
                     }
                 }),
+                deployment,
             };
             let log2 = log.clone();
             ring0_mcp::http::serve_http(

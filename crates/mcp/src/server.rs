@@ -295,9 +295,20 @@ pub struct GatewayServer {
 /// gateway's [`crate::gateway::SessionEnd`]. A stateless request, which is a session of its own,
 /// never reports: what it started belongs to no session that could end.
 struct SessionEnding {
-    scope: String,
+    /// The scope whose background jobs end with the session: its own, or the one its
+    /// `Mcp-Session-Id` names once a request carried it ([`http_session_scope`]).
+    scope: Mutex<String>,
     sessionful: AtomicBool,
     hook: Option<crate::gateway::SessionEnd>,
+}
+
+impl SessionEnding {
+    fn bind(&self, scope: &str) {
+        let mut mine = self.scope.lock().unwrap_or_else(|p| p.into_inner());
+        if *mine != scope {
+            *mine = scope.to_string();
+        }
+    }
 }
 
 impl Drop for SessionEnding {
@@ -305,9 +316,22 @@ impl Drop for SessionEnding {
         if self.sessionful.load(Ordering::Acquire)
             && let Some(hook) = &self.hook
         {
-            hook(std::mem::take(&mut self.scope));
+            let scope = self.scope.get_mut().unwrap_or_else(|p| p.into_inner());
+            hook(std::mem::take(scope));
         }
     }
+}
+
+/// The scope of a sessionful HTTP session's calls, named by its `Mcp-Session-Id` (hashed: the
+/// id is the session's handle), so that every replica serving the session, and the one that
+/// restarted, gives them the same scope: the same repeat guard's keys, the same jobs.
+fn http_session_scope(context: &RequestContext<RoleServer>) -> Option<String> {
+    use sha2::Digest as _;
+    let parts = context.extensions.get::<http::request::Parts>()?;
+    let id = parts.headers.get("mcp-session-id")?.as_bytes();
+    let digest = sha2::Sha256::digest(id);
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!("mcp-session-{hex}"))
 }
 
 impl GatewayServer {
@@ -315,7 +339,7 @@ impl GatewayServer {
     pub fn new(gw: Gateway, approvals: Arc<Approvals>, scope: impl Into<String>) -> Self {
         let scope = scope.into();
         let ending = Arc::new(SessionEnding {
-            scope: scope.clone(),
+            scope: Mutex::new(scope.clone()),
             sessionful: AtomicBool::new(false),
             hook: gw.session_end(),
         });
@@ -688,6 +712,10 @@ impl GatewayServer {
         }
         if is_stateless_http(context) {
             return crate::retry::principal_scope(&self.principal);
+        }
+        if let Some(scope) = http_session_scope(context) {
+            self.ending.bind(&scope);
+            return scope;
         }
         self.scope.clone()
     }

@@ -53,6 +53,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod files;
+mod job_records;
 pub mod page;
 pub mod patch;
 pub mod sandbox;
@@ -268,6 +269,13 @@ impl JobSessions {
     /// job call would.
     pub async fn settle_leftovers(&self) -> Result<(), String> {
         self.jobs.manager().await.map(|_| ()).map_err(|e| e.message)
+    }
+
+    /// Records this replica's background jobs in the deployment's shared journal from now on,
+    /// and answers about the jobs of other replicas from their records (see
+    /// `ring0_journal::deployment`): a job whose replica stopped is reported KILLED.
+    pub fn share(&self, deployment: Arc<dyn ring0_journal::Deployment>) {
+        self.jobs.records.share(deployment);
     }
 }
 

@@ -225,6 +225,8 @@ pub(crate) struct Jobs {
     /// Scopes with a job whose tree was recorded before it started, oldest first (at most
     /// [`JOB_TREE_SCOPES_MAX`]): each job of theirs that finishes records the tree it left.
     tree_scopes: Arc<Mutex<VecDeque<String>>>,
+    /// The jobs of every replica of a deployment, when this one joined one.
+    pub(crate) records: crate::job_records::JobRecords,
 }
 
 enum Route {
@@ -263,6 +265,7 @@ impl Jobs {
             detached: Mutex::new(HashSet::new()),
             checkpoints,
             tree_scopes: Arc::new(Mutex::new(VecDeque::new())),
+            records: Default::default(),
         }
     }
 
@@ -364,6 +367,7 @@ impl Jobs {
                     // to the session that started the job, the moment it happens.
                     let routes = self.routes.clone();
                     let after = self.tree_after(scope);
+                    let (records, owner) = (self.records.clone(), scope_id(scope));
                     tokio::spawn(async move {
                         while let Some(event) = events.recv().await {
                             match event {
@@ -371,6 +375,8 @@ impl Jobs {
                                     // Recorded before the news goes out, so a restore asked
                                     // for after it sees what the job left.
                                     after.record().await;
+                                    let value = serde_json::to_value(&*status).unwrap_or_default();
+                                    records.publish(&owner, &value, true).await;
                                     route(
                                         &routes,
                                         status.job.to_string(),
@@ -717,6 +723,15 @@ impl Tool for Shell {
             }
             self.jobs
                 .route_to(receipt.job.to_string(), ctx.events.clone());
+            let started = json!({
+                "job": receipt.job,
+                "state": receipt.state,
+                "started_at_ms": receipt.started_at_ms,
+            });
+            self.jobs
+                .records
+                .publish(&scope_id(&ctx.scope), &started, false)
+                .await;
             let mut obs = Observation::json(json!({
                 "job": receipt.job,
                 "state": receipt.state,
@@ -864,6 +879,28 @@ impl JobTool {
 }
 
 impl JobTool {
+    /// The answer about a job this replica does not run, from the deployment's record of it
+    /// (see [`crate::job_records`]); `None` when no replica recorded it for this scope.
+    async fn answer_from_record(
+        &self,
+        scope: &str,
+        a: &JobArgs,
+    ) -> Option<Result<Value, ToolError>> {
+        use crate::job_records::Asked;
+        let asked = match self.op {
+            JobOp::Inspect => Asked::Inspect,
+            JobOp::Wait => Asked::Wait(Duration::from_millis(
+                a.timeout_ms.unwrap_or(30_000).min(JOB_WAIT_MS_MAX),
+            )),
+            JobOp::Cancel => Asked::Cancel,
+            JobOp::SendInput => Asked::SendInput,
+        };
+        self.jobs
+            .records
+            .elsewhere(&scope_id(scope), &a.job, asked)
+            .await
+    }
+
     /// A job this call saw finished has its tree recorded as it left it before the call
     /// answers (the session's event task records it too, but may not have yet), so a restore
     /// asked for next sees what the job did as ring0's.
@@ -879,6 +916,11 @@ impl Tool for JobTool {
     async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
         let a: JobArgs = args_of(args)?;
         let (manager, session) = self.jobs.session(&ctx.scope).await?;
+        if let Err(JobError::UnknownJob { .. }) = manager.inspect(&session, &a.job, 0)
+            && let Some(answer) = self.answer_from_record(&ctx.scope, &a).await
+        {
+            return answer.map(Observation::json);
+        }
         let value = match self.op {
             JobOp::Inspect => serde_json::to_value(
                 manager
