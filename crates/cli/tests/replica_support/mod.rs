@@ -67,16 +67,12 @@ pub fn schema_in(url: &str) -> String {
     format!("{url}{sep}options=-c%20search_path%3D{schema}")
 }
 
-/// A workspace granting `cx__record` (settled by its idempotency key) up to `authority`, with
-/// the replicas' lease and `extra` configuration after it.
+/// A workspace granting `cx__record` (settled by its idempotency key) up to `authority`, each
+/// replica running the counting upstream over stdio, with `extra` configuration.
 pub fn workspace(peers: &Path, authority: &str, extra: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "[[grants]]\nname = \"effects\"\ntools = [\"cx__record\"]\nceiling = {authority:?}\n\n\
-         [journal]\nlease_ms = {LEASE_MS}\n\n\
-         [[upstreams]]\nalias = \"cx\"\ncommand = {:?}\nargs = [{:?}, \"--dir\", {:?}]\n\n\
-         [upstreams.tools.record]\neffect = \"non_idempotent\"\nauthority = {authority:?}\n\
-         strategy = [\"exploitation\"]\nsettlement = \"idempotency_key\"\n\n{extra}",
+    let transport = format!(
+        "command = {:?}\nargs = [{:?}, \"--dir\", {:?}]",
         python(peers).display().to_string(),
         fixtures()
             .join("counting_upstream.py")
@@ -84,7 +80,7 @@ pub fn workspace(peers: &Path, authority: &str, extra: &str) -> tempfile::TempDi
             .to_string(),
         dir.path().display().to_string(),
     );
-    std::fs::write(dir.path().join("ring0.toml"), config).unwrap();
+    write_config(dir.path(), &transport, authority, extra);
     dir
 }
 
@@ -177,5 +173,56 @@ impl Drop for OwnCluster {
             .arg(self.dir.path().join("cluster"))
             .stdin(Stdio::null())
             .output();
+    }
+}
+
+/// `ring0.toml` in `dir` granting `cx__record` up to `authority`: the counting upstream `cx`
+/// reached by `transport` (its `command` or `url` lines), with the replicas' lease and `extra`
+/// configuration after it.
+pub fn write_config(dir: &Path, transport: &str, authority: &str, extra: &str) {
+    let config = format!(
+        "[[grants]]\nname = \"effects\"\ntools = [\"cx__record\"]\nceiling = {authority:?}\n\n\
+         [journal]\nlease_ms = {LEASE_MS}\n\n\
+         [[upstreams]]\nalias = \"cx\"\n{transport}\n\n\
+         [upstreams.tools.record]\neffect = \"non_idempotent\"\nauthority = {authority:?}\n\
+         strategy = [\"exploitation\"]\nsettlement = \"idempotency_key\"\n\n{extra}"
+    );
+    std::fs::write(dir.join("ring0.toml"), config).unwrap();
+}
+
+/// The counting upstream over Streamable HTTP for the workspace `dir`: one process serving
+/// every replica and outliving any of them, killed when dropped.
+pub struct HttpUpstream {
+    child: std::process::Child,
+    pub url: String,
+}
+
+impl HttpUpstream {
+    pub fn start(peers: &Path, dir: &Path) -> Self {
+        let mut child = Command::new(python(peers))
+            .arg(fixtures().join("counting_upstream.py"))
+            .arg("--dir")
+            .arg(dir)
+            .arg("--http")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let stdout = child.stdout.take().unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("the upstream did not start: {line:?}"))
+            .to_string();
+        Self { child, url }
+    }
+}
+
+impl Drop for HttpUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
