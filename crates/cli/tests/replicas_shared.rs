@@ -377,3 +377,64 @@ fn another_replica_answers_about_a_background_job_and_reports_it_killed_with_its
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+#[test]
+fn a_job_cancelled_through_another_replica_is_cancelled_by_the_replica_that_runs_it() {
+    let Some(url) = test_database() else { return };
+    let Some(peers) = peers() else { return };
+    let journal = schema_in(&url);
+    let grants = "[[grants]]\nname = \"jobs\"\ntools = [\"shell\"]\nceiling = \"A2\"\n\
+                  rules = [\"args.argv[0] == 'sh'\"]\nunattended = true\n\n\
+                  [[grants]]\nname = \"job-tools\"\ntools = [\"job_cancel\"]\nceiling = \"A1\"\n";
+    let dir = workspace(&peers, "A2", grants);
+    std::fs::write(
+        dir.path().join("run.sh"),
+        "echo started > \"$1.tmp\"; mv \"$1.tmp\" \"$1\"; exec sleep \"$2\"\n",
+    )
+    .unwrap();
+    let a = replica(dir.path(), "a", &journal);
+    let b = replica(dir.path(), "b", &journal);
+    let (head, _) = post(&a.addr, &[], &initialize_request(1, "2025-06-18"));
+    let session = session_id(&head);
+    let headers = [
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-06-18"),
+    ];
+    post_raw(
+        &a.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    let (_, started) = post(
+        &a.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "shell", "arguments": {
+                    "argv": ["sh", "run.sh", "cancel.pid", "3102"], "background": true}}}),
+    );
+    let job = job_handle(&started);
+    wait_for_file_text(&dir.path().join("cancel.pid"), "started", "the job runs");
+    let deadline = std::time::Instant::now() + HTTP_WAIT;
+    while !sleeping("3102") {
+        assert!(std::time::Instant::now() < deadline, "the job sleeps");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Asked of B, which runs no such job: A, which does, cancels it, and B answers its end.
+    let (_, cancelled) = post(
+        &b.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": "job_cancel", "arguments": {"job": job}}}),
+    );
+    assert_eq!(cancelled["result"]["isError"], json!(false), "{cancelled}");
+    assert!(cancelled.to_string().contains("KILLED"), "{cancelled}");
+    let deadline = std::time::Instant::now() + HTTP_WAIT;
+    while sleeping("3102") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job was not cancelled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(a);
+}

@@ -37,6 +37,8 @@ pub const SHARED_SESSION_TOUCH_MS: u64 = 5_000;
 pub const SHARED_JOB_REPORT_BYTES_MAX: usize = 16 * 1024;
 /// Jobs remembered in all; beyond it the oldest finished ones are forgotten.
 pub const SHARED_JOBS_MAX: i64 = 65_536;
+/// Cancel requests a replica reads at once.
+pub const SHARED_JOBS_TO_CANCEL_MAX: i64 = 256;
 
 /// One sessionful MCP session as every replica sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +116,14 @@ pub trait Deployment: Send + Sync + 'static {
 
     /// The job `handle`, with whether its replica is live.
     async fn job_get(&self, handle: &str) -> Result<Option<SharedJob>, JournalError>;
+
+    /// Asks the replica running job `handle` of `owner` to cancel it (it reads the request with
+    /// [`Deployment::jobs_to_cancel`]). Returns whether an unfinished job was asked.
+    async fn job_request_cancel(&self, handle: &str, owner: &str) -> Result<bool, JournalError>;
+
+    /// This replica's unfinished jobs another replica asked it to cancel (at most
+    /// [`SHARED_JOBS_TO_CANCEL_MAX`] a call).
+    async fn jobs_to_cancel(&self) -> Result<Vec<String>, JournalError>;
 }
 
 impl std::fmt::Debug for dyn Deployment {

@@ -436,6 +436,8 @@ impl Parked {
         binding: &str,
         responses: &BTreeMap<String, Value>,
     ) -> Result<Pending, ErrorData> {
+        // Expired calls go first, whatever this retry names: their askers hear it now.
+        self.sweep(&mut self.calls.lock().expect("parked"));
         let seal = self.seal();
         let sealed = seal.open(state).map_err(refusal)?;
         if sealed.binding != binding {

@@ -8,8 +8,9 @@
 //! asks the record before answering "unknown job": a finished job is answered with its final
 //! status; a job whose replica stopped (its lease lapsed: killed, or lost with its machine) is
 //! reported KILLED, since its process tree ended with that replica; a running job of a live
-//! replica is inspected and waited for through its record, and cancelling it or writing to it is
-//! refused here, naming the replica that can.
+//! replica is inspected and waited for through its record, cancelled through a request left on
+//! the record that its replica reads every [`CANCEL_POLL`] (the call waits, bounded, for the job
+//! to finish), and writing to it is refused here, naming the replica that can.
 
 use ring0_journal::Deployment;
 use ring0_journal::deployment::SHARED_JOB_REPORT_BYTES_MAX;
@@ -18,8 +19,12 @@ use serde_json::{Value, json};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-/// How often `job_wait` reads the record of a job another replica runs.
+/// How often `job_wait` and `job_cancel` read the record of a job another replica runs.
 const RECORD_POLL: Duration = Duration::from_millis(250);
+/// How long `job_cancel` of a job another replica runs waits for that replica to cancel it.
+const CANCEL_WAIT: Duration = Duration::from_secs(30);
+/// How often a replica reads the cancel requests other replicas left for its jobs.
+pub(crate) const CANCEL_POLL: Duration = Duration::from_millis(500);
 
 /// The shared job records, once the front end joined a deployment.
 #[derive(Clone, Default)]
@@ -38,6 +43,28 @@ impl JobRecords {
     /// Records jobs in `deployment` from now on (once; later calls change nothing).
     pub(crate) fn share(&self, deployment: Arc<dyn Deployment>) {
         let _ = self.0.set(deployment);
+    }
+
+    /// Whether job `job` has finished by its shared record (or its replica stopped, which ended
+    /// it); `None` when no replica recorded it. For the probe of `job_cancel`, which has no
+    /// scope to check and discloses nothing.
+    pub(crate) async fn settled(&self, job: &str) -> Option<bool> {
+        let record = self.0.get()?.job_get(job).await.ok()??;
+        Some(record.finished || !record.replica_live)
+    }
+
+    /// Whether this replica joined a deployment.
+    pub(crate) fn is_shared(&self) -> bool {
+        self.0.get().is_some()
+    }
+
+    /// The handles of this replica's jobs other replicas asked it to cancel (none when the
+    /// record cannot be read: it is read again at the next poll).
+    pub(crate) async fn to_cancel(&self) -> Vec<String> {
+        match self.0.get() {
+            Some(deployment) => deployment.jobs_to_cancel().await.unwrap_or_default(),
+            None => Vec::new(),
+        }
     }
 
     /// Records what this replica knows of a job of `owner` (best effort: a job whose record
@@ -75,8 +102,10 @@ impl JobRecords {
         let deployment = self.0.get()?;
         let deadline = match asked {
             Asked::Wait(timeout) => Instant::now() + timeout,
+            Asked::Cancel => Instant::now() + CANCEL_WAIT,
             _ => Instant::now(),
         };
+        let mut cancel_asked = false;
         loop {
             let record = match deployment.job_get(job).await {
                 Ok(Some(r)) if r.owner == owner => r,
@@ -103,14 +132,33 @@ impl JobRecords {
                         report["state"].as_str().unwrap_or("unknown")
                     ))));
                 }
-                Asked::Cancel | Asked::SendInput if !settled => {
+                Asked::SendInput if !settled => {
                     return Some(Err(ToolError::not_applied(format!(
-                        "job {job:?} runs on replica {}, which holds its processes: send this \
+                        "job {job:?} runs on replica {}, which holds its input: send this \
                          call through a connection to that replica",
                         record.replica
                     ))));
                 }
-                Asked::Wait(_) if !settled && Instant::now() < deadline => {
+                // The replica running it cancels it at its next read of the requests.
+                Asked::Cancel if !settled && !cancel_asked => {
+                    if let Err(e) = deployment.job_request_cancel(job, owner).await {
+                        return Some(Err(ToolError::not_applied(format!(
+                            "job {job:?} runs on replica {}; asking it to cancel the job failed: {e}",
+                            record.replica
+                        ))));
+                    }
+                    cancel_asked = true;
+                    continue;
+                }
+                Asked::Cancel if !settled && Instant::now() >= deadline => {
+                    return Some(Err(ToolError::unknown(format!(
+                        "job {job:?} runs on replica {}, which was asked to cancel it and has not \
+                         reported it finished within {} s",
+                        record.replica,
+                        CANCEL_WAIT.as_secs()
+                    ))));
+                }
+                Asked::Wait(_) | Asked::Cancel if !settled && Instant::now() < deadline => {
                     tokio::time::sleep(RECORD_POLL.min(deadline - Instant::now())).await;
                     continue;
                 }

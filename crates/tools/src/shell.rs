@@ -227,6 +227,8 @@ pub(crate) struct Jobs {
     tree_scopes: Arc<Mutex<VecDeque<String>>>,
     /// The jobs of every replica of a deployment, when this one joined one.
     pub(crate) records: crate::job_records::JobRecords,
+    /// Whether the task that reads other replicas' cancel requests runs.
+    cancel_watch: std::sync::atomic::AtomicBool,
 }
 
 enum Route {
@@ -266,6 +268,7 @@ impl Jobs {
             checkpoints,
             tree_scopes: Arc::new(Mutex::new(VecDeque::new())),
             records: Default::default(),
+            cancel_watch: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -732,6 +735,7 @@ impl Tool for Shell {
                 .records
                 .publish(&scope_id(&ctx.scope), &started, false)
                 .await;
+            Jobs::watch_cancel_requests(&self.jobs);
             let mut obs = Observation::json(json!({
                 "job": receipt.job,
                 "state": receipt.state,
@@ -976,11 +980,71 @@ impl Tool for JobTool {
                 };
             }
         }
-        ProbeFinding::Indeterminate(format!("job {job:?} is not known"))
+        // A job another replica ran: finished (or ended with its replica), or not yet.
+        match self.jobs.records.settled(job).await {
+            Some(true) => crate::applied(Observation::json(json!({"job": job, "finished": true}))),
+            Some(false) => ProbeFinding::Unchanged,
+            None => ProbeFinding::Indeterminate(format!("job {job:?} is not known")),
+        }
     }
 }
 
 impl Jobs {
+    /// Cancels, every [`crate::job_records::CANCEL_POLL`], the jobs of this replica that
+    /// another replica was asked to cancel (see [`crate::job_records`]). Started once, with the
+    /// first background job of a replica that joined a deployment; it ends with the job table.
+    fn watch_cancel_requests(jobs: &Arc<Jobs>) {
+        use std::sync::atomic::Ordering;
+        if !jobs.records.is_shared() || jobs.cancel_watch.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(jobs);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::job_records::CANCEL_POLL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(jobs) = weak.upgrade() else {
+                    return;
+                };
+                let asked = jobs.records.to_cancel().await;
+                if asked.is_empty() {
+                    continue;
+                }
+                let Ok(manager) = jobs.manager().await else {
+                    continue;
+                };
+                for job in asked {
+                    jobs.cancel_in_any_session(manager, &job).await;
+                }
+            }
+        });
+    }
+
+    /// Cancels `job` in whichever of this replica's job sessions holds it.
+    async fn cancel_in_any_session(&self, manager: &JobManager, job: &str) {
+        let ids: Vec<String> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        for id in ids {
+            let Ok(session) = SessionId::new(format!("scope_{id}")) else {
+                continue;
+            };
+            if manager
+                .list(&session)
+                .iter()
+                .any(|s| s.job.to_string() == job)
+            {
+                let _ = manager.cancel(&session, job).await;
+                return;
+            }
+        }
+    }
+
     fn all_statuses(&self, manager: &JobManager) -> Vec<ring0_exec::JobStatus> {
         let ids: Vec<String> = self
             .sessions

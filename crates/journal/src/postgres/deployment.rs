@@ -8,9 +8,9 @@ use super::Shared;
 use super::rows::to_i64;
 use crate::JournalError;
 use crate::deployment::{
-    Deployment, SHARED_JOB_REPORT_BYTES_MAX, SHARED_JOBS_MAX, SHARED_KEY_BYTES,
-    SHARED_SESSION_STATE_BYTES_MAX, SHARED_SESSION_TOUCH_MS, SHARED_SESSIONS_MAX, SharedJob,
-    SharedSession,
+    Deployment, SHARED_JOB_REPORT_BYTES_MAX, SHARED_JOBS_MAX, SHARED_JOBS_TO_CANCEL_MAX,
+    SHARED_KEY_BYTES, SHARED_SESSION_STATE_BYTES_MAX, SHARED_SESSION_TOUCH_MS, SHARED_SESSIONS_MAX,
+    SharedJob, SharedSession,
 };
 use async_trait::async_trait;
 use std::collections::HashMap;
@@ -296,6 +296,42 @@ impl Deployment for PostgresDeployment {
             .await
             .map_err(|e| db.sql(e))?;
             tx.commit().await.map_err(|e| db.sql(e))
+        })
+        .await
+    }
+
+    async fn job_request_cancel(&self, handle: &str, owner: &str) -> Result<bool, JournalError> {
+        let (handle, owner) = (handle.to_string(), owner.to_string());
+        self.run(move |shared| async move {
+            let client = shared.client().await?;
+            let asked = client
+                .execute(
+                    "UPDATE jobs SET cancel_requested = true
+                     WHERE handle = $1 AND owner = $2 AND NOT finished",
+                    &[&handle, &owner],
+                )
+                .await
+                .map_err(|e| shared.db.sql(e))?;
+            Ok(asked > 0)
+        })
+        .await
+    }
+
+    async fn jobs_to_cancel(&self) -> Result<Vec<String>, JournalError> {
+        self.run(move |shared| async move {
+            let client = shared.client().await?;
+            let rows = client
+                .query(
+                    "SELECT handle FROM jobs
+                     WHERE replica = $1 AND cancel_requested AND NOT finished
+                     ORDER BY updated_ms LIMIT $2",
+                    &[&to_i64(shared.incarnation), &SHARED_JOBS_TO_CANCEL_MAX],
+                )
+                .await
+                .map_err(|e| shared.db.sql(e))?;
+            rows.iter()
+                .map(|r| r.try_get(0).map_err(|e| shared.db.sql(e)))
+                .collect()
         })
         .await
     }

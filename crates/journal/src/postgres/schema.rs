@@ -92,16 +92,19 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX mcp_sessions_by_principal ON mcp_sessions (principal, used_ms);
     CREATE INDEX mcp_sessions_by_use ON mcp_sessions (used_ms);",
-    // 5: background jobs: the replica whose process runs each, and its last report.
+    // 5: background jobs: the replica whose process runs each, its last report, and whether
+    // another replica asked it to cancel the job.
     "CREATE TABLE jobs (
         handle     TEXT    PRIMARY KEY,
         owner      TEXT    NOT NULL,
         replica    BIGINT  NOT NULL,
         report     TEXT    NOT NULL,
         finished   BOOLEAN NOT NULL,
-        updated_ms BIGINT  NOT NULL
+        updated_ms BIGINT  NOT NULL,
+        cancel_requested BOOLEAN NOT NULL DEFAULT false
     );
-    CREATE INDEX jobs_by_age ON jobs (finished, updated_ms);",
+    CREATE INDEX jobs_by_age ON jobs (finished, updated_ms);
+    CREATE INDEX jobs_to_cancel ON jobs (replica) WHERE cancel_requested AND NOT finished;",
 ];
 
 /// The schema versions a migration went between: what the database had, and what it has now.
