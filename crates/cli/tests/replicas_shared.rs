@@ -438,3 +438,89 @@ fn a_job_cancelled_through_another_replica_is_cancelled_by_the_replica_that_runs
     }
     drop(a);
 }
+
+#[test]
+fn a_job_task_created_on_one_replica_is_followed_and_cancelled_through_another() {
+    let Some(url) = test_database() else { return };
+    let Some(peers) = peers() else { return };
+    let journal = schema_in(&url);
+    let grants = "[[grants]]\nname = \"jobs\"\ntools = [\"shell\"]\nceiling = \"A2\"\n\
+                  rules = [\"args.argv[0] == 'sh'\"]\nunattended = true\n\n\
+                  [[grants]]\nname = \"job-tools\"\n\
+                  tools = [\"job_inspect\", \"job_wait\", \"job_cancel\"]\nceiling = \"A1\"\n";
+    let dir = workspace(&peers, "A2", grants);
+    std::fs::write(
+        dir.path().join("run.sh"),
+        "echo started > \"$1.tmp\"; mv \"$1.tmp\" \"$1\"; exec sleep \"$2\"\n",
+    )
+    .unwrap();
+    let a = replica(dir.path(), "a", &journal);
+    let b = replica(dir.path(), "b", &journal);
+    let (head, _) = post(
+        &a.addr,
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25",
+                           "capabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+                           "clientInfo": {"name": "tasks", "version": "1"}}}),
+    );
+    let session = session_id(&head);
+    let headers = [
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-11-25"),
+    ];
+    post_raw(
+        &a.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    let (_, created) = post(
+        &a.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "shell", "arguments": {
+                    "argv": ["sh", "run.sh", "task.pid", "3103"], "background": true}}}),
+    );
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"].as_str().unwrap().to_string();
+    wait_for_file_text(&dir.path().join("task.pid"), "started", "the job runs");
+    // B never created it, and follows it through the job's shared record.
+    let (_, working) = post(
+        &b.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"taskId": id}}),
+    );
+    assert_eq!(working["result"]["status"], "working", "{working}");
+    let (_, ack) = post(
+        &b.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "id": 4, "method": "tasks/cancel", "params": {"taskId": id}}),
+    );
+    assert!(ack.get("error").is_none(), "{ack}");
+    let deadline = std::time::Instant::now() + HTTP_WAIT;
+    while sleeping("3103") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job was not cancelled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (_, after) = post(
+        &b.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "id": 5, "method": "tasks/get", "params": {"taskId": id}}),
+    );
+    assert_ne!(after["result"]["status"], "working", "{after}");
+    // Another session naming the task is answered as if it did not exist.
+    let (head, _) = post(&b.addr, &[], &initialize_request(6, "2025-11-25"));
+    let other = session_id(&head);
+    let (_, foreign) = post(
+        &b.addr,
+        &[
+            ("Mcp-Session-Id", other.as_str()),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ],
+        &json!({"jsonrpc": "2.0", "id": 7, "method": "tasks/get", "params": {"taskId": id}}),
+    );
+    assert!(foreign.get("error").is_some(), "{foreign}");
+}

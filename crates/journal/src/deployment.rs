@@ -14,7 +14,8 @@
 //!   another replica (or the same one restarted) serves it; bounded per principal and in all,
 //!   expiring when idle, deleted with the session;
 //! - **background jobs**: which replica runs each, and what it last reported, so another replica
-//!   answers about it and reports the job killed once its owner is gone.
+//!   answers about it, asks its replica to cancel it, and reports the job killed once its owner
+//!   is gone; and the MCP tasks that follow jobs, so any replica answers them.
 //!
 //! Only [`crate::PostgresJournal`] implements it ([`crate::PostgresJournal::deployment`]); a
 //! single process (SQLite) has nothing to share.
@@ -37,6 +38,8 @@ pub const SHARED_SESSION_TOUCH_MS: u64 = 5_000;
 pub const SHARED_JOB_REPORT_BYTES_MAX: usize = 16 * 1024;
 /// Jobs remembered in all; beyond it the oldest finished ones are forgotten.
 pub const SHARED_JOBS_MAX: i64 = 65_536;
+/// Job tasks remembered in all; beyond it the oldest are forgotten.
+pub const SHARED_TASKS_MAX: i64 = 65_536;
 /// Cancel requests a replica reads at once.
 pub const SHARED_JOBS_TO_CANCEL_MAX: i64 = 256;
 
@@ -66,6 +69,21 @@ pub struct SharedJob {
     pub report: String,
     /// Whether the owner reported it finished.
     pub finished: bool,
+}
+
+/// An MCP task that follows a background job, as every replica sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedTask {
+    /// The task id clients name.
+    pub task_id: String,
+    /// Who may ask about it (the session, or the stateless requests of a principal).
+    pub owner: String,
+    /// The job it follows.
+    pub job: String,
+    /// The scope the job's operations run in.
+    pub scope: String,
+    /// Whether its creator spoke the 2026-07-28 era (its result is rendered for it).
+    pub modern: bool,
 }
 
 /// What the replicas of one deployment share (see the module documentation).
@@ -124,6 +142,12 @@ pub trait Deployment: Send + Sync + 'static {
     /// This replica's unfinished jobs another replica asked it to cancel (at most
     /// [`SHARED_JOBS_TO_CANCEL_MAX`] a call).
     async fn jobs_to_cancel(&self) -> Result<Vec<String>, JournalError>;
+
+    /// Records a task that follows a job, forgetting the oldest beyond [`SHARED_TASKS_MAX`].
+    async fn task_put(&self, task: &SharedTask) -> Result<(), JournalError>;
+
+    /// The task `task_id`, if any replica recorded it.
+    async fn task_get(&self, task_id: &str) -> Result<Option<SharedTask>, JournalError>;
 }
 
 impl std::fmt::Debug for dyn Deployment {

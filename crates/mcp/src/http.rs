@@ -345,6 +345,9 @@ pub fn router(
     let stash = RawStash::new();
     let sessions_stash = stash.clone();
     let tasks = TaskTable::new();
+    if let Some(deployment) = &options.deployment {
+        tasks.share(deployment.clone());
+    }
     let service = StreamableHttpService::new(
         move || {
             // Every request reaches the service through the gate, which names its principal;

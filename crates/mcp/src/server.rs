@@ -325,7 +325,7 @@ impl Drop for SessionEnding {
 /// The scope of a sessionful HTTP session's calls, named by its `Mcp-Session-Id` (hashed: the
 /// id is the session's handle), so that every replica serving the session, and the one that
 /// restarted, gives them the same scope: the same repeat guard's keys, the same jobs.
-fn http_session_scope(context: &RequestContext<RoleServer>) -> Option<String> {
+pub(crate) fn http_session_scope(context: &RequestContext<RoleServer>) -> Option<String> {
     use sha2::Digest as _;
     let parts = context.extensions.get::<http::request::Parts>()?;
     let id = parts.headers.get("mcp-session-id")?.as_bytes();

@@ -1,5 +1,5 @@
-//! [`Deployment`] on the shared database: keys, endpoints, sessions and jobs in tables of
-//! their own (migrations 2 to 5), next to the intents.
+//! [`Deployment`] on the shared database: keys, endpoints, sessions, jobs and job tasks in
+//! tables of their own (migrations 2 to 6), next to the intents.
 //!
 //! Times here are the database server's clock (`clock_timestamp()` in milliseconds), the one
 //! clock every replica shares, as for leases.
@@ -10,7 +10,7 @@ use crate::JournalError;
 use crate::deployment::{
     Deployment, SHARED_JOB_REPORT_BYTES_MAX, SHARED_JOBS_MAX, SHARED_JOBS_TO_CANCEL_MAX,
     SHARED_KEY_BYTES, SHARED_SESSION_STATE_BYTES_MAX, SHARED_SESSION_TOUCH_MS, SHARED_SESSIONS_MAX,
-    SharedJob, SharedSession,
+    SHARED_TASKS_MAX, SharedJob, SharedSession, SharedTask,
 };
 use async_trait::async_trait;
 use std::collections::HashMap;
@@ -332,6 +332,65 @@ impl Deployment for PostgresDeployment {
             rows.iter()
                 .map(|r| r.try_get(0).map_err(|e| shared.db.sql(e)))
                 .collect()
+        })
+        .await
+    }
+
+    async fn task_put(&self, task: &SharedTask) -> Result<(), JournalError> {
+        let task = task.clone();
+        self.run(move |shared| async move {
+            let db = &shared.db;
+            let mut client = shared.client().await?;
+            let tx = client.transaction().await.map_err(|e| db.sql(e))?;
+            tx.execute(
+                "DELETE FROM job_tasks WHERE task_id IN (
+                   SELECT task_id FROM job_tasks ORDER BY created_ms
+                   LIMIT greatest(0, (SELECT count(*) FROM job_tasks) - $1 + 1))",
+                &[&SHARED_TASKS_MAX],
+            )
+            .await
+            .map_err(|e| db.sql(e))?;
+            tx.execute(
+                &format!(
+                    "INSERT INTO job_tasks (task_id, owner, job, scope, modern, created_ms)
+                     VALUES ($1, $2, $3, $4, $5, {NOW_MS}) ON CONFLICT (task_id) DO NOTHING"
+                ),
+                &[
+                    &task.task_id,
+                    &task.owner,
+                    &task.job,
+                    &task.scope,
+                    &task.modern,
+                ],
+            )
+            .await
+            .map_err(|e| db.sql(e))?;
+            tx.commit().await.map_err(|e| db.sql(e))
+        })
+        .await
+    }
+
+    async fn task_get(&self, task_id: &str) -> Result<Option<SharedTask>, JournalError> {
+        let task_id = task_id.to_string();
+        self.run(move |shared| async move {
+            let db = &shared.db;
+            let client = shared.client().await?;
+            let row = client
+                .query_opt(
+                    "SELECT task_id, owner, job, scope, modern FROM job_tasks WHERE task_id = $1",
+                    &[&task_id],
+                )
+                .await
+                .map_err(|e| db.sql(e))?;
+            let Some(row) = row else { return Ok(None) };
+            let text = |i: usize| row.try_get::<_, String>(i).map_err(|e| db.sql(e));
+            Ok(Some(SharedTask {
+                task_id: text(0)?,
+                owner: text(1)?,
+                job: text(2)?,
+                scope: text(3)?,
+                modern: row.try_get(4).map_err(|e| db.sql(e))?,
+            }))
         })
         .await
     }

@@ -105,6 +105,16 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX jobs_by_age ON jobs (finished, updated_ms);
     CREATE INDEX jobs_to_cancel ON jobs (replica) WHERE cancel_requested AND NOT finished;",
+    // 6: MCP tasks that follow a background job: the job and scope each task id stands for.
+    "CREATE TABLE job_tasks (
+        task_id    TEXT    PRIMARY KEY,
+        owner      TEXT    NOT NULL,
+        job        TEXT    NOT NULL,
+        scope      TEXT    NOT NULL,
+        modern     BOOLEAN NOT NULL,
+        created_ms BIGINT  NOT NULL
+    );
+    CREATE INDEX job_tasks_by_age ON job_tasks (created_ms);",
 ];
 
 /// The schema versions a migration went between: what the database had, and what it has now.
