@@ -524,3 +524,81 @@ fn a_job_task_created_on_one_replica_is_followed_and_cancelled_through_another()
     );
     assert!(foreign.get("error").is_some(), "{foreign}");
 }
+
+/// The pid of the `sleep SECS` process, if one runs.
+fn sleeper(secs: &str) -> Option<String> {
+    let wanted = format!("sleep\0{secs}\0");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        (cmdline == wanted.as_bytes()).then(|| e.file_name().to_string_lossy().into_owned())
+    })
+}
+
+#[test]
+fn a_session_deleted_through_another_replica_ends_its_jobs_there_except_detached_ones() {
+    let Some(url) = test_database() else { return };
+    let Some(peers) = peers() else { return };
+    let journal = schema_in(&url);
+    let grants = "[[grants]]\nname = \"jobs\"\ntools = [\"shell\"]\nceiling = \"A2\"\n\
+                  rules = [\"args.argv[0] == 'sh'\"]\nunattended = true\n";
+    let dir = workspace(&peers, "A2", grants);
+    std::fs::write(
+        dir.path().join("run.sh"),
+        "echo started > \"$1.tmp\"; mv \"$1.tmp\" \"$1\"; exec sleep \"$2\"\n",
+    )
+    .unwrap();
+    let a = replica(dir.path(), "a", &journal);
+    let b = replica(dir.path(), "b", &journal);
+    let (head, _) = post(&a.addr, &[], &initialize_request(1, "2025-06-18"));
+    let session = session_id(&head);
+    let headers = [
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-06-18"),
+    ];
+    post_raw(
+        &a.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    for (id, file, secs, detached) in [
+        (2, "bound.pid", "3105", false),
+        (3, "detached.pid", "3106", true),
+    ] {
+        let (_, r) = post(
+            &a.addr,
+            &headers,
+            &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                    "params": {"name": "shell", "arguments": {
+                        "argv": ["sh", "run.sh", file, secs], "background": true,
+                        "detached": detached}}}),
+        );
+        assert!(r.to_string().contains("job_"), "a job started: {r}");
+        wait_for_file_text(&dir.path().join(file), "started", "the job runs");
+    }
+    let deadline = std::time::Instant::now() + HTTP_WAIT;
+    while sleeper("3105").is_none() || sleeper("3106").is_none() {
+        assert!(std::time::Instant::now() < deadline, "both jobs sleep");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Deleted through B, which runs neither job: A ends the bound one.
+    assert!(matches!(
+        delete_session(&b.addr, &session, "Bearer none"),
+        200..=299
+    ));
+    let deadline = std::time::Instant::now() + HTTP_WAIT;
+    while sleeper("3105").is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session's job outlived it"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let detached = sleeper("3106");
+    if let Some(pid) = &detached {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", pid])
+            .status();
+    }
+    assert!(detached.is_some(), "a detached job outlives its session");
+    drop(a);
+}

@@ -31,8 +31,8 @@ pub const SHARED_SESSION_STATE_BYTES_MAX: usize = 64 * 1024;
 /// Sessions kept in all; beyond it the least recently used are forgotten (their clients get
 /// 404 and initialize again, as the protocol has it).
 pub const SHARED_SESSIONS_MAX: i64 = 65_536;
-/// A session's last use is written at most this often (a request reads its row; it writes it
-/// only when the stamp is older than this).
+/// A session's last use is written at most this often, or every half of its idle expiry when
+/// that is shorter (a request reads its row; it writes it only when the stamp is older).
 pub const SHARED_SESSION_TOUCH_MS: u64 = 5_000;
 /// Bytes of a job's stored report.
 pub const SHARED_JOB_REPORT_BYTES_MAX: usize = 16 * 1024;
@@ -138,6 +138,11 @@ pub trait Deployment: Send + Sync + 'static {
     /// Asks the replica running job `handle` of `owner` to cancel it (it reads the request with
     /// [`Deployment::jobs_to_cancel`]). Returns whether an unfinished job was asked.
     async fn job_request_cancel(&self, handle: &str, owner: &str) -> Result<bool, JournalError>;
+
+    /// Asks the replicas running the unfinished jobs of `owner` that were not started detached
+    /// (their report says `"detached": true`) to cancel them: the session that started them
+    /// ended. Returns how many were asked.
+    async fn jobs_end_of(&self, owner: &str) -> Result<u64, JournalError>;
 
     /// This replica's unfinished jobs another replica asked it to cancel (at most
     /// [`SHARED_JOBS_TO_CANCEL_MAX`] a call).

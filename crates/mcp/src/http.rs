@@ -155,6 +155,8 @@ struct Gate {
     /// The sessions every replica shares: with them, each request's session is checked against
     /// its shared record, not this replica's memory.
     shared: Option<Arc<crate::door::shared::SharedSessions>>,
+    /// With shared sessions: what ends with a session its client deleted through this gate.
+    session_end: Option<crate::gateway::SessionEnd>,
     log: Log,
 }
 
@@ -258,10 +260,12 @@ async fn gate(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
             }
         }
         Some(old) => {
-            if response.status() == StatusCode::NOT_FOUND
-                || (deleting && response.status().is_success())
-            {
+            let deleted = deleting && response.status().is_success();
+            if response.status() == StatusCode::NOT_FOUND || deleted {
                 gate.owners.forget(old);
+            }
+            if deleted && let Some(end) = &gate.session_end {
+                end(crate::server::session_scope_of(old.as_bytes()));
             }
         }
     }
@@ -348,6 +352,8 @@ pub fn router(
     if let Some(deployment) = &options.deployment {
         tasks.share(deployment.clone());
     }
+    let shared = options.deployment.is_some();
+    let session_end = gw.session_end().filter(|_| shared);
     let service = StreamableHttpService::new(
         move || {
             // Every request reaches the service through the gate, which names its principal;
@@ -355,10 +361,17 @@ pub fn router(
             let principal = CALLER.try_with(Principal::clone).map_err(|_| {
                 std::io::Error::other("a session was requested without an authenticated principal")
             })?;
-            Ok(GatewayServer::new_session(gw.clone(), approvals.clone())
+            let server = GatewayServer::new_session(gw.clone(), approvals.clone())
                 .with_principal(principal)
                 .with_raw_stash(sessions_stash.clone())
-                .with_task_table(tasks.clone()))
+                .with_task_table(tasks.clone());
+            // A shared session ends when its client deletes it, on whichever replica (the
+            // gate reports it), not when one replica lets its copy go.
+            Ok(if shared {
+                server.ending_on_delete_only()
+            } else {
+                server
+            })
         },
         crate::door::sessions::DoorSessions::start(&options.door, log.clone(), shutdown),
         config,
@@ -369,18 +382,21 @@ pub fn router(
         auth: auth.clone(),
         owners: SessionOwners::default(),
         shared: None,
+        session_end: None,
         log: log.clone(),
     });
     let mounted_gate = Arc::new(Gate {
         auth: auth.clone(),
         owners: SessionOwners::default(),
         shared: None,
+        session_end: None,
         log: log.clone(),
     });
     let gate_state = Arc::new(Gate {
         auth: auth.clone(),
         owners: SessionOwners::default(),
         shared: shared_sessions,
+        session_end,
         log,
     });
     let mut app = axum::Router::new()

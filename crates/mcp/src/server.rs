@@ -326,12 +326,17 @@ impl Drop for SessionEnding {
 /// id is the session's handle), so that every replica serving the session, and the one that
 /// restarted, gives them the same scope: the same repeat guard's keys, the same jobs.
 pub(crate) fn http_session_scope(context: &RequestContext<RoleServer>) -> Option<String> {
-    use sha2::Digest as _;
     let parts = context.extensions.get::<http::request::Parts>()?;
     let id = parts.headers.get("mcp-session-id")?.as_bytes();
+    Some(session_scope_of(id))
+}
+
+/// The scope of the sessionful HTTP session `id` (see [`http_session_scope`]).
+pub(crate) fn session_scope_of(id: &[u8]) -> String {
+    use sha2::Digest as _;
     let digest = sha2::Sha256::digest(id);
     let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    Some(format!("mcp-session-{hex}"))
+    format!("mcp-session-{hex}")
 }
 
 impl GatewayServer {
@@ -370,6 +375,18 @@ impl GatewayServer {
             approvals,
             format!("mcp-session-{n}-{}", uuid::Uuid::new_v4().simple()),
         )
+    }
+
+    /// A session whose end is not this handle's to report: with sessions shared by several
+    /// replicas, one replica letting its copy go (idle, at its cap) does not end the session,
+    /// which the front end ends when the client deletes it.
+    pub fn ending_on_delete_only(mut self) -> Self {
+        self.ending = Arc::new(SessionEnding {
+            scope: Mutex::new(self.scope.clone()),
+            sessionful: AtomicBool::new(false),
+            hook: None,
+        });
+        self
     }
 
     /// The principal the session acts for (default `local`).

@@ -53,6 +53,14 @@ impl JobRecords {
         Some(record.finished || !record.replica_live)
     }
 
+    /// Asks every replica to cancel the jobs of `owner` not started detached (its session
+    /// ended), best effort.
+    pub(crate) async fn end_of(&self, owner: &str) {
+        if let Some(deployment) = self.0.get() {
+            let _ = deployment.jobs_end_of(owner).await;
+        }
+    }
+
     /// Whether this replica joined a deployment.
     pub(crate) fn is_shared(&self) -> bool {
         self.0.get().is_some()

@@ -299,6 +299,8 @@ impl Jobs {
     /// process trees torn down), except those started detached. A scope that never started a
     /// job costs nothing.
     pub(crate) async fn end_scope(&self, scope: &str) {
+        // The session's jobs other replicas run end there (their replicas cancel them).
+        self.records.end_of(&scope_id(scope)).await;
         let Some(Ok(manager)) = self.manager.get() else {
             return;
         };
@@ -730,6 +732,7 @@ impl Tool for Shell {
                 "job": receipt.job,
                 "state": receipt.state,
                 "started_at_ms": receipt.started_at_ms,
+                "detached": a.detached,
             });
             self.jobs
                 .records

@@ -223,7 +223,12 @@ impl Deployment for PostgresDeployment {
                              AND used_ms < {NOW_MS} - $3)
                          SELECT id, principal, state FROM live"
                     ),
-                    &[&id, &to_i64(idle_ms), &to_i64(SHARED_SESSION_TOUCH_MS)],
+                    // Stamped often enough that a session in use never looks idle.
+                    &[
+                        &id,
+                        &to_i64(idle_ms),
+                        &to_i64(SHARED_SESSION_TOUCH_MS.min(idle_ms / 2)),
+                    ],
                 )
                 .await
                 .map_err(|e| shared.db.sql(e))?;
@@ -313,6 +318,23 @@ impl Deployment for PostgresDeployment {
                 .await
                 .map_err(|e| shared.db.sql(e))?;
             Ok(asked > 0)
+        })
+        .await
+    }
+
+    async fn jobs_end_of(&self, owner: &str) -> Result<u64, JournalError> {
+        let owner = owner.to_string();
+        self.run(move |shared| async move {
+            let client = shared.client().await?;
+            client
+                .execute(
+                    "UPDATE jobs SET cancel_requested = true
+                     WHERE owner = $1 AND NOT finished
+                       AND (report::jsonb ->> 'detached') IS DISTINCT FROM 'true'",
+                    &[&owner],
+                )
+                .await
+                .map_err(|e| shared.db.sql(e))
         })
         .await
     }
