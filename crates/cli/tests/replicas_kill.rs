@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// SIGKILLs in one run of the test.
-const KILLS_DEFAULT: usize = 40;
+const KILLS_DEFAULT: usize = 60;
 /// Replicas behind the proxy.
 const REPLICAS: usize = 3;
 /// Replicas left listening at least: the last one listening is not killed.
