@@ -510,7 +510,22 @@ fn a_job_task_created_on_one_replica_is_followed_and_cancelled_through_another()
         &headers,
         &json!({"jsonrpc": "2.0", "id": 5, "method": "tasks/get", "params": {"taskId": id}}),
     );
-    assert_ne!(after["result"]["status"], "working", "{after}");
+    assert_eq!(after["result"]["status"], "cancelled", "{after}");
+    // A, which created it, reports it cancelled too.
+    let deadline = std::time::Instant::now() + HTTP_WAIT;
+    loop {
+        let (_, on_a) = post(
+            &a.addr,
+            &headers,
+            &json!({"jsonrpc": "2.0", "id": 8, "method": "tasks/get", "params": {"taskId": id}}),
+        );
+        if on_a["result"]["status"] != "working" {
+            assert_eq!(on_a["result"]["status"], "cancelled", "{on_a}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{on_a}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     // Another session naming the task is answered as if it did not exist.
     let (head, _) = post(&b.addr, &[], &initialize_request(6, "2025-11-25"));
     let other = session_id(&head);

@@ -84,6 +84,8 @@ pub struct SharedTask {
     pub scope: String,
     /// Whether its creator spoke the 2026-07-28 era (its result is rendered for it).
     pub modern: bool,
+    /// Whether a client cancelled it (through any replica).
+    pub cancelled: bool,
 }
 
 /// What the replicas of one deployment share (see the module documentation).
@@ -153,6 +155,9 @@ pub trait Deployment: Send + Sync + 'static {
 
     /// The task `task_id`, if any replica recorded it.
     async fn task_get(&self, task_id: &str) -> Result<Option<SharedTask>, JournalError>;
+
+    /// Records that a client cancelled task `task_id`, so every replica reports it cancelled.
+    async fn task_cancelled(&self, task_id: &str) -> Result<(), JournalError>;
 }
 
 impl std::fmt::Debug for dyn Deployment {

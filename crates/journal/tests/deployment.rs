@@ -136,9 +136,12 @@ fn a_replica_is_reached_at_its_endpoint_while_its_lease_runs_and_a_task_is_seen_
         job: "job_1".into(),
         scope: "s".into(),
         modern: true,
+        cancelled: false,
     };
     block_on(a.task_put(&task)).unwrap();
-    assert_eq!(block_on(b.task_get("task_1")).unwrap(), Some(task));
+    assert_eq!(block_on(b.task_get("task_1")).unwrap(), Some(task.clone()));
+    block_on(b.task_cancelled("task_1")).unwrap();
+    assert!(block_on(a.task_get("task_1")).unwrap().unwrap().cancelled);
     assert_eq!(block_on(b.task_get("task_2")).unwrap(), None);
 }
 

@@ -184,8 +184,24 @@ impl TaskTable {
                 job: job.to_string(),
                 scope: scope.to_string(),
                 modern: task.modern,
+                cancelled: false,
             };
             let _ = deployment.task_put(&record).await;
+        }
+    }
+
+    /// Records that task `id` was cancelled, for the other replicas (best effort).
+    async fn publish_cancel(&self, id: &str) {
+        if let Some(deployment) = self.shared.get() {
+            let _ = deployment.task_cancelled(id).await;
+        }
+    }
+
+    /// Whether a client cancelled task `id` through another replica.
+    async fn cancelled_elsewhere(&self, id: &str) -> bool {
+        match self.shared.get() {
+            Some(deployment) => matches!(deployment.task_get(id).await, Ok(Some(t)) if t.cancelled),
+            None => false,
         }
     }
 
@@ -214,7 +230,7 @@ impl TaskTable {
                         error: None,
                         updated: now,
                         finished: None,
-                        cancel_requested: false,
+                        cancel_requested: shared.cancelled,
                         inspected: None,
                         work: Work::Job {
                             job: shared.job,
@@ -479,6 +495,13 @@ fn watch_job(server: GatewayServer, task: Arc<TaskRecord>, job: String, scope: S
             .await;
             match wait {
                 Ok(status) => {
+                    // A job killed because a client cancelled its task through another replica
+                    // ends the task as cancelled here too.
+                    if status.get("state").and_then(Value::as_str) == Some("KILLED")
+                        && server.task_table().cancelled_elsewhere(&task.id).await
+                    {
+                        task.lock().cancel_requested = true;
+                    }
                     if settle_job(&task, &status) {
                         return;
                     }
@@ -767,6 +790,7 @@ pub(crate) async fn cancel(
             Work::Pending => None,
         }
     };
+    server.task_table().publish_cancel(&task.id).await;
     match work {
         Some((job, scope)) => {
             // `job_cancel` returns once the job's process tree is gone.

@@ -399,7 +399,8 @@ impl Deployment for PostgresDeployment {
             let client = shared.client().await?;
             let row = client
                 .query_opt(
-                    "SELECT task_id, owner, job, scope, modern FROM job_tasks WHERE task_id = $1",
+                    "SELECT task_id, owner, job, scope, modern, cancelled FROM job_tasks
+                     WHERE task_id = $1",
                     &[&task_id],
                 )
                 .await
@@ -412,7 +413,24 @@ impl Deployment for PostgresDeployment {
                 job: text(2)?,
                 scope: text(3)?,
                 modern: row.try_get(4).map_err(|e| db.sql(e))?,
+                cancelled: row.try_get(5).map_err(|e| db.sql(e))?,
             }))
+        })
+        .await
+    }
+
+    async fn task_cancelled(&self, task_id: &str) -> Result<(), JournalError> {
+        let task_id = task_id.to_string();
+        self.run(move |shared| async move {
+            let client = shared.client().await?;
+            client
+                .execute(
+                    "UPDATE job_tasks SET cancelled = true WHERE task_id = $1",
+                    &[&task_id],
+                )
+                .await
+                .map_err(|e| shared.db.sql(e))?;
+            Ok(())
         })
         .await
     }

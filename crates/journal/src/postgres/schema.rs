@@ -112,7 +112,8 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         job        TEXT    NOT NULL,
         scope      TEXT    NOT NULL,
         modern     BOOLEAN NOT NULL,
-        created_ms BIGINT  NOT NULL
+        created_ms BIGINT  NOT NULL,
+        cancelled  BOOLEAN NOT NULL DEFAULT false
     );
     CREATE INDEX job_tasks_by_age ON job_tasks (created_ms);",
 ];
