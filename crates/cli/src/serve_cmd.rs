@@ -448,6 +448,7 @@ async fn serve(
         api,
         webhook,
         shutdown,
+        deployment: built.journal_shared.as_ref().map(|s| s.deployment.clone()),
     };
     serve_transport(args, loaded, token, gw, transport, log).await
 }
@@ -642,6 +643,8 @@ struct Transport {
     api: ring0_api::Api,
     webhook: Option<Arc<ring0_ops::webhook::Webhook>>,
     shutdown: CancellationToken,
+    /// What this replica shares with the others on a PostgreSQL journal.
+    deployment: Option<Arc<dyn ring0_journal::Deployment>>,
 }
 
 /// Serves MCP over stdio until stdin closes, or over HTTP; either until SIGINT or SIGTERM.
@@ -659,6 +662,7 @@ async fn serve_transport(
         api,
         webhook,
         shutdown,
+        deployment,
     } = transport;
     match args.http {
         None => {
@@ -695,6 +699,7 @@ async fn serve_transport(
                         streams_body: Some(ring0_api::streams_body),
                     }
                 }),
+                deployment,
             };
             let log2 = log.clone();
             ring0_mcp::http::serve_http(

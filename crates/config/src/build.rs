@@ -51,13 +51,26 @@ fn cursor_key(state_dir: &Path) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// A journal several replicas share: what a front end needs to run recovery while it serves.
-#[derive(Debug, Clone)]
+/// A journal several replicas share: what a front end needs to run recovery while it serves,
+/// and what the replicas share besides records (sessions, keys, jobs, endpoints).
+#[derive(Clone)]
 pub struct SharedJournal {
     /// The database, as messages name it (never a password).
     pub name: String,
     /// Each replica's lease: a stopped replica's calls are recovered after this.
     pub lease_ms: u64,
+    /// What this replica shares with the others (see [`ring0_journal::deployment`]).
+    pub deployment: Arc<dyn ring0_journal::Deployment>,
+}
+
+impl std::fmt::Debug for SharedJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedJournal")
+            .field("name", &self.name)
+            .field("lease_ms", &self.lease_ms)
+            .field("replica", &self.deployment.replica())
+            .finish()
+    }
 }
 
 /// What a configuration provides before a kernel is built: the built-in tools, the session's
@@ -184,6 +197,8 @@ pub fn build_parts_tapped(
                 open_postgres(loaded, url).map_err(|why| err("journal.url", why))?;
             crate::state::write_postgres_marker(&journal_path, &shared.name)
                 .map_err(|why| err("workspace.state_dir", why))?;
+            // The other replicas answer about this one's background jobs from their records.
+            jobs.share(shared.deployment.clone());
             (journal, Some(shared))
         }
         None => {
@@ -234,6 +249,7 @@ fn open_postgres(loaded: &Loaded, url: &str) -> Result<(Arc<dyn Journal>, Shared
     let shared = SharedJournal {
         name: journal.name().to_string(),
         lease_ms: journal.lease_ms(),
+        deployment: journal.deployment(),
     };
     Ok((Arc::new(journal), shared))
 }

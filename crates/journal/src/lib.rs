@@ -38,6 +38,7 @@
 
 pub mod clock;
 mod decide;
+pub mod deployment;
 pub mod hold;
 pub mod inspect;
 pub mod limits;
@@ -53,6 +54,7 @@ pub mod sqlite;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::{attempt_idempotency_key, decide_existing};
+pub use deployment::{Deployment, SharedJob, SharedSession, SharedTask};
 pub use hold::{HeldCall, HoldDecided, HoldState};
 pub use machine::{TransitionError, check, is_allowed};
 pub use memory::MemoryJournal;

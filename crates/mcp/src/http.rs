@@ -70,6 +70,11 @@ pub struct HttpOptions {
     /// same authentication (each request's `Principal` in its extensions), `open` to anyone;
     /// both Host-checked.
     pub mounted: Option<Mounted>,
+    /// What this replica shares with the others on a PostgreSQL journal, if any: sessionful
+    /// sessions served by every replica ([`crate::door::shared`]), `requestState`s sealed with
+    /// the deployment's key and retries handed to the replica that parked their call
+    /// ([`crate::handoff`]), this replica's endpoint advertised to the others.
+    pub deployment: Option<Arc<dyn ring0_journal::Deployment>>,
 }
 
 /// Routes a front end mounts on the listener beside `/mcp`.
@@ -150,7 +155,45 @@ impl SessionOwners {
 struct Gate {
     auth: Option<Arc<Authenticator>>,
     owners: SessionOwners,
+    /// The sessions every replica shares: with them, each request's session is checked against
+    /// its shared record, not this replica's memory.
+    shared: Option<Arc<crate::door::shared::SharedSessions>>,
+    /// With shared sessions: what ends with a session its client deleted through this gate.
+    session_end: Option<crate::gateway::SessionEnd>,
     log: Log,
+}
+
+/// Whether session `id` may serve `principal`: its opener, by the shared record when there is
+/// one (another replica may have opened or deleted it), else by this replica's memory.
+async fn session_admits(gate: &Gate, id: &str, principal: &str) -> Result<bool, Response> {
+    let owner = match &gate.shared {
+        None => gate.owners.owner(id),
+        Some(shared) => match shared.find(id).await {
+            Ok(record) => record.map(|r| r.principal),
+            Err(why) => {
+                gate.log
+                    .line(&format!("the shared session store is unavailable: {why}"));
+                return Err((
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Body::from("ring0: the session store is unavailable; retry\n"),
+                )
+                    .into_response());
+            }
+        },
+    };
+    match owner {
+        Some(owner) if owner == principal => Ok(true),
+        Some(_) => {
+            gate.log.line(&format!(
+                "refused a request of principal {principal} for another principal's session"
+            ));
+            Ok(false)
+        }
+        None => {
+            gate.owners.forget(id);
+            Ok(false)
+        }
+    }
 }
 
 fn unauthorized(auth: &Authenticator, why: &Unauthenticated) -> Response {
@@ -199,16 +242,10 @@ async fn gate(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
         .get(SESSION_HEADER)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     if let Some(id) = &session {
-        match gate.owners.owner(id) {
-            Some(owner) if owner == principal.id => {}
-            Some(_) => {
-                gate.log.line(&format!(
-                    "refused a request of principal {} for another principal's session",
-                    principal.id
-                ));
-                return unknown_session();
-            }
-            None => return unknown_session(),
+        match session_admits(&gate, id, &principal.id).await {
+            Ok(true) => {}
+            Ok(false) => return unknown_session(),
+            Err(unavailable) => return unavailable,
         }
     }
     let deleting = request.method() == Method::DELETE;
@@ -226,10 +263,12 @@ async fn gate(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
             }
         }
         Some(old) => {
-            if response.status() == StatusCode::NOT_FOUND
-                || (deleting && response.status().is_success())
-            {
+            let deleted = deleting && response.status().is_success();
+            if response.status() == StatusCode::NOT_FOUND || deleted {
                 gate.owners.forget(old);
+            }
+            if deleted && let Some(end) = &gate.session_end {
+                end(crate::server::session_scope_of(old.as_bytes()));
             }
         }
     }
@@ -277,7 +316,7 @@ pub fn router(
     auth: Option<Arc<Authenticator>>,
     log: Log,
     shutdown: CancellationToken,
-) -> axum::Router {
+) -> Result<axum::Router, String> {
     // The routes that authenticate themselves get the listener's authenticator.
     let self_auth = auth.clone();
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
@@ -289,17 +328,37 @@ pub fn router(
     ];
     origins.extend(options.extra_origins.iter().cloned());
     let operations_hosts: Arc<[String]> = hosts.clone().into();
-    let config = StreamableHttpServerConfig::default()
+    let mut config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
         .with_allowed_origins(origins)
         .enforce_origin_validation()
         .with_max_request_body_bytes(REQUEST_BODY_BYTES_MAX)
         .with_cancellation_token(shutdown.clone());
+    let shared_sessions = options
+        .deployment
+        .as_ref()
+        .map(|d| crate::door::shared::SharedSessions::new(d.clone(), &options.door, log.clone()));
+    if let Some(shared) = &shared_sessions {
+        config.session_store = Some(shared.clone());
+    }
+    let handoff = match &options.deployment {
+        Some(d) => Some(Arc::new(crate::handoff::Handoff::new(
+            gw.parked().clone(),
+            d.clone(),
+            log.clone(),
+        )?)),
+        None => None,
+    };
     // One stash for every session: the response layer replaces the typed stand-ins the
     // sessions return by the raw results they stashed.
     let stash = RawStash::new();
     let sessions_stash = stash.clone();
     let tasks = TaskTable::new();
+    if let Some(deployment) = &options.deployment {
+        tasks.share(deployment.clone());
+    }
+    let shared = options.deployment.is_some();
+    let session_end = gw.session_end().filter(|_| shared);
     let service = StreamableHttpService::new(
         move || {
             // Every request reaches the service through the gate, which names its principal;
@@ -307,10 +366,17 @@ pub fn router(
             let principal = CALLER.try_with(Principal::clone).map_err(|_| {
                 std::io::Error::other("a session was requested without an authenticated principal")
             })?;
-            Ok(GatewayServer::new_session(gw.clone(), approvals.clone())
+            let server = GatewayServer::new_session(gw.clone(), approvals.clone())
                 .with_principal(principal)
                 .with_raw_stash(sessions_stash.clone())
-                .with_task_table(tasks.clone()))
+                .with_task_table(tasks.clone());
+            // A shared session ends when its client deletes it, on whichever replica (the
+            // gate reports it), not when one replica lets its copy go.
+            Ok(if shared {
+                server.ending_on_delete_only()
+            } else {
+                server
+            })
         },
         crate::door::sessions::DoorSessions::start(&options.door, log.clone(), shutdown),
         config,
@@ -320,16 +386,22 @@ pub fn router(
     let operations_gate = Arc::new(Gate {
         auth: auth.clone(),
         owners: SessionOwners::default(),
+        shared: None,
+        session_end: None,
         log: log.clone(),
     });
     let mounted_gate = Arc::new(Gate {
         auth: auth.clone(),
         owners: SessionOwners::default(),
+        shared: None,
+        session_end: None,
         log: log.clone(),
     });
     let gate_state = Arc::new(Gate {
         auth: auth.clone(),
         owners: SessionOwners::default(),
+        shared: shared_sessions,
+        session_end,
         log,
     });
     let mut app = axum::Router::new()
@@ -341,6 +413,16 @@ pub fn router(
         .layer(middleware::from_fn(lift_request))
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             crate::lossless::rewrite_response(stash.clone(), req, next)
+        }))
+        // A retry of a call another replica parked goes there, once authenticated here.
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            let handoff = handoff.clone();
+            async move {
+                match handoff {
+                    Some(h) => crate::handoff::layer(h, req, next).await,
+                    None => next.run(req).await,
+                }
+            }
         }))
         // Inside the gate: only an authenticated client's messages are read and answered.
         .layer(middleware::from_fn(crate::door::listener::admit_body))
@@ -389,7 +471,7 @@ pub fn router(
             .merge(host_checked(gated, operations_hosts.clone()))
             .merge(host_checked(operations.open.clone(), operations_hosts));
     }
-    app
+    Ok(app)
 }
 
 /// Binds and serves until `shutdown` is cancelled. Returns the bound address through `bound`.
@@ -434,12 +516,46 @@ pub async fn serve_http(
     } else {
         None
     };
+    if let Some(deployment) = &options.deployment {
+        join_deployment(&gw, deployment.as_ref(), addr, &log).await?;
+    }
     bound(addr);
-    let app = router(gw, approvals, &options, auth, log.clone(), shutdown.clone());
+    let app = router(gw, approvals, &options, auth, log.clone(), shutdown.clone())?;
     // ring0's own accept loop: connection cap, header and body timeouts (see crate::door).
     let streams = options.mounted.as_ref().and_then(|m| m.streams_body);
     crate::door::listener::serve_streaming(listener, app, &options.door, streams, log, shutdown)
         .await
+}
+
+/// The `requestState` key's purpose in the shared journal.
+const REQUEST_STATE_KEY: &str = "mcp-request-state";
+
+/// Seals `requestState`s with the deployment's shared key from now on and tells the other
+/// replicas where this one listens. Without the shared key nothing is served: a state another
+/// replica could not check would strand its call.
+async fn join_deployment(
+    gw: &Gateway,
+    deployment: &dyn ring0_journal::Deployment,
+    addr: SocketAddr,
+    log: &Log,
+) -> Result<(), String> {
+    let key = deployment
+        .shared_key(REQUEST_STATE_KEY)
+        .await
+        .map_err(|e| format!("the deployment's requestState key: {e}"))?;
+    gw.parked()
+        .share(crate::input::Seal::new(&key, deployment.replica()));
+    if addr.ip().is_unspecified() {
+        log.line(&format!(
+            "listening on {addr}, an address other replicas cannot reach: retries of calls \
+             parked here are not handed here from other replicas"
+        ));
+        return Ok(());
+    }
+    deployment
+        .advertise(&format!("http://{addr}"))
+        .await
+        .map_err(|e| format!("advertising this replica's endpoint: {e}"))
 }
 
 #[cfg(test)]

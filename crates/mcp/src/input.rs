@@ -10,12 +10,20 @@
 //! askers and the same round continues, so the journal holds one intent and the upstream sees one
 //! call. The retry's response is the call's result (or the next question).
 //!
-//! `requestState` is an opaque handle: 128 random bits naming a parked call kept here, never
-//! state the client could forge. It is bound to the call (tool and arguments) and to who made it
-//! (the HTTP `Authorization` or the stdio session), used once, and expires after
-//! [`INPUT_WAIT`]; an expired question is answered with an error, which the asker (the upstream
-//! server, or the approval gate) turns into its own outcome. At most [`PARKED_CALLS_MAX`] calls
-//! wait at once.
+//! `requestState` is a sealed handle ([`Seal`]): `r0s1.<payload>.<tag>`, the payload naming the
+//! parked call (128 random bits), the replica that parked it, its expiry and the digest that
+//! binds it to the call (tool and arguments) and to who made it (the HTTP request's principal
+//! or the stdio session), the tag an HMAC-SHA256 over the payload under a key every replica of
+//! a deployment shares (on PostgreSQL, made once in the database: see
+//! `ring0_journal::deployment`; a single process draws its own). A retry is checked against the
+//! seal before anything is looked up: a forged or altered state, an expired one or one bound to
+//! another call or principal is refused whatever replica it reaches. The round itself cannot
+//! travel (an upstream's question is an open request to the replica that forwarded its call),
+//! so a retry that reaches another replica is handed to the one that parked the call
+//! ([`crate::handoff`]), named by the seal; one whose replica stopped is refused with what to
+//! do. Each is used once and expires after [`INPUT_WAIT`]; an expired question is answered
+//! with an error, which the asker (the upstream server, or the approval gate) turns into its
+//! own outcome. At most [`PARKED_CALLS_MAX`] calls wait at once.
 
 use crate::delivery::Answer;
 use crate::limits::{INPUT_BATCH_GRACE, INPUT_WAIT, PARKED_CALLS_MAX, QUESTIONS_PER_CALL_MAX};
@@ -24,8 +32,8 @@ use rmcp::model::ErrorData;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -235,11 +243,118 @@ impl Pending {
     }
 }
 
+/// The prefix of every `requestState` ring0 issues (version 1 of the format).
+const STATE_PREFIX: &str = "r0s1.";
+/// Longest `requestState` read: a longer one is refused unread.
+pub const REQUEST_STATE_BYTES_MAX: usize = 1024;
+
+/// What a `requestState` says, once its tag is checked.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Sealed {
+    /// The parked call, on the replica that parked it.
+    pub id: String,
+    /// The replica that parked it (0 for a process that shares nothing).
+    pub replica: u64,
+    /// The call and principal it answers ([`binding`]).
+    pub binding: String,
+    /// When it expires, in milliseconds since the epoch.
+    pub expires_ms: u64,
+}
+
+/// Why a `requestState` was refused before any lookup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unsealed {
+    /// Not one ring0 issued: malformed, forged, or altered.
+    Forged,
+    /// Issued, but past its expiry.
+    Expired,
+}
+
+/// Signs and checks `requestState`s: the key every replica shares and this replica's number.
+pub struct Seal {
+    key: ring::hmac::Key,
+    replica: u64,
+}
+
+impl Seal {
+    /// A seal under `key` for `replica`.
+    pub fn new(key: &[u8], replica: u64) -> Self {
+        Self {
+            key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key),
+            replica,
+        }
+    }
+
+    /// A seal of a process that shares nothing: a random key of its own, replica 0.
+    pub fn private() -> Self {
+        let mut key = Vec::with_capacity(32);
+        key.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
+        key.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
+        Self::new(&key, 0)
+    }
+
+    /// This replica's number.
+    pub fn replica(&self) -> u64 {
+        self.replica
+    }
+
+    fn seal(&self, sealed: &Sealed) -> String {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let payload = b64.encode(serde_json::to_vec(sealed).expect("a state serializes"));
+        let tag = ring::hmac::sign(&self.key, payload.as_bytes());
+        format!("{STATE_PREFIX}{payload}.{}", b64.encode(tag.as_ref()))
+    }
+
+    /// What `state` says, if ring0 issued it under this key and it has not expired.
+    pub fn open(&self, state: &str) -> Result<Sealed, Unsealed> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        if state.len() > REQUEST_STATE_BYTES_MAX {
+            return Err(Unsealed::Forged);
+        }
+        let (payload, tag) = state
+            .strip_prefix(STATE_PREFIX)
+            .and_then(|rest| rest.split_once('.'))
+            .ok_or(Unsealed::Forged)?;
+        let tag = b64.decode(tag).map_err(|_| Unsealed::Forged)?;
+        // Constant-time comparison of the tag.
+        ring::hmac::verify(&self.key, payload.as_bytes(), &tag).map_err(|_| Unsealed::Forged)?;
+        let bytes = b64.decode(payload).map_err(|_| Unsealed::Forged)?;
+        let sealed: Sealed = serde_json::from_slice(&bytes).map_err(|_| Unsealed::Forged)?;
+        if now_ms() >= sealed.expires_ms {
+            return Err(Unsealed::Expired);
+        }
+        Ok(sealed)
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn refusal(state: Unsealed) -> ErrorData {
+    ErrorData::invalid_params(
+        match state {
+            Unsealed::Forged => {
+                "requestState is not one ring0 issued (malformed, forged or altered); call the tool again without it"
+            }
+            Unsealed::Expired => {
+                "requestState expired (each is kept for a limited time); call the tool again without it"
+            }
+        },
+        None,
+    )
+}
+
 /// Calls parked until their clients answer, by `requestState`. Expired calls are dropped
 /// whenever a call is parked or resumed (their askers' own wait ends at the same bound).
 #[derive(Clone)]
 pub struct Parked {
     calls: Arc<Mutex<HashMap<String, Pending>>>,
+    seal: Arc<RwLock<Arc<Seal>>>,
     ttl: Duration,
 }
 
@@ -250,12 +365,24 @@ impl Default for Parked {
 }
 
 impl Parked {
-    /// A registry whose calls expire after `ttl` ([`INPUT_WAIT`] by default).
+    /// A registry whose calls expire after `ttl` ([`INPUT_WAIT`] by default), sealing under a
+    /// key of its own until [`Parked::share`].
     pub fn with_ttl(ttl: Duration) -> Self {
         Self {
             calls: Arc::new(Mutex::new(HashMap::new())),
+            seal: Arc::new(RwLock::new(Arc::new(Seal::private()))),
             ttl,
         }
+    }
+
+    /// Seals from now on with the deployment's shared key, as `replica` (before serving).
+    pub fn share(&self, seal: Seal) {
+        *self.seal.write().expect("seal") = Arc::new(seal);
+    }
+
+    /// The seal in use.
+    pub fn seal(&self) -> Arc<Seal> {
+        self.seal.read().expect("seal").clone()
     }
 
     fn sweep(&self, calls: &mut HashMap<String, Pending>) {
@@ -263,14 +390,21 @@ impl Parked {
     }
 
     fn park(&self, mut pending: Pending) -> Result<String, Pending> {
-        let state = format!("r0s-{}", uuid::Uuid::new_v4().simple());
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let seal = self.seal();
+        let state = seal.seal(&Sealed {
+            id: id.clone(),
+            replica: seal.replica(),
+            binding: pending.binding.clone(),
+            expires_ms: now_ms().saturating_add(self.ttl.as_millis() as u64),
+        });
         let mut calls = self.calls.lock().expect("parked");
         self.sweep(&mut calls);
         if calls.len() >= PARKED_CALLS_MAX {
             return Err(pending);
         }
         pending.parked_at = Some(Instant::now());
-        calls.insert(state.clone(), pending);
+        calls.insert(id, pending);
         Ok(state)
     }
 
@@ -283,32 +417,62 @@ impl Parked {
         self.len() == 0
     }
 
-    /// Takes the call a retry names and hands it the client's answers. A state that is unknown
-    /// (never issued, used, or expired) or bound to another call or client is refused, and a
-    /// call parked for someone else stays parked.
+    /// The replica holding the call `state` names, when the state is sound and that replica is
+    /// another one (a retry to hand over, [`crate::handoff`]).
+    pub fn elsewhere(&self, state: &str) -> Option<u64> {
+        let seal = self.seal();
+        seal.open(state)
+            .ok()
+            .map(|s| s.replica)
+            .filter(|r| *r != seal.replica())
+    }
+
+    /// Takes the call a retry names and hands it the client's answers. A state that is not
+    /// ring0's, expired, bound to another call or client, parked by another replica, or unknown
+    /// (used already) is refused, and a call parked for someone else stays parked.
     pub fn resume(
         &self,
         state: &str,
         binding: &str,
         responses: &BTreeMap<String, Value>,
     ) -> Result<Pending, ErrorData> {
+        // Expired calls go first, whatever this retry names: their askers hear it now.
+        self.sweep(&mut self.calls.lock().expect("parked"));
+        let seal = self.seal();
+        let sealed = seal.open(state).map_err(refusal)?;
+        if sealed.binding != binding {
+            return Err(ErrorData::invalid_params(
+                "requestState was issued for a different call or principal; retry with the same tool and arguments",
+                None,
+            ));
+        }
+        if sealed.replica != seal.replica() {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "requestState names a call parked by replica {}, which cannot be reached (it stopped, or its lease lapsed); call the tool again without it",
+                    sealed.replica
+                ),
+                None,
+            ));
+        }
         let mut pending = {
             let mut calls = self.calls.lock().expect("parked");
             self.sweep(&mut calls);
-            match calls.get(state) {
+            match calls.get(&sealed.id) {
                 None => {
                     return Err(ErrorData::invalid_params(
                         "requestState is unknown or expired (each is used once and kept for a limited time); call the tool again without it",
                         None,
                     ));
                 }
+                // The seal bound the state to this call; the parked call agrees.
                 Some(p) if p.binding != binding => {
                     return Err(ErrorData::invalid_params(
-                        "requestState was issued for a different call; retry with the same tool and arguments",
+                        "requestState was issued for a different call or principal; retry with the same tool and arguments",
                         None,
                     ));
                 }
-                Some(_) => calls.remove(state).expect("present"),
+                Some(_) => calls.remove(&sealed.id).expect("present"),
             }
         };
         for (key, tx) in std::mem::take(&mut pending.open) {
@@ -401,11 +565,84 @@ mod tests {
             .unwrap();
         assert!(err.message.contains("different call"), "{}", err.message);
         assert_eq!(parked.len(), 1);
+        let err = parked
+            .resume("r0s-guess", "mine", &BTreeMap::new())
+            .err()
+            .unwrap();
         assert!(
-            parked
-                .resume("r0s-guess", "mine", &BTreeMap::new())
-                .is_err()
+            err.message.contains("not one ring0 issued"),
+            "{}",
+            err.message
         );
+        assert_eq!(parked.len(), 1);
+    }
+
+    fn parked_state(parked: &Parked) -> String {
+        let (asker, rx) = channel();
+        let round = tokio::spawn(async move {
+            let _ = asker.ask("roots/list", None).await;
+            Ok(Answer::from(json!({})))
+        });
+        let pending = Pending::start(
+            "mine".into(),
+            round,
+            rx,
+            CancellationToken::new(),
+            no_relay(),
+        );
+        let rt = tokio::runtime::Handle::current();
+        let step = tokio::task::block_in_place(|| {
+            rt.block_on(pending.step(parked, &CancellationToken::new()))
+        });
+        let Step::Asked(first) = step else {
+            panic!("expected a question")
+        };
+        first["requestState"].as_str().unwrap().to_string()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn an_altered_or_foreign_state_is_refused_before_any_lookup() {
+        let parked = Parked::default();
+        parked.share(Seal::new(&[7; 32], 1));
+        let state = parked_state(&parked);
+        // Each character of the payload or tag changed in turn: never accepted.
+        let body = &state[STATE_PREFIX.len()..];
+        for i in [0, body.len() / 2, body.len() - 1] {
+            let mut altered: Vec<char> = body.chars().collect();
+            altered[i] = if altered[i] == 'A' { 'B' } else { 'A' };
+            let altered: String = altered.into_iter().collect();
+            let err = parked
+                .resume(
+                    &format!("{STATE_PREFIX}{altered}"),
+                    "mine",
+                    &BTreeMap::new(),
+                )
+                .err()
+                .unwrap();
+            assert!(
+                err.message.contains("not one ring0 issued"),
+                "{}",
+                err.message
+            );
+        }
+        // Signed under another key (another deployment): refused.
+        let other = Parked::default();
+        other.share(Seal::new(&[8; 32], 1));
+        assert_eq!(other.seal().open(&state), Err(Unsealed::Forged));
+        // The same key on replica 2: another replica's call, to hand over.
+        let peer = Parked::default();
+        peer.share(Seal::new(&[7; 32], 2));
+        assert_eq!(peer.elsewhere(&state), Some(1));
+        assert_eq!(parked.elsewhere(&state), None);
+        let err = peer.resume(&state, "mine", &BTreeMap::new()).err().unwrap();
+        assert!(err.message.contains("replica 1"), "{}", err.message);
+        // Bound to the call and principal: another binding is refused even by the owner.
+        let err = parked
+            .resume(&state, "theirs", &BTreeMap::new())
+            .err()
+            .unwrap();
+        assert!(err.message.contains("different call"), "{}", err.message);
+        assert!(parked.resume(&state, "mine", &BTreeMap::new()).is_ok());
     }
 
     #[tokio::test]
@@ -442,6 +679,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let err = parked.resume(state, "b", &BTreeMap::new()).err().unwrap();
         assert!(err.message.contains("expired"), "{}", err.message);
+        assert_eq!(parked.seal().open(state), Err(Unsealed::Expired));
         let reply = tokio::time::timeout(Duration::from_secs(10), seen_rx)
             .await
             .expect("the asker is answered")

@@ -40,6 +40,7 @@ pub mod delivery;
 pub mod door;
 pub mod forward;
 pub mod gateway;
+pub mod handoff;
 pub mod http;
 pub mod input;
 pub mod limits;

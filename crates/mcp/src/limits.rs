@@ -79,6 +79,11 @@ pub const STREAM_RESUME_DELAY_MAX: Duration = Duration::from_secs(5);
 /// client's retry. Past it the parked call is dropped and the asker (an upstream's request,
 /// ring0's approval) gets an error.
 pub const INPUT_WAIT: Duration = Duration::from_secs(300);
+/// How long a retry handed to the replica that parked its call may take to connect there.
+pub const HANDOFF_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a retry handed to another replica may take in all: its question's wait and the
+/// rest of the call (a tool's own timeout is far below it).
+pub const HANDOFF_WAIT: Duration = Duration::from_secs(2 * INPUT_WAIT.as_secs());
 /// Calls parked at once waiting for their clients' answers; a question beyond this is answered
 /// with an error at once.
 pub const PARKED_CALLS_MAX: usize = 256;

@@ -295,9 +295,20 @@ pub struct GatewayServer {
 /// gateway's [`crate::gateway::SessionEnd`]. A stateless request, which is a session of its own,
 /// never reports: what it started belongs to no session that could end.
 struct SessionEnding {
-    scope: String,
+    /// The scope whose background jobs end with the session: its own, or the one its
+    /// `Mcp-Session-Id` names once a request carried it ([`http_session_scope`]).
+    scope: Mutex<String>,
     sessionful: AtomicBool,
     hook: Option<crate::gateway::SessionEnd>,
+}
+
+impl SessionEnding {
+    fn bind(&self, scope: &str) {
+        let mut mine = self.scope.lock().unwrap_or_else(|p| p.into_inner());
+        if *mine != scope {
+            *mine = scope.to_string();
+        }
+    }
 }
 
 impl Drop for SessionEnding {
@@ -305,9 +316,27 @@ impl Drop for SessionEnding {
         if self.sessionful.load(Ordering::Acquire)
             && let Some(hook) = &self.hook
         {
-            hook(std::mem::take(&mut self.scope));
+            let scope = self.scope.get_mut().unwrap_or_else(|p| p.into_inner());
+            hook(std::mem::take(scope));
         }
     }
+}
+
+/// The scope of a sessionful HTTP session's calls, named by its `Mcp-Session-Id` (hashed: the
+/// id is the session's handle), so that every replica serving the session, and the one that
+/// restarted, gives them the same scope: the same repeat guard's keys, the same jobs.
+pub(crate) fn http_session_scope(context: &RequestContext<RoleServer>) -> Option<String> {
+    let parts = context.extensions.get::<http::request::Parts>()?;
+    let id = parts.headers.get("mcp-session-id")?.as_bytes();
+    Some(session_scope_of(id))
+}
+
+/// The scope of the sessionful HTTP session `id` (see [`http_session_scope`]).
+pub(crate) fn session_scope_of(id: &[u8]) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(id);
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("mcp-session-{hex}")
 }
 
 impl GatewayServer {
@@ -315,7 +344,7 @@ impl GatewayServer {
     pub fn new(gw: Gateway, approvals: Arc<Approvals>, scope: impl Into<String>) -> Self {
         let scope = scope.into();
         let ending = Arc::new(SessionEnding {
-            scope: scope.clone(),
+            scope: Mutex::new(scope.clone()),
             sessionful: AtomicBool::new(false),
             hook: gw.session_end(),
         });
@@ -346,6 +375,18 @@ impl GatewayServer {
             approvals,
             format!("mcp-session-{n}-{}", uuid::Uuid::new_v4().simple()),
         )
+    }
+
+    /// A session whose end is not this handle's to report: with sessions shared by several
+    /// replicas, one replica letting its copy go (idle, at its cap) does not end the session,
+    /// which the front end ends when the client deletes it.
+    pub fn ending_on_delete_only(mut self) -> Self {
+        self.ending = Arc::new(SessionEnding {
+            scope: Mutex::new(self.scope.clone()),
+            sessionful: AtomicBool::new(false),
+            hook: None,
+        });
+        self
     }
 
     /// The principal the session acts for (default `local`).
@@ -688,6 +729,10 @@ impl GatewayServer {
         }
         if is_stateless_http(context) {
             return crate::retry::principal_scope(&self.principal);
+        }
+        if let Some(scope) = http_session_scope(context) {
+            self.ending.bind(&scope);
+            return scope;
         }
         self.scope.clone()
     }

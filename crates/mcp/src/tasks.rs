@@ -19,7 +19,10 @@
 //! the unguessable id is the capability); an unknown id and another session's id get the same
 //! answer. Tasks are bounded in number ([`TASKS_MAX`], [`TASKS_PER_SESSION_MAX`]): at the bound
 //! the oldest finished task makes room, and when none has finished the call is answered the
-//! ordinary way. A finished task is kept for [`TASK_RETAIN_AFTER_DONE`].
+//! ordinary way. A finished task is kept for [`TASK_RETAIN_AFTER_DONE`]. With a shared journal,
+//! a job task is recorded there (`ring0_journal::SharedTask`): another replica answers its
+//! `tasks/get` and `tasks/cancel` through the job tools, which read the job's shared record. A
+//! long upstream call's task lives only on the replica running the call.
 
 use crate::limits::{
     TASK_INSPECT_INTERVAL_MIN, TASK_JOB_WAIT_SLICE, TASK_POLL_INTERVAL_MS, TASK_PROMOTE_AFTER,
@@ -155,11 +158,90 @@ fn iso(t: SystemTime) -> String {
 #[derive(Default)]
 pub struct TaskTable {
     tasks: Mutex<HashMap<String, Arc<TaskRecord>>>,
+    /// The deployment's shared journal: a job task is recorded there, so that another replica
+    /// answers `tasks/get` and `tasks/cancel` through the job tools (which read the job's
+    /// shared record).
+    shared: std::sync::OnceLock<Arc<dyn ring0_journal::Deployment>>,
 }
 
 impl TaskTable {
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// Records job tasks in the deployment's shared journal from now on (once).
+    pub fn share(&self, deployment: Arc<dyn ring0_journal::Deployment>) {
+        let _ = self.shared.set(deployment);
+    }
+
+    /// Records that task `task` follows `job` in `scope`, for the other replicas (best effort:
+    /// this replica answers it either way).
+    async fn publish(&self, task: &TaskRecord, job: &str, scope: &str) {
+        if let Some(deployment) = self.shared.get() {
+            let record = ring0_journal::SharedTask {
+                task_id: task.id.clone(),
+                owner: task.owner.clone(),
+                job: job.to_string(),
+                scope: scope.to_string(),
+                modern: task.modern,
+                cancelled: false,
+            };
+            let _ = deployment.task_put(&record).await;
+        }
+    }
+
+    /// Records that task `id` was cancelled, for the other replicas (best effort).
+    async fn publish_cancel(&self, id: &str) {
+        if let Some(deployment) = self.shared.get() {
+            let _ = deployment.task_cancelled(id).await;
+        }
+    }
+
+    /// Whether a client cancelled task `id` through another replica.
+    async fn cancelled_elsewhere(&self, id: &str) -> bool {
+        match self.shared.get() {
+            Some(deployment) => matches!(deployment.task_get(id).await, Ok(Some(t)) if t.cancelled),
+            None => false,
+        }
+    }
+
+    /// The task `id` of `owner`: this replica's, or a job task another replica created, from
+    /// its shared record (a stand-in that follows the job through the job tools).
+    async fn find_anywhere(&self, id: &str, owner: &str) -> Result<Arc<TaskRecord>, ErrorData> {
+        let local = self.find(id, owner);
+        if local.is_ok() {
+            return local;
+        }
+        let Some(deployment) = self.shared.get() else {
+            return local;
+        };
+        match deployment.task_get(id).await {
+            Ok(Some(shared)) if shared.owner == owner => {
+                let now = SystemTime::now();
+                Ok(Arc::new(TaskRecord {
+                    id: shared.task_id,
+                    owner: shared.owner,
+                    created: now,
+                    modern: shared.modern,
+                    state: Mutex::new(State {
+                        status: TaskStatus::Working,
+                        message: None,
+                        result: None,
+                        error: None,
+                        updated: now,
+                        finished: None,
+                        cancel_requested: shared.cancelled,
+                        inspected: None,
+                        work: Work::Job {
+                            job: shared.job,
+                            scope: shared.scope,
+                        },
+                        delivery: None,
+                    }),
+                }))
+            }
+            _ => local,
+        }
     }
 
     /// Tasks held (for tests of the bounds).
@@ -251,7 +333,11 @@ fn owner_of(server: &GatewayServer, context: &RequestContext<RoleServer>) -> Str
         Some(parts) if !parts.headers.contains_key("mcp-session-id") => {
             format!("{STATELESS_OWNER}:{}", server.principal().id)
         }
-        _ => server.scope().to_string(),
+        // A session's tasks are its own on every replica: named by its session id.
+        Some(_) => {
+            crate::server::http_session_scope(context).unwrap_or_else(|| server.scope().into())
+        }
+        None => server.scope().to_string(),
     }
 }
 
@@ -409,6 +495,13 @@ fn watch_job(server: GatewayServer, task: Arc<TaskRecord>, job: String, scope: S
             .await;
             match wait {
                 Ok(status) => {
+                    // A job killed because a client cancelled its task through another replica
+                    // ends the task as cancelled here too.
+                    if status.get("state").and_then(Value::as_str) == Some("KILLED")
+                        && server.task_table().cancelled_elsewhere(&task.id).await
+                    {
+                        task.lock().cancel_requested = true;
+                    }
                     if settle_job(&task, &status) {
                         return;
                     }
@@ -515,6 +608,7 @@ pub(crate) async fn offer(
         if let Some(d) = answer.delivery {
             d.delivered();
         }
+        table.publish(&task, &job, &scope).await;
         watch_job(server.clone(), task.clone(), job.clone(), scope);
         return Ok(Some(create_result(&task, Some(&job))));
     }
@@ -605,7 +699,8 @@ pub(crate) async fn get(
 ) -> Result<GetTaskResult, ErrorData> {
     let task = server
         .task_table()
-        .find(&request.task_id, &owner_of(server, context))?;
+        .find_anywhere(&request.task_id, &owner_of(server, context))
+        .await?;
     let job = {
         let mut s = task.lock();
         let fresh = s
@@ -631,7 +726,12 @@ pub(crate) async fn get(
         .await
         {
             Ok(snapshot) => {
-                let status = snapshot.get("status").cloned().unwrap_or(Value::Null);
+                // Another replica's job is answered with its status alone (its shared record).
+                let status = match snapshot.get("status") {
+                    Some(status) => status.clone(),
+                    None if snapshot.get("state").is_some() => snapshot.clone(),
+                    None => Value::Null,
+                };
                 if !settle_job(&task, &status) {
                     let state = status.get("state").and_then(Value::as_str).unwrap_or("");
                     let tail = snapshot.get("tail").and_then(Value::as_str).unwrap_or("");
@@ -673,7 +773,8 @@ pub(crate) async fn cancel(
 ) -> Result<(), ErrorData> {
     let task = server
         .task_table()
-        .find(&request.task_id, &owner_of(server, context))?;
+        .find_anywhere(&request.task_id, &owner_of(server, context))
+        .await?;
     let work = {
         let mut s = task.lock();
         if s.status.is_terminal() {
@@ -689,6 +790,7 @@ pub(crate) async fn cancel(
             Work::Pending => None,
         }
     };
+    server.task_table().publish_cancel(&task.id).await;
     match work {
         Some((job, scope)) => {
             // `job_cancel` returns once the job's process tree is gone.

@@ -53,6 +53,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod files;
+mod job_records;
 pub mod page;
 pub mod patch;
 pub mod sandbox;
@@ -287,6 +288,13 @@ impl JobSessions {
         manager
             .inspect_any_session(job, tail_lines)
             .map_err(|e| e.to_string())
+    }
+
+    /// Records this replica's background jobs in the deployment's shared journal from now on,
+    /// and answers about the jobs of other replicas from their records (see
+    /// `ring0_journal::deployment`): a job whose replica stopped is reported KILLED.
+    pub fn share(&self, deployment: Arc<dyn ring0_journal::Deployment>) {
+        self.jobs.records.share(deployment);
     }
 }
 

@@ -225,6 +225,10 @@ pub(crate) struct Jobs {
     /// Scopes with a job whose tree was recorded before it started, oldest first (at most
     /// [`JOB_TREE_SCOPES_MAX`]): each job of theirs that finishes records the tree it left.
     tree_scopes: Arc<Mutex<VecDeque<String>>>,
+    /// The jobs of every replica of a deployment, when this one joined one.
+    pub(crate) records: crate::job_records::JobRecords,
+    /// Whether the task that reads other replicas' cancel requests runs.
+    cancel_watch: std::sync::atomic::AtomicBool,
 }
 
 enum Route {
@@ -263,6 +267,8 @@ impl Jobs {
             detached: Mutex::new(HashSet::new()),
             checkpoints,
             tree_scopes: Arc::new(Mutex::new(VecDeque::new())),
+            records: Default::default(),
+            cancel_watch: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -293,6 +299,8 @@ impl Jobs {
     /// process trees torn down), except those started detached. A scope that never started a
     /// job costs nothing.
     pub(crate) async fn end_scope(&self, scope: &str) {
+        // The session's jobs other replicas run end there (their replicas cancel them).
+        self.records.end_of(&scope_id(scope)).await;
         let Some(Ok(manager)) = self.manager.get() else {
             return;
         };
@@ -364,6 +372,7 @@ impl Jobs {
                     // to the session that started the job, the moment it happens.
                     let routes = self.routes.clone();
                     let after = self.tree_after(scope);
+                    let (records, owner) = (self.records.clone(), scope_id(scope));
                     tokio::spawn(async move {
                         while let Some(event) = events.recv().await {
                             match event {
@@ -371,6 +380,8 @@ impl Jobs {
                                     // Recorded before the news goes out, so a restore asked
                                     // for after it sees what the job left.
                                     after.record().await;
+                                    let value = serde_json::to_value(&*status).unwrap_or_default();
+                                    records.publish(&owner, &value, true).await;
                                     route(
                                         &routes,
                                         status.job.to_string(),
@@ -717,6 +728,17 @@ impl Tool for Shell {
             }
             self.jobs
                 .route_to(receipt.job.to_string(), ctx.events.clone());
+            let started = json!({
+                "job": receipt.job,
+                "state": receipt.state,
+                "started_at_ms": receipt.started_at_ms,
+                "detached": a.detached,
+            });
+            self.jobs
+                .records
+                .publish(&scope_id(&ctx.scope), &started, false)
+                .await;
+            Jobs::watch_cancel_requests(&self.jobs);
             let mut obs = Observation::json(json!({
                 "job": receipt.job,
                 "state": receipt.state,
@@ -864,6 +886,28 @@ impl JobTool {
 }
 
 impl JobTool {
+    /// The answer about a job this replica does not run, from the deployment's record of it
+    /// (see [`crate::job_records`]); `None` when no replica recorded it for this scope.
+    async fn answer_from_record(
+        &self,
+        scope: &str,
+        a: &JobArgs,
+    ) -> Option<Result<Value, ToolError>> {
+        use crate::job_records::Asked;
+        let asked = match self.op {
+            JobOp::Inspect => Asked::Inspect,
+            JobOp::Wait => Asked::Wait(Duration::from_millis(
+                a.timeout_ms.unwrap_or(30_000).min(JOB_WAIT_MS_MAX),
+            )),
+            JobOp::Cancel => Asked::Cancel,
+            JobOp::SendInput => Asked::SendInput,
+        };
+        self.jobs
+            .records
+            .elsewhere(&scope_id(scope), &a.job, asked)
+            .await
+    }
+
     /// A job this call saw finished has its tree recorded as it left it before the call
     /// answers (the session's event task records it too, but may not have yet), so a restore
     /// asked for next sees what the job did as ring0's.
@@ -879,6 +923,11 @@ impl Tool for JobTool {
     async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
         let a: JobArgs = args_of(args)?;
         let (manager, session) = self.jobs.session(&ctx.scope).await?;
+        if let Err(JobError::UnknownJob { .. }) = manager.inspect(&session, &a.job, 0)
+            && let Some(answer) = self.answer_from_record(&ctx.scope, &a).await
+        {
+            return answer.map(Observation::json);
+        }
         let value = match self.op {
             JobOp::Inspect => serde_json::to_value(
                 manager
@@ -934,11 +983,71 @@ impl Tool for JobTool {
                 };
             }
         }
-        ProbeFinding::Indeterminate(format!("job {job:?} is not known"))
+        // A job another replica ran: finished (or ended with its replica), or not yet.
+        match self.jobs.records.settled(job).await {
+            Some(true) => crate::applied(Observation::json(json!({"job": job, "finished": true}))),
+            Some(false) => ProbeFinding::Unchanged,
+            None => ProbeFinding::Indeterminate(format!("job {job:?} is not known")),
+        }
     }
 }
 
 impl Jobs {
+    /// Cancels, every [`crate::job_records::CANCEL_POLL`], the jobs of this replica that
+    /// another replica was asked to cancel (see [`crate::job_records`]). Started once, with the
+    /// first background job of a replica that joined a deployment; it ends with the job table.
+    fn watch_cancel_requests(jobs: &Arc<Jobs>) {
+        use std::sync::atomic::Ordering;
+        if !jobs.records.is_shared() || jobs.cancel_watch.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(jobs);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::job_records::CANCEL_POLL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(jobs) = weak.upgrade() else {
+                    return;
+                };
+                let asked = jobs.records.to_cancel().await;
+                if asked.is_empty() {
+                    continue;
+                }
+                let Ok(manager) = jobs.manager().await else {
+                    continue;
+                };
+                for job in asked {
+                    jobs.cancel_in_any_session(manager, &job).await;
+                }
+            }
+        });
+    }
+
+    /// Cancels `job` in whichever of this replica's job sessions holds it.
+    async fn cancel_in_any_session(&self, manager: &JobManager, job: &str) {
+        let ids: Vec<String> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        for id in ids {
+            let Ok(session) = SessionId::new(format!("scope_{id}")) else {
+                continue;
+            };
+            if manager
+                .list(&session)
+                .iter()
+                .any(|s| s.job.to_string() == job)
+            {
+                let _ = manager.cancel(&session, job).await;
+                return;
+            }
+        }
+    }
+
     fn all_statuses(&self, manager: &JobManager) -> Vec<ring0_exec::JobStatus> {
         let ids: Vec<String> = self
             .sessions

@@ -30,6 +30,7 @@
 //! kernel's tokio runtime, or `block_on` in a test) and its lease is renewed whatever its callers
 //! do.
 
+mod deployment;
 mod group;
 mod lease;
 mod propose;
@@ -305,6 +306,16 @@ impl PostgresJournal {
     /// This replica's lease.
     pub fn lease_ms(&self) -> u64 {
         self.shared.lease_ms
+    }
+
+    /// What this replica shares with the others on the database besides records (see
+    /// [`crate::deployment`]). It runs on the journal's runtime: it stops working once the
+    /// journal is dropped.
+    pub fn deployment(&self) -> Arc<dyn crate::deployment::Deployment> {
+        Arc::new(deployment::PostgresDeployment::new(
+            self.shared.clone(),
+            self.handle.clone(),
+        ))
     }
 
     /// Runs `f` on the journal's runtime and waits for it from any executor.

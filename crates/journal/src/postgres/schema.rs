@@ -73,6 +73,49 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         stored_ms   BIGINT NOT NULL
     );
     CREATE INDEX memo_by_age ON memo (stored_ms, fingerprint);",
+    // 2: keys every replica shares, one per purpose (the `requestState` signing key), made by
+    // the first replica that asks.
+    "CREATE TABLE deployment_keys (
+        purpose    TEXT        PRIMARY KEY,
+        secret     BYTEA       NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+    );",
+    // 3: where each replica's HTTP listener is reached by the others.
+    "ALTER TABLE replicas ADD COLUMN endpoint TEXT;",
+    // 4: sessionful MCP sessions, served by any replica.
+    "CREATE TABLE mcp_sessions (
+        id         TEXT   PRIMARY KEY,
+        principal  TEXT   NOT NULL,
+        state      TEXT   NOT NULL,
+        created_ms BIGINT NOT NULL,
+        used_ms    BIGINT NOT NULL
+    );
+    CREATE INDEX mcp_sessions_by_principal ON mcp_sessions (principal, used_ms);
+    CREATE INDEX mcp_sessions_by_use ON mcp_sessions (used_ms);",
+    // 5: background jobs: the replica whose process runs each, its last report, and whether
+    // another replica asked it to cancel the job.
+    "CREATE TABLE jobs (
+        handle     TEXT    PRIMARY KEY,
+        owner      TEXT    NOT NULL,
+        replica    BIGINT  NOT NULL,
+        report     TEXT    NOT NULL,
+        finished   BOOLEAN NOT NULL,
+        updated_ms BIGINT  NOT NULL,
+        cancel_requested BOOLEAN NOT NULL DEFAULT false
+    );
+    CREATE INDEX jobs_by_age ON jobs (finished, updated_ms);
+    CREATE INDEX jobs_to_cancel ON jobs (replica) WHERE cancel_requested AND NOT finished;",
+    // 6: MCP tasks that follow a background job: the job and scope each task id stands for.
+    "CREATE TABLE job_tasks (
+        task_id    TEXT    PRIMARY KEY,
+        owner      TEXT    NOT NULL,
+        job        TEXT    NOT NULL,
+        scope      TEXT    NOT NULL,
+        modern     BOOLEAN NOT NULL,
+        created_ms BIGINT  NOT NULL,
+        cancelled  BOOLEAN NOT NULL DEFAULT false
+    );
+    CREATE INDEX job_tasks_by_age ON job_tasks (created_ms);",
 ];
 
 /// The schema versions a migration went between: what the database had, and what it has now.

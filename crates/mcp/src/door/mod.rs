@@ -21,6 +21,7 @@
 pub mod listener;
 pub mod operations;
 pub mod sessions;
+pub mod shared;
 pub mod stdio;
 
 use crate::limits::{

@@ -14,10 +14,10 @@ use crate::log::Log;
 use futures::Stream;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::common::server_side_http::{ServerSseMessage, SessionId};
-use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::{
     LocalSessionManager, LocalSessionManagerError,
 };
+use rmcp::transport::streamable_http_server::session::{RestoreOutcome, SessionManager};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -250,6 +250,39 @@ impl SessionManager for DoorSessions {
         self.touch(id);
         let stream = self.inner.create_standalone_stream(id).await?;
         Ok(self.hold(id, stream))
+    }
+
+    async fn restore_session(
+        &self,
+        id: SessionId,
+    ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        // A session another replica opened (or this one before it restarted), restored from
+        // the shared record for the principal the gate checked against it.
+        let outcome = self.inner.restore_session(id.clone()).await?;
+        if matches!(outcome, RestoreOutcome::Restored(_)) {
+            let principal = crate::http::caller().unwrap_or_default();
+            let victim = self
+                .table
+                .lock()
+                .expect("sessions")
+                .over_cap(&principal, self.per_principal_max);
+            if let Some(victim) = victim {
+                self.close(
+                    &victim,
+                    "the principal holds too many sessions on this replica",
+                )
+                .await;
+            }
+            self.table.lock().expect("sessions").entries.insert(
+                id,
+                Entry {
+                    principal,
+                    last_used: Instant::now(),
+                    streams: 0,
+                },
+            );
+        }
+        Ok(outcome)
     }
 
     async fn resume(
