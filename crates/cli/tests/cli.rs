@@ -338,7 +338,10 @@ fn a_background_job_ends_with_its_http_session_unless_detached() {
     // The file is written just before the script `exec`s its `sleep`: wait for both to run.
     let deadline = std::time::Instant::now() + WAIT;
     while !(alive(bound) && alive(detached)) {
-        assert!(std::time::Instant::now() < deadline, "both jobs run their sleep");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both jobs run their sleep"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 

@@ -193,6 +193,15 @@ pub trait Journal: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// Held calls whose intents may still wait for them, oldest first, at most
+    /// [`hold::HOLDS_LISTED_MAX`]: the PENDING ones and, on a backend replicas share, the
+    /// APPROVED ones before their deadline — a replica that died may have left one approved
+    /// but not yet released, and whichever replica takes its intent releases it. Recovery
+    /// leaves their intents alone.
+    async fn holds_unreleased(&self) -> Result<Vec<HeldCall>, JournalError> {
+        self.holds_pending().await
+    }
+
     /// Decides a held call once: a compare-and-set from PENDING (see [`HoldDecided`]).
     async fn hold_decide(
         &self,
@@ -201,6 +210,29 @@ pub trait Journal: Send + Sync {
     ) -> Result<HoldDecided, JournalError> {
         let _ = (approval_id, state);
         Ok(HoldDecided::NotFound)
+    }
+
+    /// Waits at most `wait` for the held call to be decided, and returns it decided; `None`
+    /// when it is still PENDING after `wait` (or there is no such call). A decision made by
+    /// another process or replica counts: this backend reads the record every
+    /// [`limits::HOLD_POLL_MS`]; one shared by replicas is told, and reads it less often.
+    /// A read that fails is tried again at the next poll, so a broken journal only makes the
+    /// wait end undecided (the call is not run). Call it inside a tokio runtime.
+    async fn hold_wait(&self, approval_id: &str, wait: std::time::Duration) -> Option<HeldCall> {
+        let until = tokio::time::Instant::now() + wait;
+        let poll = std::time::Duration::from_millis(limits::HOLD_POLL_MS);
+        loop {
+            if let Ok(Some(held)) = self.hold_get(approval_id).await
+                && held.state != HoldState::Pending
+            {
+                return Some(held);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                return None;
+            }
+            tokio::time::sleep(poll.min(until - now)).await;
+        }
     }
 
     /// Stores an observation of a deterministic read. Returns whether it was stored (an

@@ -137,8 +137,9 @@ pub(crate) async fn recheck_recorded(
 ) -> Result<Vec<IntentRecord>, JournalError> {
     let me = journal.incarnation();
     let mut refused = Vec::new();
-    // A call held for a person's approval waits for that decision, not for today's policy.
-    let holds = journal.holds_pending().await?;
+    // A call held for a person's approval waits for that decision, not for today's policy;
+    // one approved is released by whoever watches its held call.
+    let holds = journal.holds_unreleased().await?;
     for record in journal.open_records().await? {
         // A record of this very incarnation belongs to a live round of this process.
         if record.state != IntentState::Recorded || Some(record.owner) == me {

@@ -73,6 +73,19 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         stored_ms   BIGINT NOT NULL
     );
     CREATE INDEX memo_by_age ON memo (stored_ms, fingerprint);",
+    // Calls held for a person's approval (`crate::hold`): any replica lists and decides them,
+    // and the one whose call waits is told (`NOTIFY ring0_holds`, see `postgres::holds`).
+    "CREATE TABLE held_calls (
+        approval_id TEXT   PRIMARY KEY,
+        state       TEXT   NOT NULL,
+        created_ms  BIGINT NOT NULL,
+        deadline_ms BIGINT NOT NULL,
+        body        TEXT   NOT NULL
+    );
+    CREATE INDEX held_calls_pending ON held_calls (created_ms, approval_id)
+        WHERE state = 'PENDING';
+    CREATE INDEX held_calls_approved ON held_calls (deadline_ms)
+        WHERE state = 'APPROVED';",
 ];
 
 /// The schema versions a migration went between: what the database had, and what it has now.
