@@ -322,3 +322,87 @@ fn a_held_call_outlives_its_replicas_sigkill_and_runs_once_when_approved_after_t
     wait_for_intent(dir.path(), &journal, "ACKED");
     assert_eq!(effects(dir.path(), "after the kill"), 1);
 }
+
+/// A workspace where `fx__append` runs unattended (settled by its idempotency key) and every
+/// principal may make two calls an hour.
+fn limited_workspace(peers: &Path) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[limits]\nprincipal_rate = \"2/h\"\n\n\
+         [journal]\nlease_ms = {LEASE_MS}\n\n\
+         [[grants]]\nname = \"effects\"\ntools = [\"fx__append\"]\nceiling = \"A2\"\n\n\
+         [[upstreams]]\nalias = \"fx\"\ncommand = {:?}\nargs = [{:?}, \"--dir\", {:?}]\n\n\
+         [upstreams.tools.append]\neffect = \"non_idempotent\"\nauthority = \"A2\"\n\
+         strategy = [\"exploitation\"]\nsettlement = \"idempotency_key\"\n",
+        python(peers).display().to_string(),
+        fixtures().join("effect_upstream.py").display().to_string(),
+        dir.path().display().to_string(),
+    );
+    std::fs::write(dir.path().join("ring0.toml"), config).unwrap();
+    dir
+}
+
+/// A sessionful MCP session with `server` (no credentials: the local principal).
+fn mcp_session(server: &HttpServer) -> String {
+    let (head, init) = post(
+        &server.addr,
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                           "clientInfo": {"name": "shared-state-test", "version": "1"}}}),
+    );
+    assert!(init.get("result").is_some(), "{init}");
+    let session = session_id(&head);
+    let headers = [
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-06-18"),
+    ];
+    post(
+        &server.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    session
+}
+
+/// `fx__append {"text": TEXT}` under the key KEY through `server`'s `session`: its result.
+fn append(server: &HttpServer, session: &str, text: &str, key: &str) -> Value {
+    let headers = [
+        ("Mcp-Session-Id", session),
+        ("MCP-Protocol-Version", "2025-06-18"),
+    ];
+    let (_, answer) = post(
+        &server.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "fx__append", "arguments": {"text": text},
+                           "idempotencyKey": key}}),
+    );
+    answer["result"].clone()
+}
+
+#[test]
+fn a_principals_rate_limit_holds_across_replicas_as_one() {
+    let Some(journal) = database() else { return };
+    let Some(peers) = peers() else { return };
+    let dir = limited_workspace(&peers);
+    let a = replica(dir.path(), "a", &journal);
+    let b = replica(dir.path(), "b", &journal);
+    let sessions = [(&a, mcp_session(&a)), (&b, mcp_session(&b))];
+    let mut refused = 0;
+    for i in 0..6 {
+        let (server, session) = &sessions[i % 2];
+        let result = append(server, session, &format!("call {i}"), &format!("key-{i}"));
+        if result["isError"] == json!(true) {
+            let text = result.to_string();
+            assert!(text.contains("rate_limited"), "{result}");
+            assert!(text.contains("rate:principal"), "{result}");
+            refused += 1;
+        }
+    }
+    let ran: usize = (0..6)
+        .map(|i| effects(dir.path(), &format!("call {i}")))
+        .sum();
+    assert_eq!(ran, 2, "two calls an hour, whichever replica they reach");
+    assert_eq!(refused, 4);
+}

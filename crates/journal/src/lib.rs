@@ -48,6 +48,7 @@ pub mod postgres;
 pub mod record;
 pub mod recovery;
 pub mod settle;
+pub mod shared;
 pub mod sim;
 pub mod sqlite;
 
@@ -63,6 +64,7 @@ pub use settle::{
     DispatchOutcome, FailureClass, PersonFinding, ProbeFinding, Settled, begin_dispatch,
     begin_reconcile, cancel_before_dispatch, compensate, record_outcome, resolve_by_person, settle,
 };
+pub use shared::{RateTaken, SharedState};
 pub use sim::{SimReport, run_simulation};
 pub use sqlite::{JournalReader, SqliteJournal, SqliteOptions, WriterStats};
 
@@ -159,6 +161,13 @@ pub trait Journal: Send + Sync {
     /// treats every open record as left behind by a crash, so it must finish before new calls
     /// are dispatched.
     fn incarnation(&self) -> Option<u64> {
+        None
+    }
+
+    /// The decision state this backend shares with the other processes that use it (remembered
+    /// approvals, rate buckets: [`shared`]), or `None` for a backend no other process shares,
+    /// whose host keeps that state in memory.
+    fn shared_state(&self) -> Option<std::sync::Arc<dyn SharedState>> {
         None
     }
 

@@ -25,6 +25,8 @@
 //!   approval (a compare-and-set from PENDING), and the decision is announced with
 //!   `NOTIFY ring0_holds`, which every replica's listener hands to its waiting calls
 //!   ([`Journal::hold_wait`]); reading the record every second is the fallback.
+//! - **Decision state** (`shared_state`): remembered approvals and GCRA rate buckets, so every
+//!   replica decides a call as the others would ([`Journal::shared_state`]).
 //! - **Migrations** (`schema`) are numbered, in `ring0_schema`, run once under an advisory lock.
 //! - **Reading from outside** (`reader`): [`PostgresReader`] lists and shows records, and
 //!   [`migrate`] runs the migrations, without registering a replica.
@@ -41,6 +43,7 @@ mod propose;
 mod reader;
 mod rows;
 mod schema;
+mod shared_state;
 
 pub use reader::{PostgresReader, migrate};
 pub use schema::Migrated;
@@ -253,6 +256,8 @@ pub struct PostgresJournal {
     listener: Option<tokio::task::JoinHandle<()>>,
     /// Where proposals wait for their batch, when group commit is on.
     group: Option<Arc<group::GroupCommit>>,
+    /// Remembered approvals and rate buckets (see the `shared_state` module).
+    state: Arc<shared_state::PostgresSharedState>,
 }
 
 impl PostgresJournal {
@@ -316,8 +321,13 @@ impl PostgresJournal {
             let _entered = handle.enter();
             Arc::new(group::GroupCommit::start(shared.clone(), workers))
         });
+        let state = Arc::new(shared_state::PostgresSharedState {
+            shared: shared.clone(),
+            handle: handle.clone(),
+        });
         Ok(Self {
             shared,
+            state,
             runtime: Some(runtime),
             handle,
             heartbeat: Some(heartbeat),
@@ -472,6 +482,9 @@ async fn heartbeat(shared: Arc<Shared>) {
     loop {
         beat.tick().await;
         let _ = lease::renew(&shared).await;
+        if let Ok(client) = shared.client().await {
+            let _ = shared_state::prune(&client, &shared.db).await;
+        }
         let deliveries = shared.pending_deliveries();
         if !deliveries.is_empty()
             && let Ok(client) = shared.client().await
@@ -631,6 +644,10 @@ impl Journal for PostgresJournal {
 
     fn incarnation(&self) -> Option<u64> {
         Some(self.shared.incarnation)
+    }
+
+    fn shared_state(&self) -> Option<Arc<dyn crate::shared::SharedState>> {
+        Some(self.state.clone())
     }
 
     async fn hold_put(&self, held: &HeldCall) -> Result<bool, JournalError> {

@@ -86,6 +86,25 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         WHERE state = 'PENDING';
     CREATE INDEX held_calls_approved ON held_calls (deadline_ms)
         WHERE state = 'APPROVED';",
+    // "Allow for this session" approvals every replica honours (`crate::shared`), on the
+    // database's clock (microseconds).
+    "CREATE TABLE remembered_approvals (
+        approval_key  TEXT   PRIMARY KEY,
+        approval_id   TEXT   NOT NULL,
+        until_us      BIGINT,
+        remembered_us BIGINT NOT NULL
+    );
+    CREATE INDEX remembered_approvals_by_age ON remembered_approvals (remembered_us);
+    CREATE INDEX remembered_approvals_by_end ON remembered_approvals (until_us);",
+    // GCRA rate buckets every replica takes from (`crate::shared`): each bucket's theoretical
+    // arrival time on the database's clock (microseconds).
+    "CREATE TABLE rate_buckets (
+        bucket  TEXT    PRIMARY KEY,
+        tat_us  BIGINT  NOT NULL,
+        allowed BOOLEAN NOT NULL,
+        seen_us BIGINT  NOT NULL
+    );
+    CREATE INDEX rate_buckets_by_tat ON rate_buckets (tat_us);",
 ];
 
 /// The schema versions a migration went between: what the database had, and what it has now.
