@@ -232,6 +232,28 @@ fn intent_state(dir: &Path, journal: &str) -> String {
     .to_string()
 }
 
+/// `ring0 journal show` of the (one) `fx__append` intent, read from outside.
+fn journal_show(dir: &Path, journal: &str) -> String {
+    let run = |args: &[&str]| {
+        let out = Command::new(ring0())
+            .args(args)
+            .current_dir(dir)
+            .env("HOME", test_home())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let listing = run(&["journal", "ls", "--journal", journal]);
+    let id = listing
+        .lines()
+        .find(|l| l.contains("fx__append"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no intent listed:\n{listing}"))
+        .to_string();
+    run(&["journal", "show", &id, "--journal", journal])
+}
+
 fn wait_for_intent(dir: &Path, journal: &str, state: &str) {
     let deadline = Instant::now() + HTTP_WAIT;
     loop {
@@ -268,6 +290,9 @@ fn a_call_held_on_one_replica_and_approved_through_another_runs_once_where_it_wa
     );
     assert_eq!(effects(dir.path(), "approved on a"), 1);
     assert_eq!(intent_state(dir.path(), &journal), "ACKED");
+    // The intent names who the call acted for.
+    let shown = journal_show(dir.path(), &journal);
+    assert!(shown.contains("principal:       alice"), "{shown}");
     // Decided once: a second decision finds it decided.
     let (code, body) = console(
         &a.addr,
