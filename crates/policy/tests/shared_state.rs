@@ -199,3 +199,54 @@ async fn an_approval_for_the_session_given_on_one_replica_is_honoured_on_another
     assert_eq!(deploy(&c, "prod").await, "ran");
     assert_eq!(asked.0.load(Ordering::SeqCst), 2);
 }
+
+/// The same on the shared state of real PostgreSQL journals, two replicas of one database (the
+/// one `RING0_TEST_POSTGRES_URL` names; skipped without it): an approval for the session given
+/// through one is honoured by the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_remembered_in_postgresql_is_honoured_by_another_replica() {
+    let Some(url) = std::env::var("RING0_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        // Under CI the suite must not pass without having run.
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "RING0_TEST_POSTGRES_URL is not set under CI"
+        );
+        eprintln!(
+            "skipped: RING0_TEST_POSTGRES_URL is not set (scripts/test.sh starts a database)"
+        );
+        return;
+    };
+    let open = || {
+        let options = ring0_journal::PostgresOptions {
+            pool_connections: 2,
+            ..ring0_journal::PostgresOptions::default()
+        };
+        ring0_journal::PostgresJournal::open(&url, options).unwrap()
+    };
+    use ring0_journal::Journal;
+    let (ja, jb) = (open(), open());
+    let asked = Arc::new(ForSession(AtomicUsize::new(0)));
+    let held = || {
+        Policy::builder()
+            .grant(
+                Grant::new("deploys", &["deploy"], Authority::A2)
+                    .approval(true)
+                    .approval_scope(ApprovalScope::Session),
+            )
+            .unwrap()
+            .approver(asked.clone())
+    };
+    // A conversation of its own: the database may hold others' remembered approvals.
+    let scope = format!("conversation-{}", std::process::id());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let a = replica(held(), ja.shared_state().unwrap(), &scope, &runs);
+    let b = replica(held(), jb.shared_state().unwrap(), &scope, &runs);
+    let env = format!("prod-{:?}", std::time::SystemTime::now());
+    assert_eq!(deploy(&a, &env).await, "ran");
+    assert_eq!(deploy(&b, &env).await, "ran");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(asked.0.load(Ordering::SeqCst), 1, "asked once, through A");
+}
