@@ -19,6 +19,11 @@
 //! - [`recovery`]: [`drive`] one owned record to a settled state, and [`recover`] everything a
 //!   crash left open, from the log alone;
 //! - [`memo`]: memoized observations of deterministic reads;
+//! - [`hold`]: calls held for a person's approval, decided once ([`Journal::hold_decide`]) and
+//!   waited for ([`Journal::hold_wait`]; on PostgreSQL, told by `NOTIFY` when any replica
+//!   decided);
+//! - [`shared`]: the decision state replicas share through a backend ([`SharedState`]:
+//!   remembered approvals, rate buckets), offered by [`Journal::shared_state`];
 //! - [`inspect`] and [`JournalReader`]: `ring0 journal ls | show`;
 //! - [`sim`]: the deterministic simulation behind `ring0 journal sim` ([`run_simulation`]).
 //!
