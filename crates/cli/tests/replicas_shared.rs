@@ -431,3 +431,120 @@ fn a_principals_rate_limit_holds_across_replicas_as_one() {
     assert_eq!(ran, 2, "two calls an hour, whichever replica they reach");
     assert_eq!(refused, 4);
 }
+
+/// A workspace of its own (its own `ring0.lock`) serving the mediated fixture, whose
+/// `FIXTURE_STAGE=v2` changes the tool `send_mail` after `v1` was pinned.
+fn pinned_workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let transport = format!(
+        "command = \"python3\"\nargs = [{:?}]\nenv = [\"PATH\", \"FIXTURE_STAGE\"]\n",
+        fixtures()
+            .join("mediated_upstream.py")
+            .display()
+            .to_string()
+    );
+    let config = one_upstream_config("fixture", r#"["fx__*"]"#, "A3", "fx", &transport, "");
+    let config = format!("{config}\n[journal]\nlease_ms = {LEASE_MS}\n");
+    std::fs::write(dir.path().join("ring0.toml"), config).unwrap();
+    dir
+}
+
+/// `ring0 serve` over stdio in `dir` at `stage`, once, listing its tools: its definitions are
+/// pinned on first sight.
+fn list_at_stage(dir: &Path, stage: &str) {
+    let mut cmd = Command::new(ring0());
+    cmd.arg("serve")
+        .current_dir(dir)
+        .env("HOME", test_home())
+        .env("FIXTURE_STAGE", stage)
+        .stderr(Stdio::null());
+    let (mut child, mut stdin, messages) = spawn_stdio_json(cmd);
+    for line in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    ] {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    while messages.recv_timeout(HTTP_WAIT).expect("ring0 answers")["id"] != 2 {}
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The tool names `server` lists to a new session.
+fn listed(server: &HttpServer) -> Vec<String> {
+    let session = mcp_session(server);
+    let headers = [
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-06-18"),
+    ];
+    let (_, answer) = post(
+        &server.addr,
+        &headers,
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}),
+    );
+    answer["result"]["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn a_tool_approved_on_one_replica_is_approved_on_every_replica() {
+    let Some(journal) = database() else { return };
+    if peers().is_none() {
+        return;
+    }
+    let (wa, wb) = (pinned_workspace(), pinned_workspace());
+    // Each replica pinned the first definitions in its own lock; the upstream then changed.
+    list_at_stage(wa.path(), "v1");
+    list_at_stage(wb.path(), "v1");
+    let start = |dir: &Path, name: &str| {
+        let mut cmd = Command::new(ring0());
+        cmd.arg("--state-dir")
+            .arg(dir.join(format!(".ring0-{name}")))
+            .args(["serve", "--http", "127.0.0.1:0", "--journal", &journal])
+            .current_dir(dir)
+            .env("HOME", test_home())
+            .env("FIXTURE_STAGE", "v2");
+        start_http(cmd)
+    };
+    let _a = start(wa.path(), "a");
+    let b = start(wb.path(), "b");
+    assert!(
+        !listed(&b).contains(&"fx__send_mail".to_string()),
+        "the changed tool is quarantined"
+    );
+    // A person approves the change on replica A (its lock, its state directory).
+    let out = Command::new(ring0())
+        .arg("--state-dir")
+        .arg(wa.path().join(".ring0-a"))
+        .args(["approve-tool", "fx__send_mail"])
+        .current_dir(wa.path())
+        .env("HOME", test_home())
+        .env("FIXTURE_STAGE", "v2")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Replica B follows: the tool is listed there, and B's own lock holds the approval.
+    let deadline = Instant::now() + HTTP_WAIT;
+    while !listed(&b).contains(&"fx__send_mail".to_string()) {
+        assert!(Instant::now() < deadline, "replica B never followed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let lock_a = std::fs::read_to_string(wa.path().join("ring0.lock")).unwrap();
+    let lock_b = std::fs::read_to_string(wb.path().join("ring0.lock")).unwrap();
+    let pin_of = |lock: &str| {
+        lock.lines()
+            .find(|l| l.trim_start().starts_with("send_mail"))
+            .map(str::to_string)
+    };
+    assert_eq!(pin_of(&lock_a), pin_of(&lock_b), "{lock_a}\n{lock_b}");
+}

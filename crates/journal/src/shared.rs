@@ -1,6 +1,6 @@
 //! State that decides calls, kept by a journal backend that several replicas share, so that any
-//! replica decides a call as any other would: remembered approvals ("allow for this session")
-//! and rate buckets.
+//! replica decides a call as any other would: remembered approvals ("allow for this session"),
+//! rate buckets, and the approved pins of upstream definitions.
 //!
 //! A backend offers it through [`crate::Journal::shared_state`]; one that no other process
 //! shares offers none, and its host keeps that state in memory. The authorizer
@@ -31,6 +31,24 @@ pub enum RateTaken {
     Refused { retry_after: Duration },
 }
 
+/// Most approved pins [`SharedState::pins_since`] returns at once (1,024); the caller asks again
+/// from the last one's sequence number.
+pub const PINS_LISTED_MAX: i64 = 1024;
+
+/// An approved pin of an upstream definition, as replicas share it: the lock entry
+/// `upstream` / `kind` / `name` = `pin` (see `ring0_mcp::pin`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinApproval {
+    /// The upstream's alias.
+    pub upstream: String,
+    /// `tool` or `prompt`.
+    pub kind: String,
+    /// The server's own name of the tool or prompt.
+    pub name: String,
+    /// `sha256:…`.
+    pub pin: String,
+}
+
 /// Decision state shared by the replicas of a deployment (see the module docs).
 #[async_trait]
 pub trait SharedState: Send + Sync {
@@ -54,6 +72,15 @@ pub trait SharedState: Send + Sync {
 
     /// The approval remembered under `key`, if it has not lapsed.
     async fn approval_remembered(&self, key: &str) -> Result<Option<String>, JournalError>;
+
+    /// Publishes approved pins (a replica's lock entries): each one not yet shared gets the next
+    /// sequence number; one already shared keeps its own.
+    async fn pins_publish(&self, pins: &[PinApproval]) -> Result<(), JournalError>;
+
+    /// Approved pins published after sequence number `after`, in order, at most
+    /// [`PINS_LISTED_MAX`], each with its sequence number. For one definition the pin with the
+    /// highest number is the one approved now.
+    async fn pins_since(&self, after: i64) -> Result<Vec<(i64, PinApproval)>, JournalError>;
 }
 
 /// Refuses a key longer than [`SHARED_KEY_BYTES_MAX`].

@@ -99,3 +99,25 @@ fn an_oversized_key_is_refused_as_invalid() {
 fn a_backend_no_other_process_shares_offers_no_shared_state() {
     assert!(ring0_journal::MemoryJournal::new().shared_state().is_none());
 }
+
+#[test]
+fn pins_published_by_replicas_are_listed_once_each_in_the_order_published() {
+    use ring0_journal::shared::PinApproval;
+    let Some((a, b)) = replicas() else { return };
+    let (a, b) = (a.shared_state().unwrap(), b.shared_state().unwrap());
+    let pin = |p: &str| PinApproval {
+        upstream: "fx".into(),
+        kind: "tool".into(),
+        name: "send_mail".into(),
+        pin: p.into(),
+    };
+    block_on(a.pins_publish(&[pin("sha256:1")])).unwrap();
+    // The same approval published again (by another replica) keeps its place.
+    block_on(b.pins_publish(&[pin("sha256:1")])).unwrap();
+    block_on(b.pins_publish(&[pin("sha256:2")])).unwrap();
+    let all = block_on(a.pins_since(0)).unwrap();
+    let pins: Vec<&str> = all.iter().map(|(_, p)| p.pin.as_str()).collect();
+    assert_eq!(pins, ["sha256:1", "sha256:2"]);
+    assert!(all[0].0 < all[1].0);
+    assert!(block_on(a.pins_since(all[1].0)).unwrap().is_empty());
+}

@@ -70,7 +70,7 @@ impl ServerIdentity {
 }
 
 /// What kind of definition a pin is for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PinKind {
     #[default]
@@ -83,6 +83,85 @@ impl PinKind {
         match self {
             PinKind::Tool => "tool",
             PinKind::Prompt => "prompt",
+        }
+    }
+
+    fn from_key(key: &str) -> Option<Self> {
+        match key {
+            "tool" => Some(PinKind::Tool),
+            "prompt" => Some(PinKind::Prompt),
+            _ => None,
+        }
+    }
+}
+
+/// A lock entry: the upstream's alias, the kind, the server's own name.
+type PinKey = (String, PinKind, String);
+
+/// The approvals of replicas that share a journal, followed into this replica's lock: a pin
+/// approved on any replica (`ring0 approve-tool`, the console: a change of the lock file there)
+/// is approved on all (see [`SharedPins::sync`]).
+#[derive(Default)]
+pub struct SharedPins {
+    /// The last shared approval merged.
+    cursor: i64,
+    /// The latest shared pin of each definition.
+    known: std::collections::HashMap<PinKey, String>,
+}
+
+impl SharedPins {
+    /// One round, called on every poll of the lock (the gateway's): an approval made here
+    /// (the lock file changed since the last poll) is published; so is a definition no replica
+    /// published yet (trusted on first use here); then every approval published since the last
+    /// round is written into this lock, the latest pin of a definition winning. Returns whether
+    /// the lock changed, so the upstreams must be listed again.
+    pub async fn sync(
+        &mut self,
+        book: &PinBook,
+        shared: &dyn ring0_journal::SharedState,
+    ) -> Result<bool, String> {
+        use ring0_journal::shared::{PINS_LISTED_MAX, PinApproval};
+        let approved_here = book.reload_if_changed();
+        let publish: Vec<PinApproval> = book
+            .approved()
+            .into_iter()
+            .filter(|(alias, kind, name, pin)| {
+                match self.known.get(&(alias.clone(), *kind, name.clone())) {
+                    None => true,
+                    Some(shared_pin) => approved_here && shared_pin != pin,
+                }
+            })
+            .map(|(upstream, kind, name, pin)| PinApproval {
+                upstream,
+                kind: kind.key().to_string(),
+                name,
+                pin,
+            })
+            .collect();
+        shared
+            .pins_publish(&publish)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut changed = approved_here;
+        loop {
+            let rows = shared
+                .pins_since(self.cursor)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut merged = Vec::with_capacity(rows.len());
+            for (seq, p) in &rows {
+                self.cursor = self.cursor.max(*seq);
+                let Some(kind) = PinKind::from_key(&p.kind) else {
+                    continue;
+                };
+                self.known
+                    .insert((p.upstream.clone(), kind, p.name.clone()), p.pin.clone());
+                merged.push((p.upstream.clone(), kind, p.name.clone(), p.pin.clone()));
+            }
+            changed |= book.merge_approved(&merged)?;
+            if (rows.len() as i64) < PINS_LISTED_MAX {
+                return Ok(changed);
+            }
         }
     }
 }
@@ -281,6 +360,49 @@ impl PinBook {
             .join(PINNED_DIR)
             .join(format!("{}.json", pin.trim_start_matches("sha256:")));
         serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+    }
+
+    /// Every approved pin in the lock: (alias, kind, the server's name, pin), for replicas that
+    /// share their approvals (see [`PinBook::merge_approved`]).
+    pub fn approved(&self) -> Vec<(String, PinKind, String, String)> {
+        let loaded = self.loaded.lock().expect("pin book");
+        let mut out = Vec::new();
+        for (alias, upstream) in &loaded.lock.upstreams {
+            for kind in [PinKind::Tool, PinKind::Prompt] {
+                for (name, pin) in upstream.table(kind).into_iter().flatten() {
+                    out.push((alias.clone(), kind, name.clone(), pin.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Writes pins another replica approved into the lock, in order (a later pin of the same
+    /// definition replaces an earlier one). Returns whether the lock changed, in which case
+    /// the upstreams must be listed again: this write is not reported by
+    /// [`PinBook::reload_if_changed`].
+    pub fn merge_approved(
+        &self,
+        approved: &[(String, PinKind, String, String)],
+    ) -> Result<bool, String> {
+        let mut loaded = self.loaded.lock().expect("pin book");
+        let mut changed = false;
+        for (alias, kind, name, pin) in approved {
+            let table = loaded
+                .lock
+                .upstreams
+                .entry(alias.clone())
+                .or_default()
+                .table_mut(*kind);
+            if table.get(name) != Some(pin) {
+                table.insert(name.clone(), pin.clone());
+                changed = true;
+            }
+        }
+        if changed {
+            self.save(&mut loaded)?;
+        }
+        Ok(changed)
     }
 
     /// Whether the lock has any entry for this upstream (it was approved before).

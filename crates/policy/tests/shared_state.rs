@@ -67,6 +67,20 @@ impl SharedState for MemoryState {
         }
         Ok(self.remembered.lock().unwrap().get(key).cloned())
     }
+
+    async fn pins_publish(
+        &self,
+        _: &[ring0_journal::shared::PinApproval],
+    ) -> Result<(), JournalError> {
+        Ok(())
+    }
+
+    async fn pins_since(
+        &self,
+        _: i64,
+    ) -> Result<Vec<(i64, ring0_journal::shared::PinApproval)>, JournalError> {
+        Ok(Vec::new())
+    }
 }
 
 /// Approves every call for the session, counting the people it asked.

@@ -105,6 +105,17 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         seen_us BIGINT  NOT NULL
     );
     CREATE INDEX rate_buckets_by_tat ON rate_buckets (tat_us);",
+    // Approved pins of upstream definitions (`crate::shared::PinApproval`), numbered in the
+    // order they were published, so every replica's lock follows the latest approval.
+    "CREATE TABLE pin_approvals (
+        seq         BIGSERIAL   PRIMARY KEY,
+        upstream    TEXT        NOT NULL,
+        kind        TEXT        NOT NULL,
+        name        TEXT        NOT NULL,
+        pin         TEXT        NOT NULL,
+        approved_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+        UNIQUE (upstream, kind, name, pin)
+    );",
 ];
 
 /// The schema versions a migration went between: what the database had, and what it has now.

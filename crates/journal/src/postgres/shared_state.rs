@@ -13,7 +13,9 @@
 use super::{Db, Shared};
 use crate::JournalError;
 use crate::limits::POSTGRES_TAKE_BATCH_MAX;
-use crate::shared::{REMEMBERED_APPROVALS_MAX, RateTaken, SharedState, check_key};
+use crate::shared::{
+    PINS_LISTED_MAX, PinApproval, REMEMBERED_APPROVALS_MAX, RateTaken, SharedState, check_key,
+};
 use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use std::future::Future;
@@ -177,6 +179,76 @@ impl SharedState for PostgresSharedState {
         })
         .await
     }
+
+    async fn pins_publish(&self, pins: &[PinApproval]) -> Result<(), JournalError> {
+        if pins.is_empty() {
+            return Ok(());
+        }
+        pins.iter().try_for_each(check_pin)?;
+        let column = |f: fn(&PinApproval) -> &String| -> Vec<String> {
+            pins.iter().map(|p| f(p).clone()).collect()
+        };
+        let (upstreams, kinds) = (column(|p| &p.upstream), column(|p| &p.kind));
+        let (names, values) = (column(|p| &p.name), column(|p| &p.pin));
+        self.run(move |shared| async move {
+            let client = shared.client().await?;
+            client
+                .execute(
+                    "INSERT INTO pin_approvals (upstream, kind, name, pin)
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
+                     ON CONFLICT (upstream, kind, name, pin) DO NOTHING",
+                    &[&upstreams, &kinds, &names, &values],
+                )
+                .await
+                .map_err(|e| shared.db.sql(e))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn pins_since(&self, after: i64) -> Result<Vec<(i64, PinApproval)>, JournalError> {
+        self.run(move |shared| async move {
+            let db = &shared.db;
+            let client = shared.client().await?;
+            let rows = client
+                .query(
+                    "SELECT seq, upstream, kind, name, pin FROM pin_approvals
+                     WHERE seq > $1 ORDER BY seq LIMIT $2",
+                    &[&after, &PINS_LISTED_MAX],
+                )
+                .await
+                .map_err(|e| db.sql(e))?;
+            rows.iter()
+                .map(|r| {
+                    Ok((
+                        r.try_get(0).map_err(|e| db.sql(e))?,
+                        PinApproval {
+                            upstream: r.try_get(1).map_err(|e| db.sql(e))?,
+                            kind: r.try_get(2).map_err(|e| db.sql(e))?,
+                            name: r.try_get(3).map_err(|e| db.sql(e))?,
+                            pin: r.try_get(4).map_err(|e| db.sql(e))?,
+                        },
+                    ))
+                })
+                .collect()
+        })
+        .await
+    }
+}
+
+/// Longest field of a published pin (the upstream's alias, a definition's name, the pin).
+const PIN_FIELD_BYTES_MAX: usize = 1024;
+
+fn check_pin(p: &PinApproval) -> Result<(), JournalError> {
+    for field in [&p.upstream, &p.kind, &p.name, &p.pin] {
+        if field.len() > PIN_FIELD_BYTES_MAX {
+            return Err(JournalError::Invalid(format!(
+                "a pin field of {} bytes; at most {PIN_FIELD_BYTES_MAX}",
+                field.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Forgets full rate buckets and lapsed remembered approvals, at most
