@@ -32,6 +32,7 @@ use ring0_config::{Config, Loaded, build_kernel_tapped};
 use ring0_mcp::approval::{Approvals, McpApprover};
 use ring0_mcp::http::{HttpOptions, MCP_PATH};
 use ring0_mcp::{Gateway, GatewayOptions, GatewayServer, Log, Severity};
+use ring0_ops::held::{HeldWatcher, Watched};
 use ring0_ops::telemetry::Telemetry;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -138,8 +139,9 @@ fn protected_paths(loaded: &Loaded) -> Vec<PathBuf> {
 
 /// Recovery while serving, for a journal other replicas share: every half lease, the calls a
 /// replica that stopped renewing its lease left open are taken and settled by the same protocol
-/// as at start (probe, same-key re-dispatch, dead letter), with the current catalog's tools.
-async fn recover_lapsed_leases(gw: Gateway, lease_ms: u64, log: Log) {
+/// as at start (probe, same-key re-dispatch, dead letter), with the current catalog's tools;
+/// the calls it held for approval are watched here from then on (`watch_held_calls`).
+async fn recover_lapsed_leases(gw: Gateway, lease_ms: u64, log: Log, watched: Watched) {
     let mut pass = tokio::time::interval(Duration::from_millis((lease_ms / 2).max(1)));
     pass.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     pass.tick().await;
@@ -158,6 +160,16 @@ async fn recover_lapsed_leases(gw: Gateway, lease_ms: u64, log: Log) {
             }
             Err(e) => log.line(&format!("recovering lapsed leases: {e}")),
         }
+        watch_held_calls(&gw, &log, &watched).await;
+    }
+}
+
+/// Watches the calls held by a process (or replica) that stopped, whose intents this one holds
+/// now, until each is decided, then releases or refuses it.
+async fn watch_held_calls(gw: &Gateway, log: &Log, watched: &Watched) {
+    let held = HeldWatcher::adopt(gw.journal().as_ref(), log, watched).await;
+    if !held.is_empty() {
+        tokio::spawn(held.watch(gw.clone(), log.clone()));
     }
 }
 
@@ -412,21 +424,20 @@ async fn serve(
     // settlement (same-key re-dispatch, probe). An intent whose tool is missing (its
     // upstream is not up) goes to DEAD_LETTER for a person rather than being guessed at.
     crate::call_cmd::recover(&generation.kernel).await?;
+    // Calls held before a restart wait for their decision; recovery leaves their intents.
+    let watched = Watched::default();
+    watch_held_calls(&gw, &log, &watched).await;
     if let Some(shared) = &built.journal_shared {
         tokio::spawn(recover_lapsed_leases(
             gw.clone(),
             shared.lease_ms,
             log.clone(),
+            watched,
         ));
     }
     // Jobs an earlier process left are settled now, not at the first job call.
     if let Err(why) = built.jobs.settle_leftovers().await {
         log.line(&format!("background jobs are unavailable: {why}"));
-    }
-    // Calls held before a restart wait for their decision; recovery leaves their intents.
-    let held = ring0_ops::held::HeldWatcher::adopt(gw.journal().as_ref(), &log).await;
-    if !held.is_empty() {
-        tokio::spawn(held.watch(gw.clone(), log.clone()));
     }
     // `ring0 journal resolve | compensate` reach the journal this process holds through the
     // state directory's control channel.

@@ -274,6 +274,7 @@ fn commit_unsent_write(dir: &Path) {
             call_id: "toolu_crashed".into(),
             mutating: true,
             client_key: None,
+            principal: None,
         };
         let decision = journal.propose(proposal).await.unwrap();
         assert!(

@@ -179,26 +179,12 @@ pub fn build_parts_tapped(
     shell_sandbox
         .check()
         .map_err(|e| err("sandbox", e.to_string()))?;
-    let policy = policy_builder(loaded)?
-        .approver(approver)
-        .approval_timeout(Duration::from_secs(config.approval.timeout_secs))
-        .audit(audit.clone())
-        .audit_args(config.audit.include_args)
-        .sandboxed_tools(shell_sandbox.is_on().then_some("shell"))
-        .build();
-    grant_profiles(loaded, &mut tools_config.shell, &policy)?;
-    let (tools, jobs) = ring0_tools::builtin_tools_with_jobs(&tools_config)
-        .map_err(|e| err("paths", e.to_string()))?;
-    let spill = ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
-        .map_err(|e| err("workspace.state_dir", format!("spill store: {e}")))?;
     let (journal, journal_shared) = match postgres {
         Some(url) => {
             let (journal, shared) =
                 open_postgres(loaded, url).map_err(|why| err("journal.url", why))?;
             crate::state::write_postgres_marker(&journal_path, &shared.name)
                 .map_err(|why| err("workspace.state_dir", why))?;
-            // The other replicas answer about this one's background jobs from their records.
-            jobs.share(shared.deployment.clone());
             (journal, Some(shared))
         }
         None => {
@@ -213,6 +199,27 @@ pub fn build_parts_tapped(
             (Arc::new(journal) as Arc<dyn Journal>, None)
         }
     };
+    let mut policy = policy_builder(loaded)?;
+    // Replicas of a shared journal keep rate buckets and remembered approvals in it.
+    if let Some(state) = journal.shared_state() {
+        policy = policy.shared_state(state);
+    }
+    let policy = policy
+        .approver(approver)
+        .approval_timeout(Duration::from_secs(config.approval.timeout_secs))
+        .audit(audit.clone())
+        .audit_args(config.audit.include_args)
+        .sandboxed_tools(shell_sandbox.is_on().then_some("shell"))
+        .build();
+    grant_profiles(loaded, &mut tools_config.shell, &policy)?;
+    let (tools, jobs) = ring0_tools::builtin_tools_with_jobs(&tools_config)
+        .map_err(|e| err("paths", e.to_string()))?;
+    if let Some(shared) = &journal_shared {
+        // The other replicas answer about this one's background jobs from their records.
+        jobs.share(shared.deployment.clone());
+    }
+    let spill = ring0_shape::SpillStore::open(loaded.state_dir.join("spill"))
+        .map_err(|e| err("workspace.state_dir", format!("spill store: {e}")))?;
     manifest
         .record()
         .map_err(|why| err("workspace.state_dir", why))?;

@@ -62,6 +62,7 @@ fn proposal(run: &str, n: usize) -> Proposal {
         call_id: format!("call-{n}"),
         mutating: true,
         client_key: None,
+        principal: None,
     }
 }
 

@@ -532,6 +532,7 @@ pub(crate) fn new_record(
             key: ck.key.clone(),
             retention_ms: 0,
         }),
+        principal: p.principal.clone(),
     }
 }
 

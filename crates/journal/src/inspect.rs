@@ -41,6 +41,11 @@ pub fn render_show(r: &IntentRecord) -> String {
     let _ = writeln!(out, "state:           {}", r.state);
     let _ = writeln!(out, "tool:            {}", r.tool);
     let _ = writeln!(out, "scope:           {}", r.scope);
+    let _ = writeln!(
+        out,
+        "principal:       {}",
+        r.principal.as_deref().unwrap_or("(not recorded)")
+    );
     let _ = writeln!(out, "epoch:           {}", r.attempt_epoch);
     let _ = writeln!(out, "semantic key:    {}", r.semantic_key);
     let _ = writeln!(out, "idempotency key: {}", r.idempotency_key);

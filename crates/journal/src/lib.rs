@@ -19,6 +19,11 @@
 //! - [`recovery`]: [`drive`] one owned record to a settled state, and [`recover`] everything a
 //!   crash left open, from the log alone;
 //! - [`memo`]: memoized observations of deterministic reads;
+//! - [`hold`]: calls held for a person's approval, decided once ([`Journal::hold_decide`]) and
+//!   waited for ([`Journal::hold_wait`]; on PostgreSQL, told by `NOTIFY` when any replica
+//!   decided);
+//! - [`shared`]: the decision state replicas share through a backend ([`SharedState`]:
+//!   remembered approvals, rate buckets), offered by [`Journal::shared_state`];
 //! - [`inspect`] and [`JournalReader`]: `ring0 journal ls | show`;
 //! - [`sim`]: the deterministic simulation behind `ring0 journal sim` ([`run_simulation`]).
 //!
@@ -49,6 +54,7 @@ pub mod postgres;
 pub mod record;
 pub mod recovery;
 pub mod settle;
+pub mod shared;
 pub mod sim;
 pub mod sqlite;
 
@@ -65,6 +71,7 @@ pub use settle::{
     DispatchOutcome, FailureClass, PersonFinding, ProbeFinding, Settled, begin_dispatch,
     begin_reconcile, cancel_before_dispatch, compensate, record_outcome, resolve_by_person, settle,
 };
+pub use shared::{RateTaken, SharedState};
 pub use sim::{SimReport, run_simulation};
 pub use sqlite::{JournalReader, SqliteJournal, SqliteOptions, WriterStats};
 
@@ -164,6 +171,13 @@ pub trait Journal: Send + Sync {
         None
     }
 
+    /// The decision state this backend shares with the other processes that use it (remembered
+    /// approvals, rate buckets: [`shared`]), or `None` for a backend no other process shares,
+    /// whose host keeps that state in memory.
+    fn shared_state(&self) -> Option<std::sync::Arc<dyn SharedState>> {
+        None
+    }
+
     /// A memoized observation of a deterministic read with this fingerprint, stored at most
     /// `max_age_ms` ago (see [`memo`]). Backends without memoization never have one.
     async fn memo_get(
@@ -195,6 +209,15 @@ pub trait Journal: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// Held calls whose intents may still wait for them, oldest first, at most
+    /// [`hold::HOLDS_LISTED_MAX`]: the PENDING ones and, on a backend replicas share, the
+    /// APPROVED ones before their deadline — a replica that died may have left one approved
+    /// but not yet released, and whichever replica takes its intent releases it. Recovery
+    /// leaves their intents alone.
+    async fn holds_unreleased(&self) -> Result<Vec<HeldCall>, JournalError> {
+        self.holds_pending().await
+    }
+
     /// Decides a held call once: a compare-and-set from PENDING (see [`HoldDecided`]).
     async fn hold_decide(
         &self,
@@ -203,6 +226,29 @@ pub trait Journal: Send + Sync {
     ) -> Result<HoldDecided, JournalError> {
         let _ = (approval_id, state);
         Ok(HoldDecided::NotFound)
+    }
+
+    /// Waits at most `wait` for the held call to be decided, and returns it decided; `None`
+    /// when it is still PENDING after `wait` (or there is no such call). A decision made by
+    /// another process or replica counts: this backend reads the record every
+    /// [`limits::HOLD_POLL_MS`]; one shared by replicas is told, and reads it less often.
+    /// A read that fails is tried again at the next poll, so a broken journal only makes the
+    /// wait end undecided (the call is not run). Call it inside a tokio runtime.
+    async fn hold_wait(&self, approval_id: &str, wait: std::time::Duration) -> Option<HeldCall> {
+        let until = tokio::time::Instant::now() + wait;
+        let poll = std::time::Duration::from_millis(limits::HOLD_POLL_MS);
+        loop {
+            if let Ok(Some(held)) = self.hold_get(approval_id).await
+                && held.state != HoldState::Pending
+            {
+                return Some(held);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                return None;
+            }
+            tokio::time::sleep(poll.min(until - now)).await;
+        }
     }
 
     /// Stores an observation of a deterministic read. Returns whether it was stored (an

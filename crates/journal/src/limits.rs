@@ -174,3 +174,21 @@ pub const POSTGRES_GROUP_WORKERS_MAX: usize = 4;
 /// How long the row of a PostgreSQL replica that stopped (its lease lapsed or given up) is kept
 /// for operators once it holds no open record (1 hour); then it is pruned.
 pub const POSTGRES_REPLICA_RETENTION_MS: u64 = 60 * 60 * 1000;
+
+/// How often a waiter reads a held call's record for a decision made elsewhere
+/// ([`crate::Journal::hold_wait`]) on a backend that cannot tell it (100 ms): a person's
+/// answer is not latency sensitive.
+pub const HOLD_POLL_MS: u64 = 100;
+
+/// How often a waiter on the PostgreSQL journal reads a held call's record although it listens
+/// for decisions (1 s): the fallback for a notification lost while its listening connection
+/// was down. A decision reaches a waiting call within this even without notifications.
+pub const POSTGRES_HOLD_POLL_MS: u64 = 1_000;
+
+/// Decisions of held calls the PostgreSQL journal's listener buffers for its waiters (256); a
+/// waiter that falls behind reads its record again instead.
+pub const POSTGRES_HOLD_NOTICES_MAX: usize = 256;
+
+/// Longest the PostgreSQL journal's listener waits before connecting again after its
+/// connection failed (5 s; it starts at 100 ms and doubles).
+pub const POSTGRES_LISTEN_BACKOFF_MS_MAX: u64 = 5_000;

@@ -29,6 +29,10 @@ pub struct Proposal {
     /// finds the intent again (see [`ClientKey`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_key: Option<ClientKey>,
+    /// Who the call acts for (the request's principal), recorded with the intent for
+    /// inspection and recovery. `None` only from a host that names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
 }
 
 /// A caller's explicit idempotency key, scoped to its principal. A proposal under a key that
@@ -137,6 +141,40 @@ pub struct IntentRecord {
     /// The caller's explicit key (principal and key; the retention is the proposal's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_key: Option<ClientKey>,
+    /// Who the call acts for, as its proposal named it (`None` in records written before
+    /// principals were recorded, and from hosts that name none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+}
+
+impl ClientKey {
+    /// The principal and caller's key of a record from its two stored columns: the principal
+    /// column holds the call's principal whether or not a key was sent; a key without a
+    /// principal is malformed (`None`).
+    pub(crate) fn from_columns(
+        principal: Option<String>,
+        key: Option<String>,
+    ) -> Option<(Option<String>, Option<ClientKey>)> {
+        match (principal, key) {
+            (Some(principal), Some(key)) => Some((
+                Some(principal.clone()),
+                Some(ClientKey {
+                    principal,
+                    key,
+                    retention_ms: 0,
+                }),
+            )),
+            (principal, None) => Some((principal, None)),
+            (None, Some(_)) => None,
+        }
+    }
+}
+
+/// The principal column of a record: its principal, or its caller's key's.
+pub(crate) fn principal_column(r: &IntentRecord) -> Option<&str> {
+    r.principal
+        .as_deref()
+        .or(r.client_key.as_ref().map(|k| k.principal.as_str()))
 }
 
 /// Most call ids remembered per record.

@@ -792,6 +792,7 @@ fn prepare(args_text: &str, call_id: String, host_id: Option<IntentId>, revised:
         call_id,
         mutating: true,
         client_key: None,
+        principal: None,
     }
 }
 

@@ -51,6 +51,35 @@ async fn new_key_is_recorded_with_an_idempotency_key_derived_from_it(b: &mut Bac
     assert_eq!(states, [IntentState::Proposed, IntentState::Recorded]);
 }
 
+async fn the_principal_of_a_call_is_recorded_with_its_intent_and_kept(b: &mut Backend) {
+    let unkeyed = ring0_journal::Proposal {
+        principal: Some("alice".into()),
+        ..refund(20, "p1")
+    };
+    let keyed = ring0_journal::Proposal {
+        principal: Some("bob".into()),
+        client_key: Some(ring0_journal::ClientKey {
+            principal: "bob".into(),
+            key: "k-1".into(),
+            retention_ms: 60_000,
+        }),
+        ..refund(30, "p2")
+    };
+    let a = recorded(b.journal.propose(unkeyed).await.unwrap());
+    let k = recorded(b.journal.propose(keyed).await.unwrap());
+    assert_eq!(a.principal.as_deref(), Some("alice"));
+    assert_eq!(a.client_key, None);
+    assert_eq!(k.principal.as_deref(), Some("bob"));
+    b.reopen().await;
+    let a = b.journal.get(a.id).await.unwrap().unwrap();
+    let k = b.journal.get(k.id).await.unwrap().unwrap();
+    assert_eq!(a.principal.as_deref(), Some("alice"));
+    assert_eq!(a.client_key, None, "a principal alone is no caller's key");
+    assert_eq!(k.principal.as_deref(), Some("bob"));
+    assert_eq!(k.client_key.map(|c| c.key).as_deref(), Some("k-1"));
+    assert!(ring0_journal::inspect::render_show(&a).contains("principal:       alice"));
+}
+
 async fn same_intent_in_flight_is_a_duplicate_whatever_the_call_id(b: &mut Backend) {
     use IntentState::*;
     for (i, path) in [
@@ -693,6 +722,7 @@ async fn memoized_reads_are_served_byte_identical_within_their_ttl(b: &mut Backe
 
 on_both_backends!(
     new_key_is_recorded_with_an_idempotency_key_derived_from_it,
+    the_principal_of_a_call_is_recorded_with_its_intent_and_kept,
     same_intent_in_flight_is_a_duplicate_whatever_the_call_id,
     acknowledged_intent_replays_its_stored_receipt_without_dispatch,
     host_id_bound_to_another_intent_is_a_conflict_naming_what_differs,

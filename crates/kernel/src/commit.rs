@@ -155,6 +155,7 @@ fn proposal(env: &DispatchEnv, job: &Prepared, mutating: bool) -> Result<Proposa
                 key: key.clone(),
                 retention_ms: env.key_retention_ms,
             }),
+        principal: Some(env.principal.to_string()),
     })
 }
 

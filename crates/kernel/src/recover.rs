@@ -165,8 +165,9 @@ pub const RECOVERY_SESSION_ID: &str = "recovery";
 /// Authorizes every RECORDED record an earlier process left behind against the current policy,
 /// and settles each one it refuses (RECORDED → REJECTED_CONFLICT, the rule and reason noted),
 /// so that recovery never dispatches a call today's grants would not allow. Returns the settled
-/// records. The journal does not record principals, so the re-check asks as
-/// [`Principal::local`] in the record's scope: a grant limited to other principals refuses.
+/// records. The re-check asks as the principal the record names (without its groups, which
+/// the journal does not keep: a grant that names only a group refuses), or as
+/// [`Principal::local`] for a record that names none, in the record's scope.
 pub(crate) async fn recheck_recorded(
     journal: &dyn Journal,
     registry: &Registry,
@@ -174,8 +175,9 @@ pub(crate) async fn recheck_recorded(
 ) -> Result<Vec<IntentRecord>, JournalError> {
     let me = journal.incarnation();
     let mut refused = Vec::new();
-    // A call held for a person's approval waits for that decision, not for today's policy.
-    let holds = journal.holds_pending().await?;
+    // A call held for a person's approval waits for that decision, not for today's policy;
+    // one approved is released by whoever watches its held call.
+    let holds = journal.holds_unreleased().await?;
     for record in journal.open_records().await? {
         // A record of this very incarnation belongs to a live round of this process.
         if record.state != IntentState::Recorded || Some(record.owner) == me {
@@ -214,7 +216,10 @@ fn recovery_session(record: &IntentRecord) -> SessionInfo {
     SessionInfo {
         scope: record.scope.clone(),
         session_id: RECOVERY_SESSION_ID.into(),
-        principal: Principal::local(),
+        principal: record
+            .principal
+            .as_deref()
+            .map_or_else(Principal::local, Principal::new),
     }
 }
 

@@ -92,6 +92,7 @@ async fn leftover(
             call_id: "call_before_crash".into(),
             mutating: true,
             client_key: None,
+            principal: None,
         })
         .await
         .unwrap()

@@ -697,10 +697,24 @@ impl Gateway {
     fn watch_lock(&self) {
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
+            // Replicas of a shared journal share their pin approvals through it.
+            let mut shared_pins = crate::pin::SharedPins::default();
             loop {
                 tokio::time::sleep(LOCK_POLL_INTERVAL).await;
                 let Some(inner) = weak.upgrade() else { return };
-                if inner.pins.reload_if_changed() {
+                let changed = match inner.journal.shared_state() {
+                    Some(shared) => match shared_pins.sync(&inner.pins, shared.as_ref()).await {
+                        Ok(changed) => changed,
+                        Err(e) => {
+                            inner
+                                .log
+                                .line(&format!("pin approvals could not be shared: {e}"));
+                            inner.pins.reload_if_changed()
+                        }
+                    },
+                    None => inner.pins.reload_if_changed(),
+                };
+                if changed {
                     inner
                         .log
                         .line("ring0.lock changed; listing upstreams again");

@@ -70,7 +70,7 @@ impl ServerIdentity {
 }
 
 /// What kind of definition a pin is for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PinKind {
     #[default]
@@ -83,6 +83,121 @@ impl PinKind {
         match self {
             PinKind::Tool => "tool",
             PinKind::Prompt => "prompt",
+        }
+    }
+
+    fn from_key(key: &str) -> Option<Self> {
+        match key {
+            "tool" => Some(PinKind::Tool),
+            "prompt" => Some(PinKind::Prompt),
+            _ => None,
+        }
+    }
+}
+
+/// A lock entry: the upstream's alias, the kind, the server's own name.
+type PinKey = (String, PinKind, String);
+
+/// The approvals of replicas that share a journal, followed into this replica's lock: a pin
+/// approved on any replica (`ring0 approve-tool`, the console: a change of the lock file there)
+/// is approved on all (see [`SharedPins::sync`]).
+#[derive(Default)]
+pub struct SharedPins {
+    /// The last shared approval merged.
+    cursor: i64,
+    /// The latest shared pin of each definition.
+    known: std::collections::HashMap<PinKey, String>,
+    /// Whether a round ran: the first only follows what was published.
+    followed: bool,
+}
+
+impl SharedPins {
+    /// One round, called on every poll of the lock (the gateway's): an approval made here
+    /// (the lock file changed since the last poll) is published; every approval published
+    /// since the last round is written into this lock, the latest pin of a definition winning;
+    /// then the definitions no replica published yet (trusted on first use here) are
+    /// published. Returns whether the lock changed, so the upstreams must be listed again.
+    ///
+    /// The first round only follows: a lock that may be stale (a replica that was down while
+    /// the others approved) never overrides what was published. An approval made here is
+    /// compared with the shared pins already followed, so it is published only once a round
+    /// has followed them.
+    pub async fn sync(
+        &mut self,
+        book: &PinBook,
+        shared: &dyn ring0_journal::SharedState,
+    ) -> Result<bool, String> {
+        let approved_here = book.reload_if_changed();
+        if approved_here && self.followed {
+            let differing = self.unpublished(book, |shared_pin, pin| shared_pin != Some(pin));
+            shared
+                .pins_publish(&differing)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let changed = self.follow(book, shared).await? | approved_here;
+        let unknown = self.unpublished(book, |shared_pin, _| shared_pin.is_none());
+        shared
+            .pins_publish(&unknown)
+            .await
+            .map_err(|e| e.to_string())?;
+        for p in unknown {
+            if let Some(kind) = PinKind::from_key(&p.kind) {
+                self.known.insert((p.upstream, kind, p.name), p.pin);
+            }
+        }
+        self.followed = true;
+        Ok(changed)
+    }
+
+    /// The lock's entries `publish(shared pin, lock pin)` selects, as shared approvals.
+    fn unpublished(
+        &self,
+        book: &PinBook,
+        publish: impl Fn(Option<&String>, &String) -> bool,
+    ) -> Vec<ring0_journal::shared::PinApproval> {
+        book.approved()
+            .into_iter()
+            .filter(|(alias, kind, name, pin)| {
+                publish(self.known.get(&(alias.clone(), *kind, name.clone())), pin)
+            })
+            .map(
+                |(upstream, kind, name, pin)| ring0_journal::shared::PinApproval {
+                    upstream,
+                    kind: kind.key().to_string(),
+                    name,
+                    pin,
+                },
+            )
+            .collect()
+    }
+
+    /// Writes every approval published since the last round into the lock, in order.
+    async fn follow(
+        &mut self,
+        book: &PinBook,
+        shared: &dyn ring0_journal::SharedState,
+    ) -> Result<bool, String> {
+        let mut changed = false;
+        loop {
+            let rows = shared
+                .pins_since(self.cursor)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut merged = Vec::with_capacity(rows.len());
+            for (seq, p) in &rows {
+                self.cursor = self.cursor.max(*seq);
+                let Some(kind) = PinKind::from_key(&p.kind) else {
+                    continue;
+                };
+                self.known
+                    .insert((p.upstream.clone(), kind, p.name.clone()), p.pin.clone());
+                merged.push((p.upstream.clone(), kind, p.name.clone(), p.pin.clone()));
+            }
+            changed |= book.merge_approved(&merged)?;
+            if (rows.len() as i64) < ring0_journal::shared::PINS_LISTED_MAX {
+                return Ok(changed);
+            }
         }
     }
 }
@@ -281,6 +396,49 @@ impl PinBook {
             .join(PINNED_DIR)
             .join(format!("{}.json", pin.trim_start_matches("sha256:")));
         serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+    }
+
+    /// Every approved pin in the lock: (alias, kind, the server's name, pin), for replicas that
+    /// share their approvals (see [`PinBook::merge_approved`]).
+    pub fn approved(&self) -> Vec<(String, PinKind, String, String)> {
+        let loaded = self.loaded.lock().expect("pin book");
+        let mut out = Vec::new();
+        for (alias, upstream) in &loaded.lock.upstreams {
+            for kind in [PinKind::Tool, PinKind::Prompt] {
+                for (name, pin) in upstream.table(kind).into_iter().flatten() {
+                    out.push((alias.clone(), kind, name.clone(), pin.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Writes pins another replica approved into the lock, in order (a later pin of the same
+    /// definition replaces an earlier one). Returns whether the lock changed, in which case
+    /// the upstreams must be listed again: this write is not reported by
+    /// [`PinBook::reload_if_changed`].
+    pub fn merge_approved(
+        &self,
+        approved: &[(String, PinKind, String, String)],
+    ) -> Result<bool, String> {
+        let mut loaded = self.loaded.lock().expect("pin book");
+        let mut changed = false;
+        for (alias, kind, name, pin) in approved {
+            let table = loaded
+                .lock
+                .upstreams
+                .entry(alias.clone())
+                .or_default()
+                .table_mut(*kind);
+            if table.get(name) != Some(pin) {
+                table.insert(name.clone(), pin.clone());
+                changed = true;
+            }
+        }
+        if changed {
+            self.save(&mut loaded)?;
+        }
+        Ok(changed)
     }
 
     /// Whether the lock has any entry for this upstream (it was approved before).
@@ -741,6 +899,89 @@ mod tests {
         let v = book.check_listing("demo", &server(), &[("echo".into(), tool("evil"))], true);
         assert_eq!(v, vec![PinVerdict::Approved]);
         assert!(pending(&state).is_empty());
+    }
+
+    /// Approved pins in memory, as a shared journal keeps them.
+    #[derive(Default)]
+    struct MemoryPins(Mutex<Vec<ring0_journal::shared::PinApproval>>);
+
+    #[async_trait::async_trait]
+    impl ring0_journal::SharedState for MemoryPins {
+        async fn rate_take(
+            &self,
+            _: &str,
+            _: u32,
+            _: std::time::Duration,
+        ) -> Result<ring0_journal::RateTaken, ring0_journal::JournalError> {
+            Ok(ring0_journal::RateTaken::Allowed)
+        }
+        async fn approval_remember(
+            &self,
+            _: &str,
+            _: &str,
+            _: Option<std::time::Duration>,
+        ) -> Result<(), ring0_journal::JournalError> {
+            Ok(())
+        }
+        async fn approval_remembered(
+            &self,
+            _: &str,
+        ) -> Result<Option<String>, ring0_journal::JournalError> {
+            Ok(None)
+        }
+        async fn pins_publish(
+            &self,
+            pins: &[ring0_journal::shared::PinApproval],
+        ) -> Result<(), ring0_journal::JournalError> {
+            let mut all = self.0.lock().unwrap();
+            for p in pins {
+                if !all.contains(p) {
+                    all.push(p.clone());
+                }
+            }
+            Ok(())
+        }
+        async fn pins_since(
+            &self,
+            after: i64,
+        ) -> Result<Vec<(i64, ring0_journal::shared::PinApproval)>, ring0_journal::JournalError>
+        {
+            let all = self.0.lock().unwrap();
+            Ok((1..)
+                .zip(all.iter().cloned())
+                .filter(|(seq, _)| *seq > after)
+                .collect())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replica_follows_the_shared_approvals_and_its_stale_lock_overrides_none() {
+        let shared = MemoryPins::default();
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let a = PinBook::open(a_dir.path(), &a_dir.path().join(".ring0")).unwrap();
+        let b = PinBook::open(b_dir.path(), &b_dir.path().join(".ring0")).unwrap();
+        // A trusts `echo` on first use and shares it; B saw another definition first (stale).
+        a.check_listing("demo", &server(), &[("echo".into(), tool("d"))], false);
+        b.check_listing("demo", &server(), &[("echo".into(), tool("old"))], false);
+        let (mut sa, mut sb) = (SharedPins::default(), SharedPins::default());
+        sa.sync(&a, &shared).await.unwrap();
+        assert!(sb.sync(&b, &shared).await.unwrap(), "B's lock follows A's");
+        let pin_d = pin_of(&tool("d"), &server()).unwrap();
+        assert_eq!(b.approved()[0].3, pin_d);
+        assert_eq!(
+            shared.0.lock().unwrap().len(),
+            1,
+            "B's stale pin was never shared"
+        );
+        // A change approved on A reaches B.
+        a.check_listing("demo", &server(), &[("echo".into(), tool("new"))], false);
+        approve(a_dir.path(), &a_dir.path().join(".ring0"), "demo__echo").unwrap();
+        sa.sync(&a, &shared).await.unwrap();
+        assert!(sb.sync(&b, &shared).await.unwrap());
+        let pin_new = pin_of(&tool("new"), &server()).unwrap();
+        assert_eq!(b.approved()[0].3, pin_new);
+        let v = b.check_listing("demo", &server(), &[("echo".into(), tool("new"))], false);
+        assert_eq!(v, vec![PinVerdict::Approved]);
     }
 
     #[test]

@@ -7,10 +7,16 @@
 //!   waits for the first decision — a channel's answer, or a decision made on the journal's
 //!   record (a webhook link). Either way the record is decided once; a channel that answers
 //!   after another decided is overruled by the record.
-//! - [`HeldWatcher`]: at start, the held calls an earlier process left PENDING (their intents
-//!   stay RECORDED: recovery leaves a held intent alone) are watched until decided: approved →
-//!   the intent is dispatched ([`ring0_kernel::Kernel::release_held`], once, by the journal's
-//!   fence), denied or lapsed → it is settled REJECTED_CONFLICT, nothing sent.
+//!   The wait for a decision made on the record is the journal's ([`Journal::hold_wait`]): a
+//!   shared (PostgreSQL) journal tells the replica whose call waits when any replica decided
+//!   it, so an approval given through one replica releases the call parked on another.
+//! - [`HeldWatcher`]: the held calls an earlier process left PENDING whose intents this process
+//!   took for recovery (their intents stay RECORDED: recovery leaves a held intent alone) are
+//!   watched until decided: approved → the intent is dispatched
+//!   ([`ring0_kernel::Kernel::release_held`], once, by the journal's fence), denied or lapsed →
+//!   it is settled REJECTED_CONFLICT, nothing sent. At start; and on a shared journal after
+//!   every recovery pass, since a replica that died leaves its held calls to whichever replica
+//!   takes its intents once its lease lapsed (a live replica's held calls are never adopted).
 
 use crate::webhook::Webhook;
 use async_trait::async_trait;
@@ -21,8 +27,8 @@ use ring0_policy::{ApprovalOutcome, ApprovalRequest, Approver};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often a waiting call, or the watcher, reads a held call's record for a decision made
-/// elsewhere (a webhook link). A person's answer is not latency sensitive.
+/// How often the watcher reads the held calls it watches for a decision. A person's answer is
+/// not latency sensitive.
 pub const HOLD_POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 pub(crate) fn now_ms() -> u64 {
@@ -157,18 +163,11 @@ fn outcome_of(held: &HeldCall, request: &ApprovalRequest) -> ApprovalOutcome {
     }
 }
 
-/// Waits for a decision made on the held call's record, until its deadline.
+/// Waits for a decision made on the held call's record (by this process or, on a shared
+/// journal, any replica), until its deadline.
 async fn decided_in_journal(journal: &dyn Journal, id: &str, deadline_ms: u64) -> Option<HeldCall> {
-    loop {
-        match journal.hold_get(id).await {
-            Ok(Some(held)) if held.state != HoldState::Pending => return Some(held),
-            Ok(_) | Err(_) => {}
-        }
-        if now_ms() >= deadline_ms {
-            return None;
-        }
-        tokio::time::sleep(HOLD_POLL_INTERVAL).await;
-    }
+    let wait = Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
+    journal.hold_wait(id, wait).await
 }
 
 /// Expires a held call whose wait was dropped undecided (the call's round ended), so it is
@@ -250,41 +249,68 @@ impl Approver for DurableApprover {
     }
 }
 
+/// The approval ids this process watches, so that adopting again (after each recovery pass
+/// of a shared journal) never watches one twice.
+#[derive(Clone, Default)]
+pub struct Watched(Arc<std::sync::Mutex<std::collections::HashSet<String>>>);
+
+impl Watched {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        // A panic while holding the lock leaves a set of whole ids.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `id` was newly taken to watch.
+    fn take(&self, id: &str) -> bool {
+        self.lock().insert(id.to_string())
+    }
+
+    fn done(&self, id: &str) {
+        self.lock().remove(id);
+    }
+}
+
 /// Held calls an earlier process left PENDING, watched until decided.
 pub struct HeldWatcher {
     held: Vec<HeldCall>,
+    watched: Watched,
 }
 
 impl HeldWatcher {
-    /// Takes the held calls of earlier processes from `journal` (call it before recovery): a
-    /// lapsed one is expired at once, so recovery settles its intent like any unsent call.
-    pub async fn adopt(journal: &dyn Journal, log: &ring0_mcp::Log) -> Self {
+    /// Takes from `journal` the unreleased held calls ([`Journal::holds_unreleased`]) of earlier
+    /// processes (or, on a shared journal, of replicas whose lease lapsed) whose RECORDED
+    /// intents this process now holds
+    /// for recovery ([`Journal::open_records`]), leaving those `watched` already has. One whose
+    /// deadline passed is watched too: the first look expires it and settles its intent.
+    pub async fn adopt(journal: &dyn Journal, log: &ring0_mcp::Log, watched: &Watched) -> Self {
         let me = journal.incarnation().unwrap_or(0);
-        let pending = match journal.holds_pending().await {
-            Ok(pending) => pending,
-            Err(e) => {
+        let unreleased = journal.holds_unreleased().await;
+        let (pending, open) = match (unreleased, journal.open_records().await) {
+            (Ok(pending), Ok(open)) => (pending, open),
+            (Err(e), _) | (_, Err(e)) => {
                 log.line(&format!("held calls could not be read: {e}"));
-                Vec::new()
+                (Vec::new(), Vec::new())
             }
         };
-        let mut held = Vec::new();
-        for h in pending.into_iter().filter(|h| h.incarnation != me) {
-            if h.is_pending_at(now_ms()) {
-                held.push(h);
-                continue;
-            }
-            let why = HoldState::Expired {
-                why: "its deadline passed while ring0 was down".into(),
-            };
-            let _ = journal.hold_decide(&h.approval_id, why).await;
-        }
+        let taken = |h: &HeldCall| {
+            open.iter()
+                .any(|r| r.state == ring0_core::IntentState::Recorded && h.holds(r))
+        };
+        let held: Vec<HeldCall> = pending
+            .into_iter()
+            .filter(|h| h.incarnation != me && taken(h) && watched.take(&h.approval_id))
+            .collect();
         if !held.is_empty() {
             log.line(&format!(
-                "{} call(s) held before the restart still wait for approval",
+                "{} call(s) held before the restart still wait for approval (held by a process \
+                 or replica that stopped)",
                 held.len()
             ));
         }
-        Self { held }
+        Self {
+            held,
+            watched: watched.clone(),
+        }
     }
 
     /// How many held calls it watches.
@@ -300,6 +326,7 @@ impl HeldWatcher {
     /// Watches each held call until it is decided or lapses, then releases or refuses its
     /// intent with the gateway's current kernel.
     pub async fn watch(self, gateway: Gateway, log: ring0_mcp::Log) {
+        let watched = self.watched;
         let mut waiting = self.held;
         while !waiting.is_empty() {
             tokio::time::sleep(HOLD_POLL_INTERVAL).await;
@@ -327,6 +354,7 @@ impl HeldWatcher {
                     current
                 };
                 log.line(&release(&gateway, &decided).await);
+                watched.done(&decided.approval_id);
             }
             waiting = still;
         }

@@ -11,6 +11,7 @@ use crate::rules::{ArgRule, RULES_PER_GRANT_MAX, RuleError};
 use crate::show::shown_args;
 use async_trait::async_trait;
 use ring0_core::{Authority, Principal, Settlement, ToolSpec};
+use ring0_journal::{RateTaken, SharedState};
 use ring0_kernel::policy::ToolPattern;
 use ring0_kernel::{AuthAdmission, AuthDecision, AuthRequest, Authorizer, SessionInfo};
 use serde_json::Value;
@@ -284,6 +285,9 @@ struct Config {
     shell_args: Vec<ShellArg>,
     argv_args: Vec<ShellArg>,
     profile_args: Vec<ShellArg>,
+    /// Where rate buckets and remembered approvals live when replicas share them; `None`: in
+    /// this policy's memory.
+    shared: Option<Arc<dyn SharedState>>,
 }
 
 /// Whose rate bucket: every key names the principal, so no principal spends another's quota,
@@ -302,6 +306,23 @@ enum BucketKey {
     Session { principal: String, session: String },
 }
 
+impl BucketKey {
+    /// The bucket's name in a shared state: every part, as a JSON array (unambiguous whatever
+    /// the parts hold), the grant by name (its place may differ between replicas' files).
+    fn shared(&self, grant: &Grant) -> String {
+        let parts = match self {
+            Self::Tool {
+                principal, tool, ..
+            } => serde_json::json!(["tool", principal, grant.name, tool]),
+            Self::Principal(principal) => serde_json::json!(["principal", principal]),
+            Self::Session { principal, session } => {
+                serde_json::json!(["session", principal, session])
+            }
+        };
+        parts.to_string()
+    }
+}
+
 /// An "allow for this session" approval: bound to principal, session, tool and fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct ApprovalKey {
@@ -309,6 +330,13 @@ struct ApprovalKey {
     session: String,
     tool: String,
     args_hash: String,
+}
+
+impl ApprovalKey {
+    /// The approval's name in a shared state: every part, as a JSON array.
+    fn shared(&self) -> String {
+        serde_json::json!([self.principal, self.session, self.tool, self.args_hash]).to_string()
+    }
 }
 
 struct Remembered {
@@ -371,6 +399,7 @@ impl Default for PolicyBuilder {
                 shell_args: Vec::new(),
                 argv_args: Vec::new(),
                 profile_args: Vec::new(),
+                shared: None,
             },
         }
     }
@@ -467,6 +496,16 @@ impl PolicyBuilder {
             tool: tool.into(),
             field: field.into(),
         });
+        self
+    }
+
+    /// Keeps rate buckets and remembered approvals in `state`, which other replicas share
+    /// (a PostgreSQL journal's, [`ring0_journal::Journal::shared_state`]), instead of in this
+    /// policy's memory: a limit then holds across the replicas, and an approval remembered on
+    /// one is honoured on all. When `state` fails, a call is refused rather than let past its
+    /// limit, and a person is asked again rather than an approval assumed.
+    pub fn shared_state(mut self, state: Arc<dyn SharedState>) -> Self {
+        self.config.shared = Some(state);
         self
     }
 
@@ -665,19 +704,13 @@ impl Policy {
         self.finish(request, decision, None, outcome)
     }
 
-    /// Steps 3–5 for the grant at `index`.
-    fn check_arguments(
-        &self,
-        index: usize,
-        grant: &Grant,
-        request: &AuthRequest<'_>,
-    ) -> Result<(), Refusal> {
+    /// Steps 3–4 for the grant.
+    fn check_arguments(&self, grant: &Grant, request: &AuthRequest<'_>) -> Result<(), Refusal> {
         if !grant.shell {
             self.check_no_command_string(grant, request)?;
         }
         self.check_profile(grant, request)?;
-        self.check_rules(grant, request)?;
-        self.check_rates(index, grant, request)
+        self.check_rules(grant, request)
     }
 
     /// Step 3: no command string, and no argv that starts an inline script.
@@ -776,7 +809,7 @@ impl Policy {
     }
 
     /// Step 5: the grant's per-tool limit, the principal's, then the session's.
-    fn check_rates(
+    async fn check_rates(
         &self,
         index: usize,
         grant: &Grant,
@@ -813,20 +846,47 @@ impl Policy {
             }),
         ];
         for (key, limit, rule, what) in checks.into_iter().flatten() {
-            let limiter = self.state().limiter(key, limit);
-            if let Err(wait) = limiter.check() {
+            let taken = match &self.config.shared {
+                Some(shared) => {
+                    Self::take_shared(shared.as_ref(), &key, grant, limit, &rule).await?
+                }
+                None => self.state().limiter(key, limit).check(),
+            };
+            if let Err(wait) = taken {
                 let retry_after_ms = millis(wait);
                 return Err(Refusal {
                     rule,
                     reason: format!(
-                        "{what} is limited to {} calls; the same call is accepted again in {retry_after_ms} ms",
-                        limiter.limit()
+                        "{what} is limited to {limit} calls; the same call is accepted again in {retry_after_ms} ms"
                     ),
                     retry_after_ms: Some(retry_after_ms),
                 });
             }
         }
         Ok(())
+    }
+
+    /// Takes a cell of the shared bucket `key`: `Ok(Err(wait))` when none is free; a bucket
+    /// that cannot be read refuses the call (fail closed), naming why.
+    async fn take_shared(
+        shared: &dyn SharedState,
+        key: &BucketKey,
+        grant: &Grant,
+        limit: RateLimit,
+        rule: &str,
+    ) -> Result<Result<(), Duration>, Refusal> {
+        let interval = (limit.period / limit.count.get()).max(Duration::from_micros(1));
+        match shared
+            .rate_take(&key.shared(grant), limit.count.get(), interval)
+            .await
+        {
+            Ok(RateTaken::Allowed) => Ok(Ok(())),
+            Ok(RateTaken::Refused { retry_after }) => Ok(Err(retry_after)),
+            Err(e) => Err(refuse(
+                rule,
+                format!("the shared rate limit could not be checked, so the call is refused: {e}"),
+            )),
+        }
     }
 
     fn summary(request: &ApprovalRequest) -> String {
@@ -852,9 +912,17 @@ impl Policy {
         }
     }
 
-    /// The id of a remembered, unexpired "allow for this session" approval of this call.
-    fn remembered(&self, request: &AuthRequest<'_>) -> Option<String> {
+    /// The id of a remembered, unexpired "allow for this session" approval of this call. A
+    /// shared state that cannot be read remembers none: the person is asked again.
+    async fn remembered(&self, request: &AuthRequest<'_>) -> Option<String> {
         let key = Self::approval_key(request);
+        if let Some(shared) = &self.config.shared {
+            return shared
+                .approval_remembered(&key.shared())
+                .await
+                .ok()
+                .flatten();
+        }
         let mut st = self.state();
         match st.approvals.get(&key) {
             Some(r) if r.until.is_none_or(|t| Instant::now() < t) => Some(r.id.clone()),
@@ -866,13 +934,20 @@ impl Policy {
         }
     }
 
-    fn remember_approval(&self, request: &AuthRequest<'_>, scope: ApprovalScope, id: &str) {
-        let until = match scope {
+    /// Remembers a session approval. One the shared state cannot keep is not remembered: the
+    /// next identical call asks again.
+    async fn remember_approval(&self, request: &AuthRequest<'_>, scope: ApprovalScope, id: &str) {
+        let ttl = match scope {
             ApprovalScope::Once => return,
             ApprovalScope::Session => None,
-            ApprovalScope::For(d) => Some(Instant::now() + d),
+            ApprovalScope::For(d) => Some(d),
         };
         let key = Self::approval_key(request);
+        if let Some(shared) = &self.config.shared {
+            let _ = shared.approval_remember(&key.shared(), id, ttl).await;
+            return;
+        }
+        let until = ttl.map(|d| Instant::now() + d);
         let mut st = self.state();
         let remembered = Remembered {
             id: id.to_string(),
@@ -966,7 +1041,7 @@ impl Policy {
         grant: &Grant,
         authority: Authority,
     ) -> AuthDecision {
-        if let Some(id) = self.remembered(request) {
+        if let Some(id) = self.remembered(request).await {
             return self.finish(
                 request,
                 AuditDecision::Allowed,
@@ -1011,10 +1086,11 @@ impl Policy {
         .await
         .unwrap_or(ApprovalOutcome::TimedOut);
         self.settle_hold(request, grant, rule, reason, &id, outcome)
+            .await
     }
 
     /// Turns the person's answer into the decision (and remembers a session approval).
-    fn settle_hold(
+    async fn settle_hold(
         &self,
         request: &AuthRequest<'_>,
         grant: &Grant,
@@ -1048,7 +1124,7 @@ impl Policy {
             };
             return self.finish(request, AuditDecision::ApprovalDenied, Some(id), outcome);
         }
-        self.remember_approval(request, scope, id);
+        self.remember_approval(request, scope, id).await;
         let outcome = AuthDecision::Allow {
             rule: format!("approved:{id}"),
         };
@@ -1056,12 +1132,13 @@ impl Policy {
     }
 
     /// Steps 1–5, and whether step 6 holds the call.
-    fn precheck<'g>(
+    async fn precheck<'g>(
         &'g self,
         request: &AuthRequest<'_>,
     ) -> Result<(&'g Grant, Authority, bool), Refusal> {
         let (index, grant) = self.static_check(request.spec, &request.session.principal)?;
-        self.check_arguments(index, grant, request)?;
+        self.check_arguments(grant, request)?;
+        self.check_rates(index, grant, request).await?;
         let authority = self.effective_authority(request.spec);
         // A call that asks for a wider sandbox profile passed `check_profile`: it is held.
         let wider = self.asked_profile(request).is_some();
@@ -1076,7 +1153,7 @@ impl Policy {
 #[async_trait]
 impl Authorizer for Policy {
     async fn authorize(&self, request: &AuthRequest<'_>) -> AuthDecision {
-        let (grant, authority, held) = match self.precheck(request) {
+        let (grant, authority, held) = match self.precheck(request).await {
             Ok(found) => found,
             Err(refusal) => return self.deny(request, refusal),
         };
@@ -1096,11 +1173,11 @@ impl Authorizer for Policy {
     /// Everything but the hold: a call that would be held for a person (and holds no remembered
     /// approval) is left to [`Authorizer::hold`], which the kernel asks right before dispatch.
     async fn admit(&self, request: &AuthRequest<'_>) -> AuthAdmission {
-        let (grant, held) = match self.precheck(request) {
+        let (grant, held) = match self.precheck(request).await {
             Ok((grant, _, held)) => (grant, held),
             Err(refusal) => return AuthAdmission::Decided(self.deny(request, refusal)),
         };
-        if held && self.remembered(request).is_none() {
+        if held && self.remembered(request).await.is_none() {
             return AuthAdmission::Hold;
         }
         if held {
@@ -1130,7 +1207,7 @@ impl Authorizer for Policy {
     /// At recovery nobody waits for the call: one that would be held for a person is refused
     /// (it was approved before the crash, but that approval is not carried over).
     async fn recheck(&self, request: &AuthRequest<'_>) -> AuthDecision {
-        let (grant, authority, held) = match self.precheck(request) {
+        let (grant, authority, held) = match self.precheck(request).await {
             Ok(found) => found,
             Err(refusal) => return self.deny(request, refusal),
         };

@@ -2,6 +2,10 @@
 //!
 //! A limit of `N` per period allows a burst of `N` calls and replenishes one every `period / N`.
 //! A refused call is told how long to wait; nothing waits inside the policy.
+//!
+//! These limiters live in the policy's memory, for one process. Replicas that share a
+//! PostgreSQL journal take from buckets in the database instead (the same GCRA, one statement a
+//! take: `ring0_journal::SharedState::rate_take`), so the limit holds across them.
 
 use governor::clock::{Clock, DefaultClock};
 use governor::state::{InMemoryState, NotKeyed};
@@ -59,7 +63,6 @@ impl RateLimit {
 
     pub(crate) fn limiter(&self) -> Limiter {
         Limiter {
-            limit: *self,
             inner: RateLimiter::direct(self.quota()),
         }
     }
@@ -79,7 +82,6 @@ impl std::fmt::Display for RateLimit {
 
 /// One limiter's state.
 pub(crate) struct Limiter {
-    limit: RateLimit,
     inner: RateLimiter<NotKeyed, InMemoryState, DefaultClock>,
 }
 
@@ -89,10 +91,6 @@ impl Limiter {
         self.inner
             .check()
             .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now()))
-    }
-
-    pub(crate) fn limit(&self) -> RateLimit {
-        self.limit
     }
 }
 

@@ -199,6 +199,7 @@ fn proposal(scope: &str, order: u64) -> Proposal {
         call_id: format!("call_{}", uuid::Uuid::new_v4().simple()),
         mutating: true,
         client_key: None,
+        principal: None,
     }
 }
 

@@ -21,6 +21,12 @@
 //!   committed (with the server's `synchronous_commit`).
 //! - **Delivery marks** are held in memory and written with the replica's next proposal (or
 //!   heartbeat), never waited for, as the SQLite journal writes them with its next commit.
+//! - **Held calls** (`holds`): any replica lists and decides a call held for a person's
+//!   approval (a compare-and-set from PENDING), and the decision is announced with
+//!   `NOTIFY ring0_holds`, which every replica's listener hands to its waiting calls
+//!   ([`Journal::hold_wait`]); reading the record every second is the fallback.
+//! - **Decision state** (`shared_state`): remembered approvals and GCRA rate buckets, so every
+//!   replica decides a call as the others would ([`Journal::shared_state`]).
 //! - **Migrations** (`schema`) are numbered, in `ring0_schema`, run once under an advisory lock.
 //! - **Reading from outside** (`reader`): [`PostgresReader`] lists and shows records, and
 //!   [`migrate`] runs the migrations, without registering a replica.
@@ -32,22 +38,26 @@
 
 mod deployment;
 mod group;
+mod holds;
 mod lease;
 mod propose;
 mod reader;
 mod rows;
 mod schema;
+mod shared_state;
 
 pub use reader::{PostgresReader, migrate};
 pub use schema::Migrated;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decide;
+use crate::hold::{HeldCall, HoldDecided, HoldState};
 use crate::limits::{
     MEMO_ENTRIES_MAX, POSTGRES_CLOSE_TIMEOUT_MS, POSTGRES_CONNECT_TIMEOUT_MS,
     POSTGRES_DELIVERIES_PENDING_MAX, POSTGRES_GROUP_WORKERS_MAX, POSTGRES_HEARTBEATS_PER_LEASE,
-    POSTGRES_LEASE_MS_DEFAULT, POSTGRES_LEASE_MS_MIN, POSTGRES_POOL_CONNECTIONS_DEFAULT,
-    POSTGRES_POOL_WAIT_MS, POSTGRES_RUNTIME_THREADS, RECENT_LIMIT_MAX,
+    POSTGRES_HOLD_NOTICES_MAX, POSTGRES_HOLD_POLL_MS, POSTGRES_LEASE_MS_DEFAULT,
+    POSTGRES_LEASE_MS_MIN, POSTGRES_POOL_CONNECTIONS_DEFAULT, POSTGRES_POOL_WAIT_MS,
+    POSTGRES_RUNTIME_THREADS, RECENT_LIMIT_MAX,
 };
 use crate::memo::MemoEntry;
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
@@ -180,6 +190,10 @@ pub(crate) struct Shared {
     pub(crate) lease_ms: u64,
     /// Delivery marks not yet written (see [`Journal::mark_delivered`]).
     deliveries: Mutex<Vec<IntentId>>,
+    /// Decisions of held calls as the listener hears them (see the `holds` module).
+    hold_notices: tokio::sync::broadcast::Sender<holds::HoldNotice>,
+    /// Whether the listener's connection listens now.
+    listening: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Shared {
@@ -239,8 +253,12 @@ pub struct PostgresJournal {
     runtime: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
     heartbeat: Option<tokio::task::JoinHandle<()>>,
+    /// The connection that listens for decisions of held calls.
+    listener: Option<tokio::task::JoinHandle<()>>,
     /// Where proposals wait for their batch, when group commit is on.
     group: Option<Arc<group::GroupCommit>>,
+    /// Remembered approvals and rate buckets (see the `shared_state` module).
+    state: Arc<shared_state::PostgresSharedState>,
 }
 
 impl PostgresJournal {
@@ -257,6 +275,7 @@ impl PostgresJournal {
         let runtime = runtime(&db)?;
         let handle = runtime.handle().clone();
         let pool_connections = options.pool_connections.max(1);
+        let listen_config = config.clone();
         let pool = pool(config, &db, pool_connections, &handle)?;
         let (lease_ms, clock) = (options.lease_ms, options.clock);
         let opened = block_on(&runtime, async {
@@ -281,19 +300,39 @@ impl PostgresJournal {
             incarnation,
             lease_ms,
             deliveries: Mutex::new(Vec::new()),
+            hold_notices: tokio::sync::broadcast::channel(POSTGRES_HOLD_NOTICES_MAX).0,
+            listening: Arc::default(),
         });
         let heartbeat = handle.spawn(heartbeat(shared.clone()));
+        let listener = match tls(&shared.db) {
+            Ok(tls) => handle.spawn(holds::listen(
+                listen_config,
+                tls,
+                shared.hold_notices.clone(),
+                shared.listening.clone(),
+            )),
+            Err(e) => {
+                runtime.shutdown_background();
+                return Err(e);
+            }
+        };
         let group = options.group_commit.then(|| {
             // Half the pool at most, so batches never hold every connection.
             let workers = (pool_connections / 2).clamp(1, POSTGRES_GROUP_WORKERS_MAX);
             let _entered = handle.enter();
             Arc::new(group::GroupCommit::start(shared.clone(), workers))
         });
+        let state = Arc::new(shared_state::PostgresSharedState {
+            shared: shared.clone(),
+            handle: handle.clone(),
+        });
         Ok(Self {
             shared,
+            state,
             runtime: Some(runtime),
             handle,
             heartbeat: Some(heartbeat),
+            listener: Some(listener),
             group,
         })
     }
@@ -316,6 +355,15 @@ impl PostgresJournal {
             self.shared.clone(),
             self.handle.clone(),
         ))
+    }
+
+    /// Whether this replica listens for decisions of held calls now (its listening connection
+    /// is up). While it does not, a waiting call learns of a decision by reading its record,
+    /// within [`POSTGRES_HOLD_POLL_MS`].
+    pub fn listening(&self) -> bool {
+        self.shared
+            .listening
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Runs `f` on the journal's runtime and waits for it from any executor.
@@ -445,6 +493,9 @@ async fn heartbeat(shared: Arc<Shared>) {
     loop {
         beat.tick().await;
         let _ = lease::renew(&shared).await;
+        if let Ok(client) = shared.client().await {
+            let _ = shared_state::prune(&client, &shared.db).await;
+        }
         let deliveries = shared.pending_deliveries();
         if !deliveries.is_empty()
             && let Ok(client) = shared.client().await
@@ -461,8 +512,11 @@ impl Drop for PostgresJournal {
     fn drop(&mut self) {
         // Closing the queue lets the group workers finish what is queued and stop.
         self.group = None;
-        if let Some(beat) = self.heartbeat.take() {
-            beat.abort();
+        for task in [self.heartbeat.take(), self.listener.take()]
+            .into_iter()
+            .flatten()
+        {
+            task.abort();
         }
         let Some(runtime) = self.runtime.take() else {
             return;
@@ -601,6 +655,92 @@ impl Journal for PostgresJournal {
 
     fn incarnation(&self) -> Option<u64> {
         Some(self.shared.incarnation)
+    }
+
+    fn shared_state(&self) -> Option<Arc<dyn crate::shared::SharedState>> {
+        Some(self.state.clone())
+    }
+
+    async fn hold_put(&self, held: &HeldCall) -> Result<bool, JournalError> {
+        let held = held.clone();
+        self.run(move |shared| async move {
+            let client = shared.client().await?;
+            holds::put(&client, &shared.db, &held).await
+        })
+        .await
+    }
+
+    async fn hold_get(&self, approval_id: &str) -> Result<Option<HeldCall>, JournalError> {
+        let id = approval_id.to_string();
+        self.run(move |shared| async move {
+            let client = shared.client().await?;
+            holds::get(&client, &shared.db, &id).await
+        })
+        .await
+    }
+
+    async fn holds_pending(&self) -> Result<Vec<HeldCall>, JournalError> {
+        self.run(|shared| async move {
+            let client = shared.client().await?;
+            holds::pending(&client, &shared.db).await
+        })
+        .await
+    }
+
+    async fn holds_unreleased(&self) -> Result<Vec<HeldCall>, JournalError> {
+        self.run(|shared| async move {
+            let client = shared.client().await?;
+            holds::unreleased(&client, &shared.db, shared.clock.now_ms()).await
+        })
+        .await
+    }
+
+    async fn hold_decide(
+        &self,
+        approval_id: &str,
+        state: HoldState,
+    ) -> Result<HoldDecided, JournalError> {
+        let id = approval_id.to_string();
+        self.run(move |shared| async move {
+            let mut client = shared.client().await?;
+            let now = shared.clock.now_ms();
+            holds::decide(&mut client, &shared.db, &id, state, now).await
+        })
+        .await
+    }
+
+    /// Waits for the listener's word that the call was decided (by any replica), reading the
+    /// record at the start, on every word about it, and every [`POSTGRES_HOLD_POLL_MS`] in case
+    /// a notification was lost.
+    async fn hold_wait(&self, approval_id: &str, wait: Duration) -> Option<HeldCall> {
+        use tokio::sync::broadcast::error::RecvError;
+        // Subscribed before the first read, so a decision between the two is heard.
+        let mut notices = self.shared.hold_notices.subscribe();
+        let until = tokio::time::Instant::now() + wait;
+        let poll = Duration::from_millis(POSTGRES_HOLD_POLL_MS);
+        loop {
+            if let Ok(Some(held)) = self.hold_get(approval_id).await
+                && held.state != HoldState::Pending
+            {
+                return Some(held);
+            }
+            // Until a word about this call (or a prompt to read again), the poll, or the end.
+            let heard = async {
+                loop {
+                    match notices.recv().await {
+                        Ok(holds::HoldNotice::Decided(id)) if id != approval_id => continue,
+                        Ok(_) | Err(RecvError::Lagged(_)) => return,
+                        // The journal is closing: the poll reads on until the end.
+                        Err(RecvError::Closed) => std::future::pending::<()>().await,
+                    }
+                }
+            };
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                return None;
+            }
+            let _ = tokio::time::timeout(poll.min(until - now), heard).await;
+        }
     }
 
     async fn memo_get(

@@ -4,7 +4,7 @@
 
 use super::Db;
 use crate::JournalError;
-use crate::record::{ClientKey, IntentId, IntentRecord};
+use crate::record::{IntentId, IntentRecord};
 use deadpool_postgres::GenericClient;
 use ring0_core::{IntentState, SemanticKey};
 use tokio_postgres::Row;
@@ -86,7 +86,7 @@ pub(crate) async fn insert(
                 &r.snapshot.as_ref().map(json),
                 &to_i64(r.owner),
                 &i64::from(r.attempt),
-                &r.client_key.as_ref().map(|k| k.principal.as_str()),
+                &crate::record::principal_column(r),
                 &r.client_key.as_ref().map(|k| k.key.as_str()),
                 &to_i64(holder),
                 &to_i64(now),
@@ -169,6 +169,11 @@ pub(crate) fn from_row(row: &Row, db: &Db) -> Result<IntentRecord, JournalError>
             .map(|t| serde_json::from_str(&t).map_err(|_| bad(what)))
             .transpose()
     };
+    let (principal, client_key) = crate::record::ClientKey::from_columns(
+        opt_text(18, "client principal")?,
+        opt_text(19, "client key")?,
+    )
+    .ok_or_else(|| bad("client key"))?;
     Ok(IntentRecord {
         id: IntentId::parse_str(&id_text).map_err(|_| bad("id"))?,
         semantic_key: SemanticKey::decode(&text(1, "semantic key")?)
@@ -195,18 +200,8 @@ pub(crate) fn from_row(row: &Row, db: &Db) -> Result<IntentRecord, JournalError>
             .try_get::<_, Option<i64>>(17)
             .map_err(|_| bad("delivery"))?
             .is_some(),
-        client_key: match (
-            opt_text(18, "client principal")?,
-            opt_text(19, "client key")?,
-        ) {
-            (Some(principal), Some(key)) => Some(ClientKey {
-                principal,
-                key,
-                retention_ms: 0,
-            }),
-            (None, None) => None,
-            _ => return Err(bad("client key")),
-        },
+        principal,
+        client_key,
     })
 }
 

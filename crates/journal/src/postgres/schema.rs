@@ -116,6 +116,49 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         cancelled  BOOLEAN NOT NULL DEFAULT false
     );
     CREATE INDEX job_tasks_by_age ON job_tasks (created_ms);",
+    // 7: calls held for a person's approval (`crate::hold`): any replica lists and decides them,
+    // and the one whose call waits is told (`NOTIFY ring0_holds`, see `postgres::holds`).
+    "CREATE TABLE held_calls (
+        approval_id TEXT   PRIMARY KEY,
+        state       TEXT   NOT NULL,
+        created_ms  BIGINT NOT NULL,
+        deadline_ms BIGINT NOT NULL,
+        body        TEXT   NOT NULL
+    );
+    CREATE INDEX held_calls_pending ON held_calls (created_ms, approval_id)
+        WHERE state = 'PENDING';
+    CREATE INDEX held_calls_approved ON held_calls (deadline_ms)
+        WHERE state = 'APPROVED';",
+    // 8: "allow for this session" approvals every replica honours (`crate::shared`), on the
+    // database's clock (microseconds).
+    "CREATE TABLE remembered_approvals (
+        approval_key  TEXT   PRIMARY KEY,
+        approval_id   TEXT   NOT NULL,
+        until_us      BIGINT,
+        remembered_us BIGINT NOT NULL
+    );
+    CREATE INDEX remembered_approvals_by_age ON remembered_approvals (remembered_us);
+    CREATE INDEX remembered_approvals_by_end ON remembered_approvals (until_us);",
+    // 9: GCRA rate buckets every replica takes from (`crate::shared`): each bucket's theoretical
+    // arrival time on the database's clock (microseconds).
+    "CREATE TABLE rate_buckets (
+        bucket  TEXT    PRIMARY KEY,
+        tat_us  BIGINT  NOT NULL,
+        allowed BOOLEAN NOT NULL,
+        seen_us BIGINT  NOT NULL
+    );
+    CREATE INDEX rate_buckets_by_tat ON rate_buckets (tat_us);",
+    // 10: approved pins of upstream definitions (`crate::shared::PinApproval`), numbered in the
+    // order they were published, so every replica's lock follows the latest approval.
+    "CREATE TABLE pin_approvals (
+        seq         BIGSERIAL   PRIMARY KEY,
+        upstream    TEXT        NOT NULL,
+        kind        TEXT        NOT NULL,
+        name        TEXT        NOT NULL,
+        pin         TEXT        NOT NULL,
+        approved_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+        UNIQUE (upstream, kind, name, pin)
+    );",
 ];
 
 /// The schema versions a migration went between: what the database had, and what it has now.

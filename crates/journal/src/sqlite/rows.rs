@@ -108,7 +108,7 @@ fn insert_row(
                 None::<&str>,
                 to_i64(r.owner),
                 r.attempt,
-                r.client_key.as_ref().map(|k| k.principal.as_str()),
+                crate::record::principal_column(r),
                 r.client_key.as_ref().map(|k| k.key.as_str()),
                 prepared.content_hex,
                 to_i64(prepared.fresh_ms),
@@ -187,6 +187,11 @@ pub(crate) fn from_row(row: &Row<'_>, files: &Files) -> Result<IntentRecord, Jou
             .map(|t| serde_json::from_str(&t).map_err(|_| bad(what)))
             .transpose()
     };
+    let (principal, client_key) = crate::record::ClientKey::from_columns(
+        opt_text(20, "client principal")?,
+        opt_text(21, "client key")?,
+    )
+    .ok_or_else(|| bad("client key"))?;
     Ok(IntentRecord {
         id,
         semantic_key,
@@ -212,18 +217,8 @@ pub(crate) fn from_row(row: &Row<'_>, files: &Files) -> Result<IntentRecord, Jou
             .get::<_, Option<i64>>(19)
             .map_err(|_| bad("delivery"))?
             .is_some(),
-        client_key: match (
-            opt_text(20, "client principal")?,
-            opt_text(21, "client key")?,
-        ) {
-            (Some(principal), Some(key)) => Some(crate::record::ClientKey {
-                principal,
-                key,
-                retention_ms: 0,
-            }),
-            (None, None) => None,
-            _ => return Err(bad("client key")),
-        },
+        principal,
+        client_key,
     })
 }
 

@@ -45,6 +45,7 @@ pub(crate) fn refund(n: u64, call_id: &str) -> Proposal {
         call_id: call_id.into(),
         mutating: true,
         client_key: None,
+        principal: None,
     }
 }
 

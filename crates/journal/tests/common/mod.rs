@@ -21,6 +21,7 @@ pub fn proposal(tool: &str, args: Value, scope: &str, call_id: &str) -> Proposal
         call_id: call_id.into(),
         mutating: true,
         client_key: None,
+        principal: None,
     }
 }
 
