@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import inspect
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -156,7 +157,8 @@ def tool(
       default). A write is committed to the journal before it runs.
     - ``authority``: ``"A0"``…``"A3"``; default ``"A0"`` for a read, ``"A2"`` otherwise. The grants
       decide what runs and what waits for a person; A3 always waits.
-    - ``strategy``: any of ``"exploration"``, ``"exploitation"``, ``"neutral"``.
+    - ``strategy``: any of ``"exploration"``, ``"exploitation"``, ``"neutral"``; default
+      ``["exploration"]`` for a read, none (unknown: the call runs alone in its turn) otherwise.
     - ``concurrency``: ``"default"``, ``"parallel"`` or ``"sequential"``.
     - ``conflict_key``: a template over the arguments (``"account:{to}"``): calls with equal keys
       never overlap.
@@ -167,9 +169,14 @@ def tool(
     Use as ``@ring0.tool`` or ``@ring0.tool(effect="read", …)``.
     """
 
+    # Hints under `from __future__ import annotations` may name classes local to the caller.
+    caller = sys._getframe(1)
+    localns = dict(caller.f_locals) if caller.f_code.co_name != "<module>" else None
+
     def make(f: Callable[..., Any]) -> Tool:
         return _make(
             f,
+            localns=localns,
             name=name,
             description=description,
             effect=effect,
@@ -200,6 +207,7 @@ def as_tool(obj: Any) -> Tool:
 def _make(
     fn: Callable[..., Any],
     *,
+    localns: dict[str, Any] | None = None,
     name: str | None,
     description: str | None,
     effect: str,
@@ -223,7 +231,7 @@ def _make(
     if authority not in AUTHORITIES:
         raise _problem("/authority", f"{authority!r}: write A0, A1, A2 or A3")
     summary, arg_docs = _parse_doc(inspect.getdoc(fn) or "")
-    derived, context_param, converters = _signature_schema(fn, arg_docs)
+    derived, context_param, converters = _signature_schema(fn, arg_docs, localns)
     definition: dict[str, Any] = {
         "name": name,
         "description": description if description is not None else summary,
@@ -232,6 +240,9 @@ def _make(
         "effect": effect_kind,
         "authority": authority,
     }
+    if strategy is None and effect_kind == "nullipotent":
+        # A read gathers information: it may run beside the turn's other reads.
+        strategy = ["exploration"]
     if strategy is not None:
         items = [strategy] if isinstance(strategy, str) else list(strategy)
         for s in items:
@@ -298,11 +309,11 @@ class _Defs:
 
 
 def _signature_schema(
-    fn: Callable[..., Any], arg_docs: dict[str, str]
+    fn: Callable[..., Any], arg_docs: dict[str, str], localns: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], str | None, dict[str, Callable[[Any], Any]]]:
     sig = inspect.signature(fn)
     try:
-        hints = typing.get_type_hints(fn, include_extras=True)
+        hints = typing.get_type_hints(fn, localns=localns, include_extras=True)
     except Exception:  # noqa: BLE001 - unresolvable hints: the raw annotations
         hints = {k: v.annotation for k, v in sig.parameters.items()}
     properties: dict[str, Any] = {}
@@ -316,7 +327,7 @@ def _signature_schema(
         if pname in ("self", "cls") and param.annotation is inspect.Parameter.empty:
             continue
         hint = hints.get(pname, Any)
-        if hint is Context or _strip_annotated(hint) is Context:
+        if _is_context(hint):
             context_param = pname
             continue
         loc = f"/input_schema/properties/{pname}"
@@ -343,6 +354,15 @@ def _signature_schema(
     if context_param is not None and converters:
         converters[context_param] = lambda v: v
     return out, context_param, converters
+
+
+def _is_context(hint: Any) -> bool:
+    hint = _strip_annotated(hint)
+    if hint is Context:
+        return True
+    if typing.get_origin(hint) in _UNION_TYPES:
+        return any(_strip_annotated(a) is Context for a in typing.get_args(hint))
+    return False
 
 
 def _is_plain(value: Any) -> bool:
@@ -440,10 +460,6 @@ def _schema(hint: Any, defs: _Defs, loc: str) -> dict[str, Any]:
         if len(args) == 2:
             out["additionalProperties"] = _schema(args[1], defs, loc + "/additionalProperties")
         return out
-    if _is_model(hint) or (
-        _pydantic is not None and (dataclasses.is_dataclass(hint) or typing.is_typeddict(hint))
-    ):
-        return _pydantic_schema(hint, defs)
     if typing.is_typeddict(hint):
         hints = typing.get_type_hints(hint)
         required_keys = getattr(hint, "__required_keys__", set(hints))
@@ -453,6 +469,8 @@ def _schema(hint: Any, defs: _Defs, loc: str) -> dict[str, Any]:
             "required": [k for k in hints if k in required_keys],
             "additionalProperties": False,
         }
+    if _is_model(hint) or (_pydantic is not None and dataclasses.is_dataclass(hint)):
+        return _pydantic_schema(hint, defs)
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         hints = typing.get_type_hints(hint)
         fields = dataclasses.fields(hint)
@@ -479,6 +497,10 @@ def _pydantic_schema(hint: Any, defs: _Defs) -> dict[str, Any]:
     schema = _pydantic.TypeAdapter(hint).json_schema(ref_template="#/$defs/{model}")
     for key, value in schema.pop("$defs", {}).items():
         defs.defs[key] = value
+    if _is_model(hint) and schema.get("type") == "object":
+        # A model is defined once, under its name, however many parameters use it.
+        defs.defs[hint.__name__] = schema
+        return {"$ref": f"#/$defs/{hint.__name__}"}
     return schema
 
 
