@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# The Agents SDK exports traces to OpenAI unless told not to: these tests talk to no service.
+os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+
 
 class Effects:
     """A file with one line per effect a tool had: what a re-run must not add to."""
