@@ -24,8 +24,10 @@ class Kernel:
     ``state_dir`` holds the SQLite journal (``journal.db``: every mutating call is committed
     there before it runs, and its result recorded, so a re-run of the same turn — after a crash,
     or a framework re-running a step — is answered from it instead of run again) and the
-    hash-chained audit log (``audit.jsonl``). Use a directory of its own that outlives the
-    process; ``ring0 journal ls --state-dir DIR`` reads it.
+    hash-chained audit log of authorization decisions (``audit.jsonl``; ``audit="writes"``, the
+    default, records every decision but the allowed calls of read-only tools; ``"all"`` every
+    one, at the cost of a file write per call; ``"off"`` none). Use a directory of its own that
+    outlives the process; ``ring0 journal ls --state-dir DIR`` reads it.
 
     ``grants``: a list of dicts ``{"tools": ["send_*"], "ceiling": "A2", "approval": False,
     "approval_scope": "session", "rules": ["args.amount < 100"], "rate": "60/min",
@@ -50,7 +52,7 @@ class Kernel:
         approver: Callable[[dict[str, Any]], Any] | None = None,
         approvals: str = "hold",
         approval_timeout: float = 300.0,
-        audit: bool = True,
+        audit: str | bool = "writes",
     ) -> None:
         self.tools: dict[str, Tool] = {}
         for t in tools:
@@ -63,7 +65,7 @@ class Kernel:
             approvals,
             approver,
             max(1, int(approval_timeout * 1000)),
-            audit,
+            {True: "all", False: "off"}.get(audit, audit) if isinstance(audit, bool) else audit,
         )
 
     @property

@@ -17,7 +17,7 @@ class NativeKernel:
         approvals: str = "hold",
         approver: Callable[[dict[str, Any]], Any] | None = None,
         approval_timeout_ms: int = 300000,
-        audit: bool = True,
+        audit: str = "writes",
     ) -> None: ...
     @property
     def state_dir(self) -> str: ...

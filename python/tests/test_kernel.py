@@ -365,5 +365,15 @@ def test_a_kernel_refuses_a_state_dir_another_process_writes(state_dir) -> None:
     assert e.value.errors[0]["loc"] == "/state_dir"
     assert Path(kernel.state_dir, "journal.db").exists()
     kernel.session().handle_turn("openai", openai_turn(("c", "r", {"x": 1})))
+    # By default an allowed read is not written to the audit log; anything else is.
+    assert Path(kernel.state_dir, "audit.jsonl").read_text() == ""
+
+
+def test_the_audit_log_records_decisions(state_dir, effects) -> None:
+    kernel = ring0.Kernel(state_dir, make_tools(effects), audit="all")
+    session = kernel.session()
+    session.handle_turn("openai", openai_turn(("c1", "get_weather", {"city": "Oslo"})))
+    session.handle_turn("openai", openai_turn(("c2", "delete_account", {"user": "x"})))
     audit = [json.loads(line) for line in Path(kernel.state_dir, "audit.jsonl").read_text().splitlines()]
-    assert audit[-1]["tool"] == "r" and audit[-1]["decision"] == "allowed"
+    assert [(a["tool"], a["decision"]) for a in audit] == [
+        ("get_weather", "allowed"), ("delete_account", "held"), ("delete_account", "approval_required")]

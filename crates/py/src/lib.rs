@@ -45,6 +45,25 @@ const AUDIT_FILE: &str = "audit.jsonl";
 /// Longest approval timeout accepted.
 const APPROVAL_TIMEOUT_MS_MAX: u64 = 24 * 60 * 60 * 1000;
 
+/// The audit log, as much of it as the host asked for: every decision but the allowed calls of
+/// read-only tools (`"writes"`, the default), or every decision (`"all"`).
+struct AuditFilter {
+    log: JsonlAudit,
+    /// Tools whose allowed calls are not written (the read-only ones), for `"writes"`.
+    quiet: std::collections::BTreeSet<String>,
+}
+
+impl ring0_policy::AuditSink for AuditFilter {
+    fn record(&self, entry: &ring0_policy::AuditEntry) -> Result<(), String> {
+        if entry.decision == ring0_policy::AuditDecision::Allowed
+            && self.quiet.contains(&entry.tool)
+        {
+            return Ok(());
+        }
+        self.log.record(entry)
+    }
+}
+
 /// What a kernel's sessions share.
 struct Shared {
     kernel: Kernel,
@@ -160,7 +179,7 @@ type ToolEntry = (String, Py<PyAny>, bool, bool, Option<String>);
 impl NativeKernel {
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (state_dir, tools, grants=None, approvals="hold", approver=None, approval_timeout_ms=300_000, audit=true))]
+    #[pyo3(signature = (state_dir, tools, grants=None, approvals="hold", approver=None, approval_timeout_ms=300_000, audit="writes"))]
     fn new(
         py: Python<'_>,
         state_dir: PathBuf,
@@ -169,7 +188,7 @@ impl NativeKernel {
         approvals: &str,
         approver: Option<Py<PyAny>>,
         approval_timeout_ms: u64,
-        audit: bool,
+        audit: &str,
     ) -> PyResult<Self> {
         let bridge = Arc::new(Bridge::load(py)?);
         let mut specs = Vec::with_capacity(tools.len());
@@ -249,12 +268,30 @@ impl NativeKernel {
                 .grant(g)
                 .map_err(|e| errors::config(py, "/grants", e))?;
         }
-        if audit {
+        let quiet = match audit {
+            "off" => None,
+            "all" => Some(Default::default()),
+            "writes" => Some(
+                specs
+                    .iter()
+                    .filter(|s| s.effect.is_read_only())
+                    .map(|s| s.name.clone())
+                    .collect(),
+            ),
+            other => {
+                return Err(errors::config(
+                    py,
+                    "/audit",
+                    format!("{other:?}: write \"writes\", \"all\" or \"off\""),
+                ));
+            }
+        };
+        if let Some(quiet) = quiet {
             let path = state_dir.join(AUDIT_FILE);
             let log = JsonlAudit::open(&path).map_err(|e| {
                 errors::config(py, "/state_dir", format!("{}: {e}", path.display()))
             })?;
-            policy = policy.audit(Arc::new(log));
+            policy = policy.audit(Arc::new(AuditFilter { log, quiet }));
         }
         let journal_path = state_dir.join(JOURNAL_FILE);
         let journal = py
