@@ -126,8 +126,10 @@ def test_a_turn_in_flight_is_answered_from_the_journal(ring0_server, effects) ->
         results = []
         first = threading.Thread(target=lambda: results.append(session.handle_turn("openai", turn)))
         first.start()
+        deadline = time.monotonic() + 30
         while effects.count() == 0:
-            pass
+            assert time.monotonic() < deadline, "the first turn's write never started"
+            time.sleep(0.01)
         second_session = client.session([slow_refund], scope="inflight")
         second = threading.Thread(
             target=lambda: results.append(second_session.handle_turn("openai", turn))
