@@ -150,20 +150,15 @@ class RemoteSession:
                 }
             ],
         }
-        out = self._run("anthropic_from_openai", turn, True, None)
+        out = self._run("openai", turn, True, None)
         return _result_value(out["results"][0])
 
     def _run(self, format: str | None, message: Any, detailed: bool, loop: Any) -> Any:
         if isinstance(message, str):
             message = json.loads(message)
-        fmt = format
-        results_format = format
-        if format == "anthropic_from_openai":
-            # `call`: send as openai, read results per call from the anthropic-like view below.
-            fmt, results_format = "openai", "openai"
         body: dict[str, Any] = {"message": message, "wait_ms": WAIT_MS}
-        if fmt is not None:
-            body["format"] = fmt
+        if format is not None:
+            body["format"] = format
         view = self.client._request("POST", self._path + "/turns", body)
         while view["status"] != "complete":
             turn = view["turn"]
@@ -182,7 +177,7 @@ class RemoteSession:
             return view["results"]
         return {
             "message": view["results"],
-            "results": _results_of(results_format or self.format, message, view["results"]),
+            "results": _results_of(format or self.format, view["results"]),
             "terminated": view.get("terminated"),
             "policy_message": view.get("policy_message"),
         }
@@ -347,7 +342,7 @@ def _read_answer(answer: Any) -> tuple[bool, bool, str]:
     return bool(answer), False, "denied by the approver"
 
 
-def _results_of(format: str, message: Any, rendered: Any) -> list[dict[str, Any]]:
+def _results_of(format: str, rendered: Any) -> list[dict[str, Any]]:
     """Each call's result (``call_id``, ``content``, ``is_error``) read back from the rendered
     message(s)."""
     out: list[dict[str, Any]] = []
@@ -362,7 +357,9 @@ def _results_of(format: str, message: Any, rendered: Any) -> list[dict[str, Any]
     for item in rendered or []:
         text = item.get("content") if format == "openai" else item.get("output")
         value = _parse(text)
-        is_error = isinstance(value, dict) and "status" in value and "errors" in value
+        # A call that ran is answered with its receipt, completed; anything else is an error.
+        outcome = value.get("outcome") if isinstance(value, dict) else None
+        is_error = not (isinstance(outcome, dict) and outcome.get("kind") == "completed")
         out.append({"call_id": item.get("tool_call_id") or item.get("call_id"),
                     "content": value, "is_error": is_error})
     return out

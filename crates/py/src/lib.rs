@@ -67,6 +67,7 @@ impl ring0_policy::AuditSink for AuditFilter {
 /// What a kernel's sessions share.
 struct Shared {
     kernel: Kernel,
+    bridge: Arc<Bridge>,
     runtime: tokio::runtime::Runtime,
     approvals: Arc<Approvals>,
     state_dir: PathBuf,
@@ -317,6 +318,7 @@ impl NativeKernel {
             .map_err(|e| PyRuntimeError::new_err(format!("starting the runtime: {e}")))?;
         let shared = Arc::new(Shared {
             kernel: builder.build(),
+            bridge,
             runtime,
             approvals,
             state_dir,
@@ -518,8 +520,8 @@ impl NativeSession {
             Ok(text) => serde_json::from_str(text.to_str()?)
                 .map_err(|e| invalid_turn(py, "", format!("the message is not JSON: {e}")))?,
             Err(_) => {
-                let jsonable = py.import("ring0._bridge")?.getattr("jsonable")?;
-                to_json(message, &jsonable).map_err(|e| {
+                let jsonable = self.shared.bridge.jsonable.bind(py);
+                to_json(message, jsonable).map_err(|e| {
                     invalid_turn(py, "", format!("the message is not JSON: {}", e.value(py)))
                 })?
             }
