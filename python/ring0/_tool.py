@@ -169,14 +169,10 @@ def tool(
     Use as ``@ring0.tool`` or ``@ring0.tool(effect="read", …)``.
     """
 
-    # Hints under `from __future__ import annotations` may name classes local to the caller.
-    caller = sys._getframe(1)
-    localns = dict(caller.f_locals) if caller.f_code.co_name != "<module>" else None
-
-    def make(f: Callable[..., Any]) -> Tool:
+    def make(f: Callable[..., Any], _depth: int = 2) -> Tool:
         return _make(
             f,
-            localns=localns,
+            localns=_caller_namespace(f, _depth),
             name=name,
             description=description,
             effect=effect,
@@ -191,8 +187,21 @@ def tool(
         )
 
     if fn is not None:
-        return make(fn)
+        return make(fn, 3)
     return make
+
+
+def _caller_namespace(fn: Callable[..., Any], depth: int) -> dict[str, Any] | None:
+    """The locals of the function that declares the tool (``depth`` frames up: the
+    decorator's caller), when the tool's hints name something only they hold (`from __future__ import
+    annotations` with a class local to that function). Read only then: on CPython before 3.13,
+    reading a frame's locals keeps a snapshot of them alive as long as the frame lives."""
+    try:
+        typing.get_type_hints(fn, include_extras=True)
+        return None
+    except Exception:  # noqa: BLE001 - unresolved names: look where the tool was declared
+        caller = sys._getframe(depth)
+        return dict(caller.f_locals) if caller.f_code.co_name != "<module>" else None
 
 
 def as_tool(obj: Any) -> Tool:

@@ -167,3 +167,20 @@ def test_a_bad_grant_is_refused_where_it_is_wrong(tmp_path) -> None:
     with pytest.raises(ring0.ConfigError) as e:
         ring0.Kernel(tmp_path / "s", [r], grants=[{"tools": ["*"], "ceiling": "A0", "rules": ["args.x <"]}])
     assert e.value.errors[0]["loc"] == "/grants/0/rules/0"
+
+
+def test_hints_naming_a_class_local_to_the_declaring_function() -> None:
+    class Point(pydantic.BaseModel):
+        x: int
+
+    @ring0.tool
+    def bare(p: Point) -> int:
+        return p.x
+
+    @ring0.tool(effect="read")
+    def called(p: Point) -> int:
+        return p.x
+
+    for t in (bare, called):
+        assert t.definition["input_schema"]["properties"]["p"] == {"$ref": "#/$defs/Point"}
+        assert t.invoke({"p": {"x": 3}}) == 3

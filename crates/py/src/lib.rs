@@ -68,7 +68,8 @@ impl ring0_policy::AuditSink for AuditFilter {
 struct Shared {
     kernel: Kernel,
     bridge: Arc<Bridge>,
-    runtime: tokio::runtime::Runtime,
+    /// Always `Some` until the kernel is dropped.
+    runtime: Option<tokio::runtime::Runtime>,
     approvals: Arc<Approvals>,
     state_dir: PathBuf,
 }
@@ -89,7 +90,24 @@ impl Shared {
                  a tool cannot hand a turn to ring0",
             ));
         }
-        Ok(py.detach(|| self.runtime.block_on(future)))
+        let runtime = self.runtime.as_ref().expect("the runtime lives as long as the kernel");
+        Ok(py.detach(|| runtime.block_on(future)))
+    }
+}
+
+impl Drop for Shared {
+    /// The last reference to a kernel may go while another kernel's turn runs (Python's
+    /// garbage collector runs wherever it runs, a tool included), where a runtime may not block
+    /// to shut down: there it is shut down on a thread of its own.
+    fn drop(&mut self) {
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let _ = std::thread::Builder::new()
+                .name("ring0-drop".into())
+                .spawn(move || drop(runtime));
+        }
     }
 }
 
@@ -319,7 +337,7 @@ impl NativeKernel {
         let shared = Arc::new(Shared {
             kernel: builder.build(),
             bridge,
-            runtime,
+            runtime: Some(runtime),
             approvals,
             state_dir,
         });
