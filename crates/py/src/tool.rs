@@ -195,7 +195,6 @@ fn observation(py: Python<'_>, bridge: &Bridge, value: &Bound<'_, PyAny>) -> PyR
     if let Ok(s) = value.cast::<PyString>() {
         return Ok(Observation::text(s.to_str()?));
     }
-    let _ = py;
     Ok(Observation::json(to_json(value, bridge.jsonable.bind(py))?))
 }
 
