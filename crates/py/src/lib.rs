@@ -90,7 +90,10 @@ impl Shared {
                  a tool cannot hand a turn to ring0",
             ));
         }
-        let runtime = self.runtime.as_ref().expect("the runtime lives as long as the kernel");
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("the runtime lives as long as the kernel");
         Ok(py.detach(|| runtime.block_on(future)))
     }
 }

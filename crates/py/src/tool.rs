@@ -203,22 +203,33 @@ fn observation(py: Python<'_>, bridge: &Bridge, value: &Bound<'_, PyAny>) -> PyR
 #[async_trait]
 impl Tool for PyTool {
     async fn call(&self, ctx: CallContext, args: Value) -> Result<Observation, ToolError> {
-        let called =
-            Python::attach(|py| self.start(py, &ctx, &args).map_err(|e| self.failure(py, e)))?;
-        let awaited = match called {
-            Called::Now(v) => Ok(v),
-            later => {
-                tokio::select! {
-                    done = finish(later) => done,
-                    () = ctx.cancel.cancelled() => {
-                        return Err(ToolError::unknown(
-                            "the call was stopped while its coroutine ran; its outcome is unknown",
-                        ));
-                    }
-                }
+        // A plain function's value is read while the interpreter is still held.
+        let called = Python::attach(|py| match self.start(py, &ctx, &args) {
+            Ok(Called::Now(value)) => Err(self.read(py, Ok(value))),
+            Ok(later) => Ok(later),
+            Err(e) => Err(Err(self.failure(py, e))),
+        });
+        let later = match called {
+            Ok(later) => later,
+            Err(done) => return done,
+        };
+        let awaited = tokio::select! {
+            done = finish(later) => done,
+            () = ctx.cancel.cancelled() => {
+                return Err(ToolError::unknown(
+                    "the call was stopped while its coroutine ran; its outcome is unknown",
+                ));
             }
         };
-        Python::attach(|py| match awaited {
+        Python::attach(|py| self.read(py, awaited))
+    }
+}
+
+impl PyTool {
+    /// What the function gave, as the kernel settles it.
+    #[allow(clippy::result_large_err)]
+    fn read(&self, py: Python<'_>, awaited: Awaited) -> Result<Observation, ToolError> {
+        match awaited {
             Ok(value) => observation(py, &self.bridge, value.bind(py)).map_err(|e| {
                 ToolError::unknown(format!(
                     "the tool ran, but its result could not be read: {}",
@@ -226,7 +237,7 @@ impl Tool for PyTool {
                 ))
             }),
             Err(e) => Err(self.failure(py, e)),
-        })
+        }
     }
 }
 
