@@ -24,3 +24,6 @@ eval "$(bash scripts/test-postgres.sh start "$pg_dir")"
 
 cargo test --workspace --doc --quiet
 cargo nextest run --workspace --no-fail-fast --cargo-quiet
+# The Python package `ring0` (crates/py, python/): built with maturin into a venv under target/,
+# tested with pytest, its adapters with the real frameworks (no LLM).
+bash scripts/test-python.sh

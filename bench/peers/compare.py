@@ -65,6 +65,36 @@ def against_agents_sdk(values: dict[str, float], clock: str, key: str) -> None:
         )
 
 
+def python_package(values: dict[str, float]) -> None:
+    """ring0's Python package (the whole per-call cost of `Session.handle_turn`, tool included)
+    against the peers' whole per-call cost. Targets: at most 1.0x the Agents SDK, 1/20 of
+    LangGraph's ToolNode."""
+    if "ring0_python_us_per_call" not in values:
+        return
+    print()
+    print("ring0's Python package (Session.handle_turn, whole per-call cost) against the peers")
+    targets = [("openai_agents", "OpenAI Agents SDK function tool", 1.0, "1.0x"),
+               ("langgraph", "LangGraph ToolNode", 1 / 20, "1/20")]
+    shapes = [("one call", "us_per_call"), ("64-call round", "us_per_call_round64"),
+              ("realistic catalog tool", "us_per_call_catalog")]
+    for clock, key in (("wall clock", ""), ("CPU time", "cpu_")):
+        print(f"  by {clock}:")
+        for label, suffix in shapes:
+            ours = values.get(f"ring0_python_{key}{suffix}")
+            if ours is None:
+                continue
+            for peer, name, target, shown in targets:
+                theirs = values.get(f"{peer}_{key}{suffix}")
+                if theirs is None:
+                    continue
+                x = ours / theirs
+                verdict = "MET" if x <= target else "NOT MET"
+                print(f"    {label:<24} ring0 {ours:>8.3f} µs vs {name} {theirs:>8.3f} µs: "
+                      f"{x:.3f}x ({ratio(x)})  target {shown}: {verdict}")
+                if not key:
+                    print(f"ring0_python_vs_{peer}_{suffix}={x:.4f}")
+
+
 def main() -> None:
     values = figures(sys.argv[1:])
     ring0 = need(values, "ring0_overhead_us_per_call")
@@ -95,6 +125,7 @@ def main() -> None:
     print(f"ring0_fraction_of_fastest_peer={fraction:.4f}")
     for clock, key in (("wall clock", ""), ("CPU time", "cpu_")):
         against_agents_sdk(values, clock, key)
+    python_package(values)
     print(f"target_holds={'true' if holds else 'false'}")
 
 

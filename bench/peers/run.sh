@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Measures the per-call overhead of LangGraph's ToolNode and the OpenAI Agents SDK's function
-# tools on a no-op tool, runs ring0's `mediation` bench on the same tool and schema, and prints
-# ring0's overhead as a fraction of each peer's and whether the target (at most 1/20 of the
-# fastest peer) holds.
+# tools on a no-op tool, runs ring0's `mediation` bench on the same tool and schema, measures
+# ring0's Python package (`Session.handle_turn` with the tool as a Python function, the kernel in
+# process) in the same run, and prints ring0's overhead as a fraction of each peer's and whether
+# the targets hold.
 #
 #   bench/peers/run.sh
 #
@@ -22,7 +23,12 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$here/requirements.txt"
 "$venv/bin/python" -m pip list --disable-pip-version-check 2>/dev/null |
-    grep -iE '^(langgraph|langchain-core|openai-agents|pydantic) '
+    grep -iE '^(langgraph|langchain-core|openai-agents|pydantic|maturin) '
+
+# ring0's Python package, built from this tree (release) and installed as a wheel.
+(cd "$root" && "$venv/bin/maturin" build --release --locked --quiet --out "$venv/wheels")
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+    "$(ls -t "$venv"/wheels/ring0-*.whl | head -1)"
 
 results="$venv/results"
 mkdir -p "$results"
@@ -32,7 +38,10 @@ echo
 echo
 "$venv/bin/python" "$here/agents_function_tool.py" | tee "$results/openai_agents.txt"
 echo
+# Run from the bench directory, so `ring0` is the installed wheel, not the source tree's.
+(cd "$here" && "$venv/bin/python" "$here/ring0_python.py") | tee "$results/ring0_python.txt"
+echo
 (cd "$root" && cargo bench -p ring0-kernel --bench mediation) | tee "$results/ring0.txt"
 
 "$venv/bin/python" "$here/compare.py" "$results/langgraph.txt" "$results/openai_agents.txt" \
-    "$results/ring0.txt" | tee "$results/comparison.txt"
+    "$results/ring0.txt" "$results/ring0_python.txt" | tee "$results/comparison.txt"

@@ -13,20 +13,13 @@
 
 use crate::board::{Answer, Board, TurnLink};
 use crate::error::ApiError;
-use crate::limits::{HOST_TOOL_TIMEOUT_MS_DEFAULT, HOST_TOOL_TIMEOUT_MS_MAX};
-use crate::model::{
-    ActionKind, ConcurrencyKind, EffectKind, GrammarSyntax, HostTool, HostToolType, PendingAction,
-    SettlementKind, StrategyKind,
-};
+use crate::model::{ActionKind, HostTool, HostToolType, PendingAction};
 use async_trait::async_trait;
 use ring0_core::call::FREE_FORM_INPUT;
-use ring0_core::{
-    ConcurrencyMark, ConflictKeyTemplate, Effect, ExecutionProfile, Observation, Settlement,
-    Strategy, StrategySet, ToolSpec,
-};
+use ring0_core::{Observation, ToolSpec};
 use ring0_kernel::{CallContext, CallExtensions, Tool, ToolError};
 use ring0_policy::{ApprovalOutcome, ApprovalRequest, Approver};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::sync::Arc;
 
 /// A fresh action id.
@@ -88,12 +81,7 @@ impl Tool for HostExecutor {
         };
         drop(posted);
         match answer {
-            Ok(Answer::Ran(Ok(Value::String(text)))) => Ok(Observation::text(text)),
-            Ok(Answer::Ran(Ok(value))) => Ok(Observation::json(value)),
-            Ok(Answer::Ran(Err(failure))) if !failure.maybe_applied => {
-                Err(ToolError::not_applied(failure.message))
-            }
-            Ok(Answer::Ran(Err(failure))) => Err(ToolError::unknown(failure.message)),
+            Ok(Answer::Ran(reported)) => ring0_host::host_outcome(reported),
             // Never posted as an approval; the session ended while the host held the call.
             Ok(Answer::Decided { .. }) | Err(_) => Err(ToolError::unknown(
                 "the session ended before the host reported the outcome; it is unknown",
@@ -102,117 +90,16 @@ impl Tool for HostExecutor {
     }
 }
 
-/// A host tool as the kernel registers it, or why it cannot be.
+/// A host tool as the kernel registers it (the spec `ring0-host` makes of its declaration, run
+/// by asking the host), or why it cannot be.
 pub(crate) fn host_tool(def: &HostTool, loc: &str) -> Result<(ToolSpec, Arc<dyn Tool>), ApiError> {
-    let schema = input_schema(def, loc)?;
-    let mut spec = ToolSpec::new(&def.name, &def.description, schema);
-    spec.effect = match def.effect.unwrap_or(EffectKind::NonIdempotent) {
-        EffectKind::Nullipotent => Effect::Nullipotent,
-        EffectKind::Idempotent => Effect::Idempotent,
-        EffectKind::NonIdempotent => Effect::NonIdempotent,
-    };
-    if let Some(authority) = def.authority {
-        spec.authority = authority.core();
-    }
-    if let Some(items) = &def.strategy {
-        let items: Vec<Strategy> = items
-            .iter()
-            .map(|s| match s {
-                StrategyKind::Exploration => Strategy::Exploration,
-                StrategyKind::Exploitation => Strategy::Exploitation,
-                StrategyKind::Neutral => Strategy::Neutral,
-            })
-            .collect();
-        spec.strategy = StrategySet::of(&items);
-    }
-    spec.concurrency = match def.concurrency.unwrap_or(ConcurrencyKind::Default) {
-        ConcurrencyKind::Default => ConcurrencyMark::Default,
-        ConcurrencyKind::Parallel => ConcurrencyMark::Parallel,
-        ConcurrencyKind::Sequential => ConcurrencyMark::Sequential,
-    };
-    if let Some(template) = &def.conflict_key {
-        spec.conflict_key = Some(
-            ConflictKeyTemplate::parse(template)
-                .map_err(|e| ApiError::invalid(format!("{loc}/conflict_key"), e.to_string()))?,
-        );
-    }
-    spec.settlement = match def.settlement.unwrap_or(SettlementKind::None) {
-        SettlementKind::IdempotencyKey => Settlement::IdempotencyKey,
-        SettlementKind::None => Settlement::None,
-    };
-    spec.timeout_ms = match def.timeout_ms {
-        None => HOST_TOOL_TIMEOUT_MS_DEFAULT,
-        Some(ms) if (1..=HOST_TOOL_TIMEOUT_MS_MAX).contains(&ms) => ms,
-        Some(ms) => {
-            return Err(ApiError::invalid(
-                format!("{loc}/timeout_ms"),
-                format!("{ms} is outside 1..={HOST_TOOL_TIMEOUT_MS_MAX}"),
-            ));
-        }
-    };
-    if let Some(bytes) = def.observation_budget_bytes {
-        spec.observation_budget_bytes = bytes;
-    }
-    if def.early {
-        if !spec.strategy.is_exactly_neutral() {
-            return Err(ApiError::invalid(
-                format!("{loc}/early"),
-                "an early start needs strategy [\"neutral\"]: a call that explores or exploits waits for the turn it belongs to",
-            ));
-        }
-        spec.execution = ExecutionProfile::EARLY;
-    }
+    let spec = ring0_host::tool_spec(def)
+        .map_err(|p| ApiError::invalid(format!("{loc}{}", p.loc), p.message))?;
     let executor = Arc::new(HostExecutor {
         tool: def.name.clone(),
         custom: def.kind == HostToolType::Custom,
     });
     Ok((spec, executor))
-}
-
-/// The schema the kernel validates a host tool's arguments against.
-fn input_schema(def: &HostTool, loc: &str) -> Result<Value, ApiError> {
-    match def.kind {
-        HostToolType::Function => {
-            if def.grammar.is_some() {
-                return Err(ApiError::invalid(
-                    format!("{loc}/grammar"),
-                    "a grammar belongs to a custom tool (type: custom)",
-                ));
-            }
-            match &def.input_schema {
-                Some(schema @ Value::Object(_)) => Ok(schema.clone()),
-                Some(_) => Err(ApiError::invalid(
-                    format!("{loc}/input_schema"),
-                    "a JSON Schema object is expected",
-                )),
-                None => Err(ApiError::invalid(
-                    format!("{loc}/input_schema"),
-                    "a function tool needs its input_schema",
-                )),
-            }
-        }
-        HostToolType::Custom => {
-            if def.input_schema.is_some() {
-                return Err(ApiError::invalid(
-                    format!("{loc}/input_schema"),
-                    "a custom tool takes free-form text: give a grammar, not an input_schema",
-                ));
-            }
-            let mut input = json!({"type": "string"});
-            if let Some(grammar) = &def.grammar
-                && grammar.syntax == GrammarSyntax::Regex
-            {
-                // The whole input must match, as constrained decoding produces it.
-                input["pattern"] = Value::String(format!("^(?:{})$", grammar.definition));
-            }
-            Ok(json!({
-                "type": "object",
-                "properties": {FREE_FORM_INPUT: input},
-                "required": [FREE_FORM_INPUT],
-                "additionalProperties": false,
-            }))
-        }
-    }
 }
 
 /// Asks the host about a held API call; any other call goes to `inner`, the server's channel.
@@ -292,41 +179,15 @@ async fn ask_host(board: &Arc<Board>, request: &ApprovalRequest) -> ApprovalOutc
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::HOST_TOOL_TIMEOUT_MS_MAX;
+    use serde_json::json;
 
     fn def(value: Value) -> HostTool {
         serde_json::from_value(value).unwrap()
     }
 
     #[test]
-    fn a_custom_tools_grammar_must_match_its_whole_input() {
-        let (spec, _) = host_tool(
-            &def(json!({"name": "sql", "type": "custom",
-                        "grammar": {"syntax": "regex", "definition": "SELECT|UPDATE"}})),
-            "/tools/0",
-        )
-        .unwrap();
-        assert_eq!(
-            spec.input_schema["properties"]["input"]["pattern"],
-            "^(?:SELECT|UPDATE)$"
-        );
-        assert_eq!(spec.input_schema["required"], json!(["input"]));
-    }
-
-    #[test]
-    fn a_host_tool_is_conservative_unless_it_says_otherwise() {
-        let (spec, _) = host_tool(
-            &def(json!({"name": "t", "input_schema": {"type": "object"}})),
-            "/tools/0",
-        )
-        .unwrap();
-        assert_eq!(spec.effect, Effect::NonIdempotent);
-        assert_eq!(spec.authority, ring0_core::Authority::A2);
-        assert_eq!(spec.settlement, Settlement::None);
-        assert_eq!(spec.timeout_ms, HOST_TOOL_TIMEOUT_MS_DEFAULT);
-    }
-
-    #[test]
-    fn a_function_tool_needs_its_schema_and_a_timeout_within_bounds() {
+    fn a_refused_declaration_is_located_in_the_request() {
         let Err(e) = host_tool(&def(json!({"name": "t"})), "/tools/3") else {
             panic!("a function tool without a schema was accepted")
         };

@@ -24,11 +24,9 @@ pub const TURNS_KEPT_PER_SESSION_MAX: usize = 32;
 pub const TURN_WAIT_MS_DEFAULT: u64 = 60_000;
 /// The longest wait a request may ask for (`wait_ms`).
 pub const TURN_WAIT_MS_MAX: u64 = 300_000;
-/// How long a host tool's call waits for the host's outcome when the tool declares no
-/// `timeout_ms`; after it the call's outcome is unknown (settled by the tool's settlement).
-pub const HOST_TOOL_TIMEOUT_MS_DEFAULT: u64 = 120_000;
-/// The longest `timeout_ms` a host tool may declare.
-pub const HOST_TOOL_TIMEOUT_MS_MAX: u64 = 600_000;
+/// How long a host tool's call waits for the host's outcome when it declares no `timeout_ms`,
+/// and the longest it may declare (defined with the host-tool vocabulary in `ring0-host`).
+pub use ring0_host::{HOST_TOOL_TIMEOUT_MS_DEFAULT, HOST_TOOL_TIMEOUT_MS_MAX};
 /// Event streams (`GET …/events`) open at once on one session.
 pub const EVENT_STREAMS_PER_SESSION_MAX: usize = 4;
 /// Events buffered for one session's streams; a stream that falls further behind is told how
@@ -59,6 +57,5 @@ pub const STREAM_TURN_ID_BYTES_MAX: usize = 256;
 
 const _: () = assert!(TURN_WAIT_MS_DEFAULT <= TURN_WAIT_MS_MAX);
 const _: () = assert!(BODY_BYTES_MAX <= STREAM_BYTES_MAX);
-const _: () = assert!(HOST_TOOL_TIMEOUT_MS_DEFAULT <= HOST_TOOL_TIMEOUT_MS_MAX);
 const _: () = assert!(SESSIONS_PER_PRINCIPAL_MAX <= SESSIONS_MAX);
 const _: () = assert!(HOST_TOOLS_PER_SESSION_MAX <= ring0_core::limits::CATALOG_TOOLS_MAX);

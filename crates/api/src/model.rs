@@ -5,67 +5,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-/// A provider format of model turns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum TurnFormat {
-    /// OpenAI Chat Completions: an assistant message (or a whole completion).
-    Openai,
-    /// OpenAI Responses: a response (or its `output` array).
-    Responses,
-    /// Anthropic Messages: an assistant message.
-    Anthropic,
-}
-
-impl TurnFormat {
-    /// The kernel's name of the format.
-    pub fn provider(self) -> ring0_core::ProviderFormat {
-        match self {
-            Self::Openai => ring0_core::ProviderFormat::OpenAiChat,
-            Self::Responses => ring0_core::ProviderFormat::OpenAiResponses,
-            Self::Anthropic => ring0_core::ProviderFormat::Anthropic,
-        }
-    }
-}
-
-/// How a turn's calls are ordered.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ExecutionMode {
-    /// One call at a time, in source order.
-    Sequential,
-    /// Reads overlap; every write waits for what came before it. The default.
-    #[default]
-    SafeParallel,
-    /// Calls overlap unless a tool is marked sequential.
-    Parallel,
-}
-
-/// How much a call may do without a person, `A0` (read) to `A3` (irreversible).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub enum AuthorityLevel {
-    /// Read.
-    A0,
-    /// A change inside the workspace sandbox (ring0's own tools only).
-    A1,
-    /// An external effect that can be compensated or settled.
-    A2,
-    /// Irreversible: always held for a person.
-    A3,
-}
-
-impl AuthorityLevel {
-    /// The kernel's authority level.
-    pub fn core(self) -> ring0_core::Authority {
-        use ring0_core::Authority;
-        match self {
-            Self::A0 => Authority::A0,
-            Self::A1 => Authority::A1,
-            Self::A2 => Authority::A2,
-            Self::A3 => Authority::A3,
-        }
-    }
-}
+/// The host-tool vocabulary (and the formats, modes and authority levels) shared with the
+/// Python package: defined once in `ring0-host`.
+pub use ring0_host::{
+    AuthorityLevel, ConcurrencyKind, EffectKind, ExecutionMode, Grammar, GrammarSyntax,
+    HostFailure, HostTool, HostToolType, SettlementKind, StrategyKind, TurnFormat,
+};
 
 /// `POST /v1/sessions`.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
@@ -131,139 +76,6 @@ pub struct SessionCreated {
     pub format: TurnFormat,
     /// How its calls are ordered.
     pub mode: ExecutionMode,
-}
-
-/// Whether a call of a tool changes anything, and whether repeating it is harmless.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum EffectKind {
-    /// No effect at all: a read.
-    Nullipotent,
-    /// Repeating it leaves the world as one run did.
-    Idempotent,
-    /// Each run has its own effect.
-    NonIdempotent,
-}
-
-/// A strategy trait: how a call relates to the others of its turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum StrategyKind {
-    /// Gathers information.
-    Exploration,
-    /// Acts on what is known.
-    Exploitation,
-    /// Neither: it may run beside anything.
-    Neutral,
-}
-
-/// How an ambiguous outcome of a host tool's call is settled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum SettlementKind {
-    /// The host honours the action's `idempotency_key`: ring0 may ask it to run the call again
-    /// under the same key.
-    IdempotencyKey,
-    /// Never run again: an unknown outcome waits for a person (dead letter).
-    None,
-}
-
-/// Scheduling mark of a tool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ConcurrencyKind {
-    /// Decided by the mode and the effect.
-    Default,
-    /// May overlap its neighbours even when it writes.
-    Parallel,
-    /// Runs alone.
-    Sequential,
-}
-
-/// A tool the host defines and runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum HostToolType {
-    /// Arguments are a JSON object checked against `input_schema`.
-    #[default]
-    Function,
-    /// An OpenAI custom tool: free-form text input, checked against `grammar` when it is a
-    /// regular expression.
-    Custom,
-}
-
-/// A custom tool's grammar (OpenAI's `format: {type: "grammar", …}`).
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Grammar {
-    /// `regex` (the whole input must match) or `lark` (not checked by ring0).
-    pub syntax: GrammarSyntax,
-    /// The grammar's text.
-    pub definition: String,
-}
-
-/// How a custom tool's grammar is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum GrammarSyntax {
-    /// A regular expression the whole input must match.
-    Regex,
-    /// A Lark grammar (accepted, not checked).
-    Lark,
-}
-
-/// One host tool: what the model sees, and the runtime metadata the model never decides.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct HostTool {
-    /// The name the model calls it by: not a tool ring0 serves, without `__`.
-    pub name: String,
-    /// What the model reads about it.
-    #[serde(default)]
-    pub description: String,
-    /// `function` (default) or `custom`.
-    #[serde(default, rename = "type")]
-    pub kind: HostToolType,
-    /// JSON Schema of a function tool's arguments (an object schema; closed unless it says
-    /// `additionalProperties`). Required for `function`, absent for `custom`.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub input_schema: Option<Value>,
-    /// A custom tool's grammar.
-    #[serde(default)]
-    pub grammar: Option<Grammar>,
-    /// Default `non_idempotent`.
-    #[serde(default)]
-    pub effect: Option<EffectKind>,
-    /// Default `A2`. The principal's grants decide whether it may run, and whether a person
-    /// must approve it.
-    #[serde(default)]
-    pub authority: Option<AuthorityLevel>,
-    /// Default unknown (the call runs alone in its turn).
-    #[serde(default)]
-    pub strategy: Option<Vec<StrategyKind>>,
-    /// Default `default`.
-    #[serde(default)]
-    pub concurrency: Option<ConcurrencyKind>,
-    /// A template over the arguments, e.g. `account:{to.account}`: calls with equal keys never
-    /// overlap.
-    #[serde(default)]
-    pub conflict_key: Option<String>,
-    /// Default `none`.
-    #[serde(default)]
-    pub settlement: Option<SettlementKind>,
-    /// How long ring0 waits for the host's outcome of one call, in milliseconds (at most
-    /// 600000). Default 120000.
-    #[serde(default)]
-    pub timeout_ms: Option<u64>,
-    /// The model-visible budget of one result, in bytes (256..=49152). Default 16384.
-    #[serde(default)]
-    pub observation_budget_bytes: Option<usize>,
-    /// In a streamed turn, the call may start the moment its block is complete, while the model
-    /// is still generating (needs `strategy: ["neutral"]`). Default `false`: it waits for the
-    /// end of the stream.
-    #[serde(default)]
-    pub early: bool,
 }
 
 /// `PUT /v1/sessions/{id}/tools`: the session's host tools, replacing any before.
@@ -392,23 +204,6 @@ pub struct TurnResponse {
     /// call still open when it broke is answered `stream_aborted`, having run nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stream_error: Option<String>,
-}
-
-/// A host tool's failure.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct HostFailure {
-    /// What went wrong, shown to the model (cut at 2 KiB).
-    pub message: String,
-    /// Whether the tool may have had its effect anyway. `false` only when the host knows
-    /// nothing was applied; then the call settles FAILED. Default `true`: the outcome is
-    /// unknown and is settled by the tool's settlement.
-    #[serde(default = "yes")]
-    pub maybe_applied: bool,
-}
-
-fn yes() -> bool {
-    true
 }
 
 /// The host's report on one pending action.

@@ -276,11 +276,7 @@ impl ApiSession {
             tools: s.tools.clone(),
             ceiling: s.ceiling,
         });
-        let mode = match s.mode {
-            ExecutionMode::Sequential => ring0_kernel::SchedulingMode::Sequential,
-            ExecutionMode::SafeParallel => ring0_kernel::SchedulingMode::SafeParallel,
-            ExecutionMode::Parallel => ring0_kernel::SchedulingMode::Parallel,
-        };
+        let mode = s.mode.scheduling();
         kernel.open_session(
             SessionConfig::new(&s.scope)
                 .principal(self.principal.clone())

@@ -1,0 +1,56 @@
+"""The native kernel (crates/py). Use it through `ring0.Kernel`, `ring0.Session` and
+`ring0.Events`; these classes are their internals."""
+
+from collections.abc import Callable
+from typing import Any
+
+__version__: str
+
+ToolEntry = tuple[str, Callable[..., Any], bool, bool, str | None]
+
+class NativeKernel:
+    def __init__(
+        self,
+        state_dir: str,
+        tools: list[ToolEntry],
+        grants: str | None = None,
+        approvals: str = "hold",
+        approver: Callable[[dict[str, Any]], Any] | None = None,
+        approval_timeout_ms: int = 300000,
+        audit: str = "writes",
+    ) -> None: ...
+    @property
+    def state_dir(self) -> str: ...
+    def session(
+        self,
+        scope: str,
+        mode: str = "safe_parallel",
+        principal: str | None = None,
+        session_id: str | None = None,
+        attempt_epoch: int = 0,
+        keyed: bool = True,
+        max_concurrent_tools: int | None = None,
+    ) -> NativeSession: ...
+    def pending_approvals(self) -> list[dict[str, Any]]: ...
+    def decide(self, approval_id: str, approve: bool, remember: bool = False, reason: str = "") -> None: ...
+    def tools(self) -> list[dict[str, Any]]: ...
+
+class NativeSession:
+    def handle_turn(
+        self, format: str, message: Any, event_loop: Any = None, detailed: bool = False
+    ) -> Any: ...
+    def events(self) -> NativeEvents: ...
+    def pending_approvals(self) -> list[dict[str, Any]]: ...
+    def decide(self, approval_id: str, approve: bool, remember: bool = False, reason: str = "") -> None: ...
+    def cancel(self) -> None: ...
+    def user_message(self) -> None: ...
+    def catalog(self) -> list[dict[str, Any]]: ...
+    @property
+    def info(self) -> dict[str, str]: ...
+
+class NativeEvents:
+    def try_next(self) -> dict[str, Any] | None: ...
+    def wait(self, timeout: float | None = None) -> dict[str, Any] | None: ...
+
+class Done:
+    def __call__(self, future: Any) -> None: ...
