@@ -10,60 +10,19 @@
 //! skipped, and under CI it fails.
 
 mod common;
+mod replica_support;
 
 use common::*;
+use replica_support::{LEASE_MS, fixtures, schema_in, test_database};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Each replica's lease in these tests: a killed replica's calls are taken soon after.
-const LEASE_MS: u64 = 1_000;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
 /// A new schema in the test database, and a URL whose connections use it.
 fn database() -> Option<String> {
-    let Some(url) = std::env::var("RING0_TEST_POSTGRES_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        return skip_or_fail(
-            "RING0_TEST_POSTGRES_URL is not set (scripts/test.sh starts a database)",
-        );
-    };
-    let schema = format!("s_{}", uuid_like());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("the test database");
-        let driver = tokio::spawn(connection);
-        client
-            .batch_execute(&format!("CREATE SCHEMA {schema}"))
-            .await
-            .unwrap();
-        drop(client);
-        let _ = driver.await;
-    });
-    let sep = if url.contains('?') { '&' } else { '?' };
-    Some(format!("{url}{sep}options=-c%20search_path%3D{schema}"))
-}
-
-/// A name no other test of this run takes: the process, the time, a counter.
-fn uuid_like() -> String {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{}_{nanos}_{n}", std::process::id())
+    test_database().map(|url| schema_in(&url))
 }
 
 /// A workspace where `fx__append` is held for a person's approval (alice is an operator of the

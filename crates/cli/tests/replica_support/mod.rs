@@ -43,10 +43,12 @@ pub fn sql_count(url: &str, sql: &str) -> i64 {
 
 /// A new schema in the database `url` names, and a URL whose connections use it.
 pub fn schema_in(url: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos() as u64);
-    let schema = format!("rs_{}_{nanos}", std::process::id());
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let schema = format!("rs_{}_{nanos}_{n}", std::process::id());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
