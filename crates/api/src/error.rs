@@ -36,6 +36,10 @@ pub enum ErrorKind {
     MethodNotAllowed,
     /// The request carries no principal (401): never reached behind the listener's gate.
     Unauthenticated,
+    /// The principal may not do this (403): deciding a held call takes the operator role.
+    Forbidden,
+    /// The journal could not be read or written (503); nothing was changed.
+    Unavailable,
 }
 
 impl ErrorKind {
@@ -50,6 +54,8 @@ impl ErrorKind {
             Self::Conflict => StatusCode::CONFLICT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -69,6 +75,8 @@ impl ErrorKind {
                 "see /v1/openapi.json for the routes and their methods"
             }
             Self::Unauthenticated => "send a bearer credential",
+            Self::Forbidden => "ask a principal with the operator role",
+            Self::Unavailable => "try again once the journal is back",
         }
     }
 }
