@@ -111,14 +111,14 @@ pub(crate) async fn list_approvals(
 ) -> Result<axum::Json<ApprovalList>, ApiError> {
     let principal = principal(who)?;
     if uri.query().is_some_and(|q| !q.is_empty()) {
-        return Err(ApiError::invalid("", "this route takes no query parameters"));
+        return Err(ApiError::invalid(
+            "",
+            "this route takes no query parameters",
+        ));
     }
     let now = now_ms();
     let journal: &dyn Journal = api.inner.parts.gateway.journal().as_ref();
-    let held = journal
-        .holds_pending()
-        .await
-        .map_err(journal_unavailable)?;
+    let held = journal.holds_pending().await.map_err(journal_unavailable)?;
     let approvals = held
         .iter()
         .filter(|h| h.principal == principal.id && h.is_pending_at(now))

@@ -144,8 +144,8 @@ impl IntentFilter {
         for (key, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
             match key.as_ref() {
                 "state" => {
-                    let state = serde_json::from_value(Value::String(value.to_string()))
-                        .map_err(|_| {
+                    let state =
+                        serde_json::from_value(Value::String(value.to_string())).map_err(|_| {
                             ApiError::invalid(
                                 "state",
                                 format!("{value:?} is not an intent state (ACKED, UNKNOWN, …)"),
@@ -175,9 +175,7 @@ impl IntentFilter {
                 _ => {
                     return Err(ApiError::invalid(
                         "",
-                        format!(
-                            "unknown query parameter {key:?}; state, tool and limit are taken"
-                        ),
+                        format!("unknown query parameter {key:?}; state, tool and limit are taken"),
                     ));
                 }
             }
@@ -211,9 +209,10 @@ fn step(entry: &TimelineEntry) -> IntentStep {
     IntentStep {
         state: state_name(entry.state),
         at_ms: entry.at_ms,
-        note: entry.note.as_deref().map(|n| {
-            ring0_core::limits::clip_with_length(n, TIMELINE_NOTE_BYTES_MAX).into_owned()
-        }),
+        note: entry
+            .note
+            .as_deref()
+            .map(|n| ring0_core::limits::clip_with_length(n, TIMELINE_NOTE_BYTES_MAX).into_owned()),
     }
 }
 
@@ -323,8 +322,18 @@ mod tests {
         assert_eq!(f.state, Some(IntentState::Acked));
         assert_eq!(f.tool.as_deref(), Some("wire_money"));
         assert_eq!(f.limit, 3);
-        assert_eq!(IntentFilter::parse(None).unwrap().limit, INTENTS_LISTED_DEFAULT);
-        for bad in ["state=acked", "limit=0", "limit=201", "limit=x", "tool=", "other=1"] {
+        assert_eq!(
+            IntentFilter::parse(None).unwrap().limit,
+            INTENTS_LISTED_DEFAULT
+        );
+        for bad in [
+            "state=acked",
+            "limit=0",
+            "limit=201",
+            "limit=x",
+            "tool=",
+            "other=1",
+        ] {
             let e = IntentFilter::parse(Some(bad)).unwrap_err();
             assert_eq!(e.status, ErrorKind::ValidationError, "{bad}");
         }
