@@ -21,7 +21,7 @@
 //! - [`HostApprovals`]: the approval channel that asks an API call's host;
 //! - `model`: every request and response body; `error`: the refusal envelope;
 //! - `reads`: the calling principal's intents in the journal; `approvals`: its held calls, and
-//!   an operator's decision of one;
+//!   an operator's decision of one; `jobs`: the background jobs a session's calls started;
 //! - `limits`: every bound.
 
 #![deny(missing_docs)]
@@ -31,6 +31,7 @@ mod board;
 pub mod error;
 mod events;
 mod host;
+pub mod jobs;
 pub mod limits;
 pub mod model;
 pub mod reads;
@@ -60,6 +61,9 @@ pub struct ApiOptions {
     /// Whether a principal has the operator role, and so may decide held calls
     /// (`POST /v1/approvals/{id}`). `None`: nobody has it over the API.
     pub is_operator: Option<IsOperator>,
+    /// Reads the background jobs of a session's scope (`GET /v1/sessions/{id}/jobs`). `None`:
+    /// this server runs none, and every list is empty.
+    pub jobs: Option<jobs::JobsOfScope>,
 }
 
 /// Whether a principal has the operator role.
@@ -69,6 +73,7 @@ pub(crate) struct Inner {
     pub parts: session::KernelParts,
     pub sessions: session::Sessions,
     pub is_operator: IsOperator,
+    pub jobs: Option<jobs::JobsOfScope>,
 }
 
 /// The API: its sessions and routes. Cheap to clone.
@@ -92,7 +97,7 @@ pub struct ApiRoutes {
         routes::create_session, routes::delete_session, routes::put_tools, routes::get_tools,
         routes::post_turn, routes::post_turn_stream, routes::get_turn, routes::post_outcomes, routes::events,
         reads::list_intents, reads::get_intent,
-        approvals::list_approvals, approvals::decide_approval,
+        approvals::list_approvals, approvals::decide_approval, jobs::list_jobs,
     ),
     modifiers(&BearerAuth),
     security(("bearer" = []), ()),
@@ -137,6 +142,7 @@ impl Api {
                 },
                 sessions: Default::default(),
                 is_operator: options.is_operator.unwrap_or_else(|| Arc::new(|_| false)),
+                jobs: options.jobs,
             }),
         }
     }
@@ -169,6 +175,7 @@ impl Api {
                 post(routes::post_outcomes),
             )
             .route("/v1/sessions/{id}/events", get(routes::events))
+            .route("/v1/sessions/{id}/jobs", get(jobs::list_jobs))
             .route("/v1/intents", get(reads::list_intents))
             .route("/v1/intents/{id}", get(reads::get_intent))
             .route("/v1/approvals", get(approvals::list_approvals))

@@ -415,6 +415,13 @@ async fn serve(
             let operators = operators(&loaded);
             Arc::new(move |p: &ring0_core::Principal| operators.admit(p))
         }),
+        jobs: Some({
+            let jobs = built.jobs.clone();
+            Arc::new(move |scope: String, max: usize| {
+                let jobs = jobs.clone();
+                Box::pin(async move { jobs.of_scope(&scope, max).await })
+            })
+        }),
     });
     let operations = Arc::new(ring0_ops::Operations::new(metrics, gw.clone()));
     let shutdown = CancellationToken::new();

@@ -1218,6 +1218,7 @@ async fn the_openapi_document_is_3_1_and_describes_every_route() {
         ("/v1/intents/{id}", "get"),
         ("/v1/approvals", "get"),
         ("/v1/approvals/{id}", "post"),
+        ("/v1/sessions/{id}/jobs", "get"),
     ] {
         assert!(
             paths[path][method].is_object(),
@@ -1500,4 +1501,62 @@ async fn an_operator_denies_a_held_call_and_a_decision_for_other_arguments_is_re
     assert_eq!(decided["state"], "DENIED");
     let done = turn_until(&alice, &session, &turn, |t| t["status"] == "complete").await;
     assert_eq!(seen(&done["results"][0])["status"], "approval_denied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_lists_the_background_jobs_its_calls_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[workspace]\nstate_dir = \"state\"\n\n\
+         [[grants]]\nname = \"contained\"\ntools = [\"shell\", \"job_*\"]\nceiling = \"A1\"\nshell = true\n\n{}",
+        alice_and_bob_tokens()
+    );
+    let server = serve(dir.path(), &config);
+    let alice = Host::of(&server, Some("alice-token"));
+    let bob = Host::of(&server, Some("bob-token"));
+    let session = alice.session(json!({})).await;
+    let path = format!("/v1/sessions/{session}/jobs");
+    let (status, none) = alice.call("GET", &path, None).await;
+    assert_eq!(status, 200, "{none}");
+    assert_eq!(none["jobs"], json!([]));
+
+    let turn = alice
+        .turn(
+            &session,
+            "openai",
+            chat_call(
+                "call_j",
+                "shell",
+                json!({"argv": ["sh", "-c", "echo from the job"], "background": true}),
+            ),
+        )
+        .await;
+    assert_eq!(turn["status"], "complete", "{turn}");
+    let (status, listed) = alice.call("GET", &path, None).await;
+    assert_eq!(status, 200, "{listed}");
+    let jobs = listed["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{listed}");
+    assert!(jobs[0]["job"].as_str().unwrap().starts_with("job_"));
+    assert!(
+        jobs[0]["command"]
+            .as_str()
+            .unwrap()
+            .contains("echo from the job"),
+        "{listed}"
+    );
+
+    // Another principal cannot reach the session; another session sees none of its jobs.
+    let (status, _) = bob.call("GET", &path, None).await;
+    assert_eq!(status, 404);
+    let other = alice.session(json!({})).await;
+    let (_, theirs) = alice
+        .call("GET", &format!("/v1/sessions/{other}/jobs"), None)
+        .await;
+    assert_eq!(theirs["jobs"], json!([]));
+    // A scope a session named itself may be shared: its jobs are not listed.
+    let named = alice.session(json!({"scope": "build"})).await;
+    let (status, refused) = alice
+        .call("GET", &format!("/v1/sessions/{named}/jobs"), None)
+        .await;
+    assert_eq!(status, 409, "{refused}");
 }
