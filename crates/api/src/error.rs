@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
-    /// No such session, turn or pending action for this principal (404).
+    /// No such session, turn, pending action, intent or held call for this principal (404).
     NotFound,
     /// The body is not JSON ring0 accepts: malformed, a repeated key, an integer beyond ±2^53
     /// (400).
@@ -61,7 +61,9 @@ impl ErrorKind {
 
     fn advice(self) -> &'static str {
         match self {
-            Self::NotFound => "create a session (POST /v1/sessions) or use an id it returned",
+            Self::NotFound => {
+                "use an id returned to your principal (a session's from POST /v1/sessions)"
+            }
             Self::InvalidJson => "send one well-formed JSON document without repeated keys",
             Self::ValidationError => "correct the fields named in errors and send it again",
             Self::InvalidTurn => {
