@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
-    /// No such session, turn or pending action for this principal (404).
+    /// No such session, turn, pending action, intent or held call for this principal (404).
     NotFound,
     /// The body is not JSON ring0 accepts: malformed, a repeated key, an integer beyond ±2^53
     /// (400).
@@ -36,6 +36,10 @@ pub enum ErrorKind {
     MethodNotAllowed,
     /// The request carries no principal (401): never reached behind the listener's gate.
     Unauthenticated,
+    /// The principal may not do this (403): deciding a held call takes the operator role.
+    Forbidden,
+    /// The journal could not be read or written (503); nothing was changed.
+    Unavailable,
 }
 
 impl ErrorKind {
@@ -50,12 +54,16 @@ impl ErrorKind {
             Self::Conflict => StatusCode::CONFLICT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
     fn advice(self) -> &'static str {
         match self {
-            Self::NotFound => "create a session (POST /v1/sessions) or use an id it returned",
+            Self::NotFound => {
+                "use an id returned to your principal (a session's from POST /v1/sessions)"
+            }
             Self::InvalidJson => "send one well-formed JSON document without repeated keys",
             Self::ValidationError => "correct the fields named in errors and send it again",
             Self::InvalidTurn => {
@@ -69,6 +77,8 @@ impl ErrorKind {
                 "see /v1/openapi.json for the routes and their methods"
             }
             Self::Unauthenticated => "send a bearer credential",
+            Self::Forbidden => "ask a principal with the operator role",
+            Self::Unavailable => "try again once the journal is back",
         }
     }
 }

@@ -20,16 +20,21 @@
 //! - [`Api`]: the sessions and the routes ([`Api::routes`]);
 //! - [`HostApprovals`]: the approval channel that asks an API call's host;
 //! - `model`: every request and response body; `error`: the refusal envelope;
+//! - `reads`: the calling principal's intents in the journal; `approvals`: its held calls, and
+//!   an operator's decision of one; `jobs`: the background jobs a session's calls started;
 //! - `limits`: every bound.
 
 #![deny(missing_docs)]
 
+pub mod approvals;
 mod board;
 pub mod error;
 mod events;
 mod host;
+pub mod jobs;
 pub mod limits;
 pub mod model;
+pub mod reads;
 mod routes;
 mod session;
 mod turn;
@@ -53,11 +58,22 @@ pub struct ApiOptions {
     pub spill: Option<Arc<ring0_shape::SpillStore>>,
     /// Sees every event of every API session (an operations host's metrics).
     pub observer: Option<Arc<dyn ring0_kernel::EventObserver>>,
+    /// Whether a principal has the operator role, and so may decide held calls
+    /// (`POST /v1/approvals/{id}`). `None`: nobody has it over the API.
+    pub is_operator: Option<IsOperator>,
+    /// Reads the background jobs of a session's scope (`GET /v1/sessions/{id}/jobs`). `None`:
+    /// this server runs none, and every list is empty.
+    pub jobs: Option<jobs::JobsOfScope>,
 }
+
+/// Whether a principal has the operator role.
+pub type IsOperator = Arc<dyn Fn(&ring0_core::Principal) -> bool + Send + Sync>;
 
 pub(crate) struct Inner {
     pub parts: session::KernelParts,
     pub sessions: session::Sessions,
+    pub is_operator: IsOperator,
+    pub jobs: Option<jobs::JobsOfScope>,
 }
 
 /// The API: its sessions and routes. Cheap to clone.
@@ -80,6 +96,8 @@ pub struct ApiRoutes {
     paths(
         routes::create_session, routes::delete_session, routes::put_tools, routes::get_tools,
         routes::post_turn, routes::post_turn_stream, routes::get_turn, routes::post_outcomes, routes::events,
+        reads::list_intents, reads::get_intent,
+        approvals::list_approvals, approvals::decide_approval, jobs::list_jobs,
     ),
     modifiers(&BearerAuth),
     security(("bearer" = []), ()),
@@ -123,6 +141,8 @@ impl Api {
                     observer: options.observer,
                 },
                 sessions: Default::default(),
+                is_operator: options.is_operator.unwrap_or_else(|| Arc::new(|_| false)),
+                jobs: options.jobs,
             }),
         }
     }
@@ -155,6 +175,11 @@ impl Api {
                 post(routes::post_outcomes),
             )
             .route("/v1/sessions/{id}/events", get(routes::events))
+            .route("/v1/sessions/{id}/jobs", get(jobs::list_jobs))
+            .route("/v1/intents", get(reads::list_intents))
+            .route("/v1/intents/{id}", get(reads::get_intent))
+            .route("/v1/approvals", get(approvals::list_approvals))
+            .route("/v1/approvals/{id}", post(approvals::decide_approval))
             .route("/v1/{*rest}", axum::routing::any(routes::no_route))
             .method_not_allowed_fallback(routes::no_method)
             .with_state(self.clone());

@@ -36,7 +36,7 @@ const REPEAT_ADVISORY_MIN: u32 = 2;
 const REPEAT_LIMIT_MAX: u32 = 100;
 
 /// The principal the listener's gate authenticated; fails closed without one.
-fn principal(found: Option<Extension<Principal>>) -> Result<Principal, ApiError> {
+pub(crate) fn principal(found: Option<Extension<Principal>>) -> Result<Principal, ApiError> {
     found.map(|Extension(p)| p).ok_or_else(|| {
         ApiError::new(
             ErrorKind::Unauthenticated,
@@ -45,8 +45,13 @@ fn principal(found: Option<Extension<Principal>>) -> Result<Principal, ApiError>
     })
 }
 
+/// The journal could not be read or written: nothing was changed.
+pub(crate) fn journal_unavailable(e: ring0_journal::JournalError) -> ApiError {
+    ApiError::new(ErrorKind::Unavailable, format!("the journal: {e}"))
+}
+
 /// The body as `T`, or where it is wrong. An empty body is `{}` when `empty_is_object`.
-async fn read_json<T: DeserializeOwned>(
+pub(crate) async fn read_json<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
     empty_is_object: bool,

@@ -219,6 +219,14 @@ fn operation_routes(
     routes
 }
 
+/// The principals with the operator role, as `[console]` names them.
+fn operators(loaded: &Loaded) -> ring0_ops::console::Operators {
+    ring0_ops::console::Operators {
+        ids: loaded.config.console.operators.clone(),
+        groups: loaded.config.console.operator_groups.clone(),
+    }
+}
+
 /// The web console for the operators `[console]` names, with the server's background jobs.
 fn console(
     loaded: &Loaded,
@@ -227,10 +235,7 @@ fn console(
     log: &Log,
 ) -> Result<Arc<ring0_ops::console::Console>, String> {
     let key = ring0_ops::webhook::signing_key(&loaded.state_dir, ring0_ops::console::KEY_FILE)?;
-    let operators = ring0_ops::console::Operators {
-        ids: loaded.config.console.operators.clone(),
-        groups: loaded.config.console.operator_groups.clone(),
-    };
+    let operators = operators(loaded);
     Ok(Arc::new(
         ring0_ops::console::Console::new(
             gateway.clone(),
@@ -405,6 +410,18 @@ async fn serve(
         gateway: gw.clone(),
         spill: Some(spill),
         observer: Some(metrics.clone()),
+        // Held calls are decided over the API by the console's operators, by the same rule.
+        is_operator: Some({
+            let operators = operators(&loaded);
+            Arc::new(move |p: &ring0_core::Principal| operators.admit(p))
+        }),
+        jobs: Some({
+            let jobs = built.jobs.clone();
+            Arc::new(move |scope: String, max: usize| {
+                let jobs = jobs.clone();
+                Box::pin(async move { jobs.of_scope(&scope, max).await })
+            })
+        }),
     });
     let operations = Arc::new(ring0_ops::Operations::new(metrics, gw.clone()));
     let shutdown = CancellationToken::new();

@@ -1214,6 +1214,11 @@ async fn the_openapi_document_is_3_1_and_describes_every_route() {
         ("/v1/sessions/{id}/turns/{turn}", "get"),
         ("/v1/sessions/{id}/turns/{turn}/outcomes", "post"),
         ("/v1/sessions/{id}/events", "get"),
+        ("/v1/intents", "get"),
+        ("/v1/intents/{id}", "get"),
+        ("/v1/approvals", "get"),
+        ("/v1/approvals/{id}", "post"),
+        ("/v1/sessions/{id}/jobs", "get"),
     ] {
         assert!(
             paths[path][method].is_object(),
@@ -1261,4 +1266,297 @@ fn schemathesis_finds_no_server_error_and_no_schema_violation() {
         out.status.success(),
         "schemathesis found problems:\n{report}"
     );
+}
+
+/// Alice and Bob, and Carol with the operator role (`[console] operators`).
+fn alice_bob_and_operator_carol() -> String {
+    format!(
+        "{API_CONFIG}\n[console]\noperators = [\"carol\"]\noperator_groups = []\n\n{}\n{}",
+        alice_and_bob_tokens(),
+        token_table("carol", "carol-token", "")
+    )
+}
+
+/// Sends an invoice through `host`'s new session, the host reporting it sent; its intent id.
+async fn invoice_sent(host: &Host, to: &str) -> String {
+    let session = host.session(json!({})).await;
+    host.put_tools(&session, json!([send_invoice()])).await;
+    let turn = host
+        .turn(
+            &session,
+            "openai",
+            chat_call("call_i", "send_invoice", json!({"to": to})),
+        )
+        .await;
+    let action = &turn["pending"][0];
+    assert_eq!(action["kind"], "run", "{turn}");
+    let (_, done) = host
+        .outcomes(
+            &session,
+            turn["turn"].as_str().unwrap(),
+            json!([{"id": action["id"], "output": "sent"}]),
+        )
+        .await;
+    assert_eq!(done["status"], "complete", "{done}");
+    action["intent_id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_reads_its_own_intents_and_never_anothers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), &alice_bob_and_operator_carol());
+    let alice = Host::of(&server, Some("alice-token"));
+    let bob = Host::of(&server, Some("bob-token"));
+    let alices = invoice_sent(&alice, "acme").await;
+    let bobs = invoice_sent(&bob, "globex").await;
+
+    let (status, listed) = alice.call("GET", "/v1/intents?limit=10", None).await;
+    assert_eq!(status, 200, "{listed}");
+    let ids: Vec<&str> = listed["intents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [alices.as_str()], "alice sees her intent only");
+    let mine = &listed["intents"][0];
+    assert_eq!(mine["tool"], "send_invoice");
+    assert_eq!(mine["state"], "ACKED");
+    assert_eq!(mine["attempts"], 1);
+    assert_eq!(mine["outcome"], "completed");
+    assert!(mine["timeline"].as_array().unwrap().len() >= 2, "{mine}");
+
+    let (status, one) = alice
+        .call("GET", &format!("/v1/intents/{alices}"), None)
+        .await;
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(one["id"], alices.as_str());
+    assert_eq!(one["receipt"]["outcome"]["observation"]["text"], "sent");
+
+    // Another principal's intent is answered exactly like one that does not exist.
+    let (status, theirs) = alice
+        .call("GET", &format!("/v1/intents/{bobs}"), None)
+        .await;
+    assert_eq!(status, 404, "{theirs}");
+    assert_eq!(theirs["status"], "not_found");
+    let unknown = "0190a5c0-0000-7000-8000-000000000000";
+    let (status, _) = alice
+        .call("GET", &format!("/v1/intents/{unknown}"), None)
+        .await;
+    assert_eq!(status, 404);
+    let (_, filtered) = bob
+        .call("GET", "/v1/intents?state=ACKED&tool=send_invoice", None)
+        .await;
+    assert_eq!(filtered["intents"][0]["id"], bobs.as_str());
+    assert_eq!(filtered["intents"].as_array().unwrap().len(), 1);
+    let (_, none) = bob.call("GET", "/v1/intents?state=UNKNOWN", None).await;
+    assert_eq!(none["intents"], json!([]));
+
+    for bad in ["limit=0", "limit=201", "state=done", "principal=alice"] {
+        let (status, refused) = bob.call("GET", &format!("/v1/intents?{bad}"), None).await;
+        assert_eq!(status, 422, "{bad}: {refused}");
+        assert_eq!(refused["status"], "validation_error");
+    }
+}
+
+/// The turn as it stands once `reached` holds of it, asked again until [`HTTP_WAIT`] passes:
+/// a turn that needs its host answers at once, so a decision made elsewhere shows on a later
+/// read.
+async fn turn_until(
+    host: &Host,
+    session: &str,
+    turn: &str,
+    reached: impl Fn(&Value) -> bool,
+) -> Value {
+    let path = format!("/v1/sessions/{session}/turns/{turn}?wait_ms=1000");
+    let deadline = Instant::now() + HTTP_WAIT;
+    loop {
+        let (status, now) = host.call("GET", &path, None).await;
+        assert_eq!(status, 200, "{now}");
+        if reached(&now) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "the turn never got there: {now}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Holds `wire_money` of `host`'s new session for approval; the session, turn and approval.
+async fn wire_held(host: &Host) -> (String, String, Value) {
+    let session = host.session(json!({})).await;
+    let wire = json!({
+        "name": "wire_money", "input_schema": {"type": "object", "properties": {"cents": {"type": "integer"}}},
+        "effect": "non_idempotent", "authority": "A3", "strategy": ["exploitation"]
+    });
+    host.put_tools(&session, json!([wire])).await;
+    let turn = host
+        .turn(
+            &session,
+            "openai",
+            chat_call("call_w", "wire_money", json!({"cents": 500})),
+        )
+        .await;
+    assert_eq!(turn["pending"][0]["kind"], "approval_required", "{turn}");
+    let turn_id = turn["turn"].as_str().unwrap().to_string();
+    (session, turn_id, turn["pending"][0].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_approves_a_held_call_over_the_api_and_it_runs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), &alice_bob_and_operator_carol());
+    let alice = Host::of(&server, Some("alice-token"));
+    let bob = Host::of(&server, Some("bob-token"));
+    let carol = Host::of(&server, Some("carol-token"));
+    let (session, turn, held) = wire_held(&alice).await;
+
+    let (status, listed) = alice.call("GET", "/v1/approvals", None).await;
+    assert_eq!(status, 200, "{listed}");
+    let approval = &listed["approvals"][0];
+    assert_eq!(listed["approvals"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(approval["tool"], "wire_money");
+    assert_eq!(approval["args_hash"], held["args_hash"]);
+    assert!(approval["deadline_ms"].as_u64().unwrap() > 0);
+    let id = approval["id"].as_str().unwrap().to_string();
+    // Bob sees none of Alice's held calls.
+    let (_, bobs) = bob.call("GET", "/v1/approvals", None).await;
+    assert_eq!(bobs["approvals"], json!([]));
+
+    // Neither the principal itself nor another may decide it without the operator role.
+    let approve = json!({"approve": true, "args_hash": held["args_hash"]});
+    for who in [&alice, &bob] {
+        let (status, refused) = who
+            .call("POST", &format!("/v1/approvals/{id}"), Some(&approve))
+            .await;
+        assert_eq!(status, 403, "{refused}");
+        assert_eq!(refused["status"], "forbidden");
+    }
+    let (status, decided) = carol
+        .call("POST", &format!("/v1/approvals/{id}"), Some(&approve))
+        .await;
+    assert_eq!(status, 200, "{decided}");
+    assert_eq!(decided["state"], "APPROVED");
+    let (status, again) = carol
+        .call("POST", &format!("/v1/approvals/{id}"), Some(&approve))
+        .await;
+    assert_eq!(status, 409, "a second decision: {again}");
+
+    // The waiting call is released: the host is asked to run it, once.
+    let now = turn_until(&alice, &session, &turn, |t| {
+        t["pending"][0]["kind"] == "run"
+    })
+    .await;
+    let action = now["pending"][0].clone();
+    let (_, done) = alice
+        .outcomes(
+            &session,
+            &turn,
+            json!([{"id": action["id"], "output": "wired"}]),
+        )
+        .await;
+    assert_eq!(done["status"], "complete", "{done}");
+    assert_eq!(
+        seen(&done["results"][0])["outcome"]["observation"]["text"],
+        "wired"
+    );
+    let (_, intents) = alice.call("GET", "/v1/intents?tool=wire_money", None).await;
+    let runs = intents["intents"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{intents}");
+    assert_eq!(runs[0]["state"], "ACKED");
+    assert_eq!(runs[0]["attempts"], 1);
+    let (_, left) = alice.call("GET", "/v1/approvals", None).await;
+    assert_eq!(left["approvals"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_denies_a_held_call_and_a_decision_for_other_arguments_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), &alice_bob_and_operator_carol());
+    let alice = Host::of(&server, Some("alice-token"));
+    let carol = Host::of(&server, Some("carol-token"));
+    let (session, turn, _) = wire_held(&alice).await;
+    let (_, listed) = alice.call("GET", "/v1/approvals", None).await;
+    let id = listed["approvals"][0]["id"].as_str().unwrap().to_string();
+    let path = format!("/v1/approvals/{id}");
+
+    let other = json!({"approve": true, "args_hash": "v1:00"});
+    let (status, refused) = carol.call("POST", &path, Some(&other)).await;
+    assert_eq!(status, 409, "{refused}");
+    let (status, _) = carol
+        .call(
+            "POST",
+            "/v1/approvals/ap_unknown",
+            Some(&json!({"approve": true})),
+        )
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = carol
+        .call("POST", &path, Some(&json!({"approve": true, "extra": 1})))
+        .await;
+    assert_eq!(status, 422);
+
+    let deny = json!({"approve": false, "reason": "not today"});
+    let (status, decided) = carol.call("POST", &path, Some(&deny)).await;
+    assert_eq!(status, 200, "{decided}");
+    assert_eq!(decided["state"], "DENIED");
+    let done = turn_until(&alice, &session, &turn, |t| t["status"] == "complete").await;
+    assert_eq!(seen(&done["results"][0])["status"], "approval_denied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_lists_the_background_jobs_its_calls_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[workspace]\nstate_dir = \"state\"\n\n\
+         [[grants]]\nname = \"contained\"\ntools = [\"shell\", \"job_*\"]\nceiling = \"A1\"\nshell = true\n\n{}",
+        alice_and_bob_tokens()
+    );
+    let server = serve(dir.path(), &config);
+    let alice = Host::of(&server, Some("alice-token"));
+    let bob = Host::of(&server, Some("bob-token"));
+    let session = alice.session(json!({})).await;
+    let path = format!("/v1/sessions/{session}/jobs");
+    let (status, none) = alice.call("GET", &path, None).await;
+    assert_eq!(status, 200, "{none}");
+    assert_eq!(none["jobs"], json!([]));
+
+    let turn = alice
+        .turn(
+            &session,
+            "openai",
+            chat_call(
+                "call_j",
+                "shell",
+                json!({"argv": ["sh", "-c", "echo from the job"], "background": true}),
+            ),
+        )
+        .await;
+    assert_eq!(turn["status"], "complete", "{turn}");
+    let (status, listed) = alice.call("GET", &path, None).await;
+    assert_eq!(status, 200, "{listed}");
+    let jobs = listed["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{listed}");
+    assert!(jobs[0]["job"].as_str().unwrap().starts_with("job_"));
+    assert!(
+        jobs[0]["command"]
+            .as_str()
+            .unwrap()
+            .contains("echo from the job"),
+        "{listed}"
+    );
+
+    // Another principal cannot reach the session; another session sees none of its jobs.
+    let (status, _) = bob.call("GET", &path, None).await;
+    assert_eq!(status, 404);
+    let other = alice.session(json!({})).await;
+    let (_, theirs) = alice
+        .call("GET", &format!("/v1/sessions/{other}/jobs"), None)
+        .await;
+    assert_eq!(theirs["jobs"], json!([]));
+    // A scope a session named itself may be shared: its jobs are not listed.
+    let named = alice.session(json!({"scope": "build"})).await;
+    let (status, refused) = alice
+        .call("GET", &format!("/v1/sessions/{named}/jobs"), None)
+        .await;
+    assert_eq!(status, 409, "{refused}");
 }

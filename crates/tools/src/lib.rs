@@ -271,6 +271,23 @@ impl JobSessions {
         self.jobs.manager().await.map(|_| ()).map_err(|e| e.message)
     }
 
+    /// The background jobs of the session of `scope` (the kernel session's scope), newest
+    /// first, at most `max`: for the front end that opened that session.
+    pub async fn of_scope(
+        &self,
+        scope: &str,
+        max: usize,
+    ) -> Result<Vec<ring0_exec::JobStatus>, String> {
+        let manager = self.jobs.manager().await.map_err(|e| e.message)?;
+        let Some(session) = shell::scope_session(scope) else {
+            return Ok(Vec::new());
+        };
+        let mut jobs = manager.list(&session);
+        jobs.reverse();
+        jobs.truncate(max);
+        Ok(jobs)
+    }
+
     /// Every session's background jobs, newest first, at most `max`: for an operator (the web
     /// console), never for a session's calls.
     pub async fn every_session(&self, max: usize) -> Result<Vec<ring0_exec::JobStatus>, String> {

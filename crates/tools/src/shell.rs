@@ -434,6 +434,11 @@ impl JobTreeAfter {
 }
 
 /// The job session id of a scope (scopes are free text; job session ids are not).
+/// The job session of `scope`'s calls, as the shell tool names it.
+pub(crate) fn scope_session(scope: &str) -> Option<SessionId> {
+    SessionId::new(format!("scope_{}", scope_id(scope))).ok()
+}
+
 fn scope_id(scope: &str) -> String {
     let digest = Sha256::digest(scope.as_bytes());
     digest[..16].iter().map(|b| format!("{b:02x}")).collect()

@@ -55,7 +55,8 @@ pub struct Operators {
 }
 
 impl Operators {
-    fn admit(&self, p: &Principal) -> bool {
+    /// Whether `p` has the operator role: its id is listed, or one of its groups.
+    pub fn admit(&self, p: &Principal) -> bool {
         self.ids.contains(&p.id) || p.groups.iter().any(|g| self.groups.contains(g))
     }
 }
