@@ -183,7 +183,7 @@ pub struct RecoveryReport {
     pub settled: Vec<IntentRecord>,
     /// Records another writer moved while recovery looked at them (stale fence): left alone.
     pub skipped: Vec<(IntentId, JournalError)>,
-    /// Records in flight in this very incarnation (a live task of this process owns them):
+    /// Open records this very incarnation moved last (a live task of this process owns them):
     /// left alone.
     pub live: usize,
     /// Records of tools this process does not have ([`Executor::knows`]): left exactly as they
@@ -214,11 +214,13 @@ impl RecoveryReport {
 /// settlement, RECORDED by the policy. Storage errors stop recovery; a stale fence (another
 /// writer got there first) skips that record.
 ///
-/// A record DISPATCHED or RECONCILING in the journal's current incarnation
-/// ([`Journal::incarnation`]) belongs to a live task of this process — its request may still be
-/// on the way — and is left alone: taking it for a crash leftover and probing it before the
-/// request lands would let a second dispatch through. Without incarnations (a backend that
-/// returns `None`) run recovery before any new call is dispatched.
+/// A record the journal's current incarnation ([`Journal::incarnation`]) moved last belongs to
+/// a live task of this process and is left alone, whatever its state: probing a DISPATCHED one
+/// before its request lands would let a second dispatch through, and dispatching a RECORDED one
+/// its proposer is about to dispatch would race it. Only records an earlier incarnation (a
+/// process that stopped, or a replica whose lease lapsed) left open are settled here — as a
+/// shared journal's take returns them. Without incarnations (a backend that returns `None`)
+/// run recovery before any new call is dispatched.
 pub async fn recover(
     journal: &dyn Journal,
     exec: &dyn Executor,
@@ -235,9 +237,7 @@ pub async fn recover(
             report.held += 1;
             continue;
         }
-        let in_flight_here = Some(r.owner) == me
-            && matches!(r.state, IntentState::Dispatched | IntentState::Reconciling);
-        if in_flight_here {
+        if Some(r.owner) == me {
             report.live += 1;
             continue;
         }

@@ -625,6 +625,37 @@ async fn recovery_leaves_a_call_in_flight_in_this_process_to_its_owner(b: &mut B
     );
 }
 
+async fn a_record_this_incarnation_holds_is_left_to_its_live_task_by_recovery(b: &mut Backend) {
+    // Recorded and never dispatched by the previous process...
+    let leftover = recorded_then(b, "t1", &[]).await;
+    b.reopen().await;
+    // ...beside calls of live tasks of this one: one just recorded (its task dispatches it
+    // next), one whose outcome was lost (its task settles it).
+    let p = proposal("refund", json!({"order": "o-2"}), "s", "t2");
+    let waiting = recorded(b.journal.propose(p).await.unwrap());
+    let p = proposal("refund", json!({"order": "o-3"}), "s", "t3");
+    let lost = recorded(b.journal.propose(p).await.unwrap());
+    let lost = begin_dispatch(&*b.journal, &lost, None).await.unwrap();
+    let lost = b
+        .journal
+        .transition(Transition::to(&lost, IntentState::Unknown))
+        .await
+        .unwrap();
+    let world = World::new(Settlement::IdempotencyKey, vec![]);
+    let report = recover(&*b.journal, &world, RecoveryPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!(report.resumed, 1);
+    assert_eq!(
+        *world.dispatches.lock().unwrap(),
+        vec![leftover.idempotency_key.clone()]
+    );
+    for live in [&waiting, &lost] {
+        let still = b.journal.get(live.id).await.unwrap().unwrap();
+        assert_eq!((still.state, still.fence), (live.state, live.fence));
+    }
+}
+
 async fn recovery_may_cancel_what_was_never_dispatched(b: &mut Backend) {
     let r = recorded_then(b, "t1", &[]).await;
     b.reopen().await;
@@ -747,6 +778,7 @@ on_both_backends!(
     a_failed_read_is_failed_never_unknown,
     recovery_settles_what_a_crash_left_open_from_the_log_alone,
     recovery_leaves_a_call_in_flight_in_this_process_to_its_owner,
+    a_record_this_incarnation_holds_is_left_to_its_live_task_by_recovery,
     recovery_may_cancel_what_was_never_dispatched,
     decisions_after_reopening_are_the_decisions_before,
     reads_are_recorded_but_never_deduplicated,

@@ -2,7 +2,7 @@
 
 mod common;
 
-use ring0_journal::sim::{SimBackend, run_seeds, run_world};
+use ring0_journal::sim::{SimBackend, SimReport, run_seeds, run_world};
 
 /// Seeds the test suite runs (`ring0 journal sim --seeds 100000` is the long run).
 const SUITE_SEEDS: u64 = 2_000;
@@ -50,24 +50,54 @@ fn seeds_that_once_found_a_double_effect_stay_clean() {
     }
 }
 
-/// Seeds replayed on PostgreSQL in the suite: each world is a fresh schema and every step a
-/// round trip, so the suite keeps to a few; `RING0_SIM_POSTGRES_SEEDS=N` runs more (the
-/// command is in docs/deploy.md).
-const POSTGRES_SEEDS_DEFAULT: u64 = 40;
+/// Seeds replayed on PostgreSQL in the suite, in [`POSTGRES_PARTS`] tests of consecutive seeds
+/// that the test runner runs beside the others; `RING0_SIM_POSTGRES_SEEDS=N` runs `N` instead
+/// (the command is in docs/deploy.md).
+const POSTGRES_SEEDS_DEFAULT: u64 = 2_000;
+/// Parts the PostgreSQL seeds are split in: each part reaches every failure class and state.
+const POSTGRES_PARTS: u64 = 4;
 
 #[test]
-fn the_postgres_backend_makes_the_same_decisions_as_the_memory_backend() {
+fn the_postgres_backend_makes_the_same_decisions_as_the_memory_backend_part_1() {
+    postgres_part(0);
+}
+
+#[test]
+fn the_postgres_backend_makes_the_same_decisions_as_the_memory_backend_part_2() {
+    postgres_part(1);
+}
+
+#[test]
+fn the_postgres_backend_makes_the_same_decisions_as_the_memory_backend_part_3() {
+    postgres_part(2);
+}
+
+#[test]
+fn the_postgres_backend_makes_the_same_decisions_as_the_memory_backend_part_4() {
+    postgres_part(3);
+}
+
+/// Replays part `part` of the seeds on PostgreSQL and on memory: the same outcome, the same
+/// trace (fences aside), no violated property, and every failure class and state reached on
+/// PostgreSQL. Each part has a schema of its own, emptied between seeds.
+fn postgres_part(part: u64) {
     let seeds = std::env::var("RING0_SIM_POSTGRES_SEEDS")
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(POSTGRES_SEEDS_DEFAULT);
+    let per_part = seeds.div_ceil(POSTGRES_PARTS);
+    let range = (part * per_part).min(seeds)..((part + 1) * per_part).min(seeds);
+    let Some(url) = common::fresh_postgres_schema() else {
+        return;
+    };
     let started = std::time::Instant::now();
-    for seed in 0..seeds {
-        let Some(url) = common::fresh_postgres_schema() else {
-            return;
-        };
+    let mut reached = SimReport::default();
+    for seed in range.clone() {
+        if seed > range.start {
+            common::empty_schema(&url);
+        }
         let memory = run_world(seed, 0, &SimBackend::Memory);
-        let postgres = run_world(seed, 0, &SimBackend::Postgres(url));
+        let postgres = run_world(seed, 0, &SimBackend::Postgres(url.clone()));
         assert!(
             postgres.violations.is_empty(),
             "seed {seed}: {:?}",
@@ -87,11 +117,16 @@ fn the_postgres_backend_makes_the_same_decisions_as_the_memory_backend() {
                 || memory.trace == postgres.trace,
             "seed {seed}: without a restart nothing is taken, and the fences agree too"
         );
+        reached.add_world(&postgres);
     }
     println!(
-        "{seeds} seeds on PostgreSQL, traces identical to memory, in {:.1} s",
+        "seeds {range:?} on PostgreSQL, traces identical to memory, in {:.1} s\n{reached}",
         started.elapsed().as_secs_f64()
     );
+    if range.end - range.start >= POSTGRES_SEEDS_DEFAULT / POSTGRES_PARTS {
+        assert!(reached.unreached_faults().is_empty(), "{reached}");
+        assert!(reached.unreached_states().is_empty(), "{reached}");
+    }
 }
 
 /// A trace with the fences left out: each step's (` f<N>` at its end) and those a refusal names

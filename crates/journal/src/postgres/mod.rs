@@ -458,15 +458,28 @@ fn pool(
 
 /// rustls with the ring provider and the platform's verifier, used when the URL's `sslmode`
 /// asks for TLS (`prefer`, the default, uses it when the server offers it; `require` insists).
+///
+/// The configuration is built once per process and shared by every journal opened in it:
+/// loading the platform's roots costs tens of milliseconds, which a replica's pool and
+/// listener (and every reopen) would otherwise pay again for the same result.
 fn tls(db: &Db) -> Result<tokio_postgres_rustls::MakeRustlsConnect, JournalError> {
-    use rustls_platform_verifier::BuilderVerifierExt;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .and_then(|b| b.with_platform_verifier())
-        .map_err(|e| JournalError::Storage(format!("{}: TLS: {e}", db.name)))?
-        .with_no_client_auth();
-    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+    static CONFIG: std::sync::OnceLock<Result<rustls::ClientConfig, String>> =
+        std::sync::OnceLock::new();
+    let config = CONFIG.get_or_init(|| {
+        use rustls_platform_verifier::BuilderVerifierExt;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .and_then(|b| b.with_platform_verifier())
+            .map(|b| b.with_no_client_auth())
+            .map_err(|e| e.to_string())
+    });
+    match config {
+        Ok(config) => Ok(tokio_postgres_rustls::MakeRustlsConnect::new(
+            config.clone(),
+        )),
+        Err(e) => Err(JournalError::Storage(format!("{}: TLS: {e}", db.name))),
+    }
 }
 
 /// Runs `f` to completion on `runtime` from any thread, inside an async context or not.

@@ -152,6 +152,20 @@ pub fn fresh_postgres_schema() -> Option<String> {
     Some(format!("{url}{sep}options=-c%20search_path%3D{schema}"))
 }
 
+/// Empties every table of the schema `url` names but its migration record, so a journal opened
+/// next starts from nothing without running the migrations again.
+pub fn empty_schema(url: &str) {
+    admin(
+        url,
+        "DO $$ BEGIN
+           EXECUTE (SELECT 'TRUNCATE ' || string_agg(format('%I', tablename), ', ')
+                           || ' RESTART IDENTITY CASCADE'
+                    FROM pg_tables
+                    WHERE schemaname = current_schema() AND tablename <> 'ring0_schema');
+         END $$",
+    );
+}
+
 /// Runs one statement on the database `url` names (a test's own connection, beside the
 /// journal's).
 pub fn admin(url: &str, sql: &str) {
