@@ -37,11 +37,14 @@ use super::batch::{self, BatchError, Lookup};
 use super::propose::{self, SeenRecords, Step};
 use super::{Db, Shared, write_deliveries};
 use crate::JournalError;
-use crate::limits::{POSTGRES_GROUP_COMMIT_MAX, POSTGRES_GROUP_QUEUE_MAX};
+use crate::limits::{
+    POSTGRES_GROUP_COMMIT_MAX, POSTGRES_GROUP_GATHER_PERCENT, POSTGRES_GROUP_GATHER_US_MAX,
+    POSTGRES_GROUP_QUEUE_MAX,
+};
 use crate::record::{IntentId, IntentRecord, Proposal, ProposeDecision};
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
@@ -85,12 +88,15 @@ impl GroupStats {
 }
 
 /// The counters behind [`GroupStats`].
-#[derive(Default)]
 struct Counters {
     batches: AtomicU64,
     batched: AtomicU64,
     alone: AtomicU64,
     batch_time_us: AtomicU64,
+    /// Proposals of each worker's last batch, and how long the last batch took: what
+    /// [`gather`] waits for.
+    last_batches: Vec<AtomicUsize>,
+    last_batch_us: AtomicU64,
 }
 
 /// The queue proposals wait in for a batch.
@@ -107,9 +113,18 @@ impl GroupCommit {
         // The workers take turns collecting: one waits for the queue while the others run
         // their batches, so a batch is collected while the one before it commits.
         let queued = Arc::new(Mutex::new(queued));
-        let counters = Arc::new(Counters::default());
-        for _ in 0..workers.max(1) {
-            tokio::spawn(work(shared.clone(), queued.clone(), counters.clone()));
+        let workers = workers.max(1);
+        let counters = Arc::new(Counters {
+            batches: AtomicU64::new(0),
+            batched: AtomicU64::new(0),
+            alone: AtomicU64::new(0),
+            batch_time_us: AtomicU64::new(0),
+            last_batches: (0..workers).map(|_| AtomicUsize::new(0)).collect(),
+            last_batch_us: AtomicU64::new(0),
+        });
+        for worker in 0..workers {
+            let (shared, queued, counters) = (shared.clone(), queued.clone(), counters.clone());
+            tokio::spawn(work(shared, queued, counters, worker));
         }
         Self { queue, counters }
     }
@@ -150,6 +165,7 @@ async fn work(
     shared: Arc<Shared>,
     queued: Arc<Mutex<mpsc::Receiver<Queued>>>,
     counters: Arc<Counters>,
+    worker: usize,
 ) {
     loop {
         let mut batch = Vec::with_capacity(POSTGRES_GROUP_COMMIT_MAX);
@@ -162,8 +178,35 @@ async fn work(
             {
                 return;
             }
+            gather(&mut queued, &mut batch, &counters).await;
         }
-        commit_batch(&shared, &counters, batch).await;
+        commit_batch(&shared, &counters, worker, batch).await;
+    }
+}
+
+/// Waits a little for the rest of a batch. Proposers answered together come back together,
+/// but one at a time: a worker that took the first alone would commit it by itself and the
+/// rest would wait behind that transaction. So a worker holding fewer proposals than the
+/// largest of the workers' last batches waits for more, for [`POSTGRES_GROUP_GATHER_PERCENT`]
+/// of the last batch's time, at most [`POSTGRES_GROUP_GATHER_US_MAX`]. A lone proposer waits
+/// at most once per worker, until every worker's last batch held it alone.
+async fn gather(queued: &mut mpsc::Receiver<Queued>, batch: &mut Vec<Queued>, counters: &Counters) {
+    let expected = counters
+        .last_batches
+        .iter()
+        .map(|n| n.load(Ordering::Relaxed))
+        .max()
+        .unwrap_or(0);
+    let last_us = counters.last_batch_us.load(Ordering::Relaxed);
+    let wait_us = (last_us * u64::from(POSTGRES_GROUP_GATHER_PERCENT) / 100)
+        .min(POSTGRES_GROUP_GATHER_US_MAX);
+    let until = tokio::time::Instant::now() + Duration::from_micros(wait_us);
+    while batch.len() < expected.min(POSTGRES_GROUP_COMMIT_MAX) {
+        let room = POSTGRES_GROUP_COMMIT_MAX - batch.len();
+        match tokio::time::timeout_at(until, queued.recv_many(batch, room)).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
     }
 }
 
@@ -171,12 +214,12 @@ async fn work(
 type Answer = Option<Result<ProposeDecision, JournalError>>;
 
 /// Decides and commits one batch and answers every proposer in it.
-async fn commit_batch(shared: &Shared, counters: &Counters, batch: Vec<Queued>) {
+async fn commit_batch(shared: &Shared, counters: &Counters, worker: usize, batch: Vec<Queued>) {
+    let started = Instant::now();
     let answers = if batch.len() == 1 {
         // Alone, a proposal is its own batch: the plain path costs no more.
         vec![None]
     } else {
-        let started = Instant::now();
         match decide_batch(shared, &batch).await {
             Ok(answers) => {
                 let batched = answers.iter().filter(|a| a.is_some()).count();
@@ -192,6 +235,9 @@ async fn commit_batch(shared: &Shared, counters: &Counters, batch: Vec<Queued>) 
             Err(BatchError::Failed(e)) => batch.iter().map(|_| Some(Err(e.clone()))).collect(),
         }
     };
+    counters.last_batches[worker].store(batch.len(), Ordering::Relaxed);
+    let spent = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    counters.last_batch_us.store(spent, Ordering::Relaxed);
     for (q, answer) in batch.into_iter().zip(answers) {
         let answer = match answer {
             Some(answer) => answer,
