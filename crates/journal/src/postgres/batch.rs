@@ -132,6 +132,28 @@ impl Found {
         }
     }
 
+    /// Files a row of [`find`] under what found it.
+    fn add(&mut self, row: &tokio_postgres::Row, db: &Db) -> Result<(), BatchError> {
+        // A record that does not parse is the error of the proposals that found it, alone.
+        let found = rows::from_indexed_row(row, db).map_err(|_| BatchError::Alone)?;
+        let text = |i: usize| row.try_get::<_, Option<String>>(i).map_err(|e| sql(db, e));
+        let (kind, v1, v2) = (text(21)?, text(22)?.unwrap_or_default(), text(23)?);
+        match (kind.as_deref(), v2) {
+            (Some("key"), _) => self.by_key.insert(v1, found),
+            (Some("content"), _) => self.by_content.insert(v1, found),
+            (Some("id"), _) => self.by_id.insert(v1, found),
+            (Some("client"), Some(key)) => {
+                let bound: i64 = row.try_get(24).map_err(|e| sql(db, e))?;
+                let (record, seq) = found;
+                self.by_client_key
+                    .insert((v1, key), (record, seq, bound))
+                    .map(|(r, seq, _)| (r, seq))
+            }
+            _ => return Err(BatchError::Alone),
+        };
+        Ok(())
+    }
+
     /// When the caller's key a proposal found was bound.
     fn key_bound_ms(&self, l: &Lookup) -> Option<i64> {
         let key = l.client_key.as_ref()?;
@@ -198,23 +220,7 @@ pub(super) async fn find(
         .map_err(|e| sql(db, e))?;
     let mut all = Found::default();
     for row in &found {
-        // A record that does not parse is the error of the proposals that found it, alone.
-        let found = rows::from_indexed_row(row, db).map_err(|_| BatchError::Alone)?;
-        let text = |i: usize| row.try_get::<_, Option<String>>(i).map_err(|e| sql(db, e));
-        let (kind, v1, v2) = (text(21)?, text(22)?.unwrap_or_default(), text(23)?);
-        match (kind.as_deref(), v2) {
-            (Some("key"), _) => all.by_key.insert(v1, found),
-            (Some("content"), _) => all.by_content.insert(v1, found),
-            (Some("id"), _) => all.by_id.insert(v1, found),
-            (Some("client"), Some(key)) => {
-                let bound: i64 = row.try_get(24).map_err(|e| sql(db, e))?;
-                let (record, seq) = found;
-                all.by_client_key
-                    .insert((v1, key), (record, seq, bound))
-                    .map(|(r, seq, _)| (r, seq))
-            }
-            _ => return Err(BatchError::Alone),
-        };
+        all.add(row, db)?;
     }
     Ok(all)
 }
