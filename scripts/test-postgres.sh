@@ -2,16 +2,21 @@
 # Starts a throw-away PostgreSQL cluster for the tests and prints the URL they reach it at.
 #
 #   eval "$(bash scripts/test-postgres.sh start DIR)"   # exports RING0_TEST_POSTGRES_URL
+#   eval "$(bash scripts/test-postgres.sh start-durable DIR)"   # the same, durable
 #   bash scripts/test-postgres.sh restart DIR          # a server restart, for failure tests
 #   bash scripts/test-postgres.sh stop DIR
 #
 # Installs Debian's `postgresql` package when no server is found. The cluster lives in DIR
 # (created), listens on 127.0.0.1 at a free port, runs as the `postgres` user (PostgreSQL refuses
 # to run as root) and trades durability for speed (`fsync=off`): it holds test data only.
+# `start-durable` keeps the server's durability (`fsync=on`, `synchronous_commit=on`,
+# `full_page_writes=on`), so a COMMIT waits for its WAL flush as on a production server: for
+# benchmarks of what a commit costs (bench/journal/run.sh). Put DIR on the disk to measure.
 set -euo pipefail
 
-cmd=${1:?usage: test-postgres.sh start|restart|stop DIR}
-dir=${2:?usage: test-postgres.sh start|restart|stop DIR}
+usage="usage: test-postgres.sh start|start-durable|restart|stop DIR"
+cmd=${1:?$usage}
+dir=${2:?$usage}
 
 bindir() {
     local initdb
@@ -33,7 +38,7 @@ if [ "$(id -u)" = 0 ] && ! id "$pg_user" >/dev/null 2>&1; then
 fi
 
 case "$cmd" in
-start)
+start | start-durable)
     bin=$(bindir || true)
     if [ -z "$bin" ]; then
         echo "test-postgres: installing PostgreSQL" >&2
@@ -47,8 +52,12 @@ start)
     run_as "$bin/initdb" -D "$dir/data" -U ring0 --auth=trust -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
         || { cat "$dir/initdb.log" >&2; exit 1; }
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    durability="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    if [ "$cmd" = start-durable ]; then
+        durability="-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
+    fi
     run_as "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-        -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400" \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $dir $durability -c max_connections=400" \
         start >&2 || { cat "$dir/server.log" >&2; exit 1; }
     echo "export RING0_TEST_POSTGRES_URL=postgres://ring0@127.0.0.1:$port/postgres"
     echo "export RING0_TEST_POSTGRES_DIR=$dir"
@@ -66,7 +75,7 @@ stop)
     [ -d "$dir/data" ] && run_as "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >&2 || true
     ;;
 *)
-    echo "usage: test-postgres.sh start|restart|stop DIR" >&2
+    echo "$usage" >&2
     exit 2
     ;;
 esac

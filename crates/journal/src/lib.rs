@@ -64,7 +64,9 @@ pub use deployment::{Deployment, SharedJob, SharedSession, SharedTask};
 pub use hold::{HeldCall, HoldDecided, HoldState};
 pub use machine::{TransitionError, check, is_allowed};
 pub use memory::MemoryJournal;
-pub use postgres::{Migrated, PostgresJournal, PostgresOptions, PostgresReader, is_postgres_url};
+pub use postgres::{
+    GroupStats, Migrated, PostgresJournal, PostgresOptions, PostgresReader, is_postgres_url,
+};
 pub use record::{ClientKey, IntentId, IntentRecord, Proposal, ProposeDecision, Transition};
 pub use recovery::{Executor, RecoveryPolicy, RecoveryReport, drive, drive_bounded, recover};
 pub use settle::{

@@ -10,9 +10,9 @@ use futures::executor::block_on;
 use ring0_core::receipt::{CallOutcome, Disposition};
 use ring0_core::{IntentState, Observation, Receipt, Settlement};
 use ring0_journal::{
-    ClientKey, Clock, DispatchOutcome, IntentRecord, Journal, JournalError, PostgresJournal,
-    PostgresOptions, ProbeFinding, ProposeDecision, RecoveryPolicy, SystemClock, Transition,
-    begin_dispatch, record_outcome, recover,
+    ClientKey, Clock, DispatchOutcome, IntentId, IntentRecord, Journal, JournalError,
+    PostgresJournal, PostgresOptions, ProbeFinding, Proposal, ProposeDecision, RecoveryPolicy,
+    SystemClock, Transition, begin_dispatch, record_outcome, recover,
 };
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
@@ -425,4 +425,255 @@ fn proposals_committed_together_in_batches_each_get_the_answer_they_would_get_al
         assert_eq!(stored.call_ids.len(), 3, "{:?}", stored.call_ids);
     }
     assert_eq!(block_on(a.recent(100)).unwrap().len(), 16);
+}
+
+/// A group-committing replica whose proposals all go through the batch path: a pool of 8
+/// gives it 4 batch workers.
+fn grouping_replica(url: &str) -> PostgresJournal {
+    PostgresJournal::open(
+        url,
+        PostgresOptions {
+            pool_connections: 8,
+            ..options(60_000)
+        },
+    )
+    .unwrap()
+}
+
+/// The proposals of the duplicate-heavy workloads below: proposal `n` is one of 16 unkeyed
+/// refunds or one of 8 calls under a caller's key (each from a scope of its own, so only the
+/// key finds it again), named by the intent it stands for.
+fn repeated_intent(n: usize, scope: &str) -> (String, Proposal) {
+    let intent = n % 24;
+    let call = format!("{scope}-c{n}");
+    if intent < 16 {
+        return (format!("refund-{intent}"), refund(intent as u64 + 1, &call));
+    }
+    let mut p = proposal(
+        "charge",
+        json!({"n": intent}),
+        &format!("{scope}-{n}"),
+        &call,
+    );
+    p.client_key = Some(ClientKey {
+        principal: "alice".into(),
+        key: format!("k-{intent}"),
+        retention_ms: 60_000,
+    });
+    (format!("keyed-{intent}"), p)
+}
+
+/// `proposers` concurrent proposers on `journal`, each proposing `per_proposer` of the
+/// repeated intents; every answer by the intent it stands for.
+fn propose_repeated(
+    journal: &PostgresJournal,
+    replica: &str,
+    proposers: usize,
+    per_proposer: usize,
+) -> Vec<(String, ProposeDecision)> {
+    let tasks = (0..proposers).map(|t| async move {
+        let mut answers = Vec::new();
+        for n in 0..per_proposer {
+            let (intent, p) = repeated_intent(t * per_proposer + n, &format!("{replica}{t}"));
+            answers.push((intent, journal.propose(p).await.unwrap()));
+        }
+        answers
+    });
+    block_on(futures::future::join_all(tasks))
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Every intent has exactly one record, every answer about it names that record (recorded
+/// once, a duplicate otherwise), and the record holds every call id that proposed it.
+fn assert_one_record_per_intent(journal: &PostgresJournal, answers: &[(String, ProposeDecision)]) {
+    let mut by_intent: std::collections::BTreeMap<&str, Vec<&ProposeDecision>> = Default::default();
+    for (intent, d) in answers {
+        by_intent.entry(intent).or_default().push(d);
+    }
+    for (intent, decisions) in &by_intent {
+        let kinds: Vec<_> = decisions.iter().map(|d| d.kind()).collect();
+        assert_eq!(
+            kinds.iter().filter(|k| **k == "recorded").count(),
+            1,
+            "{intent}: {kinds:?}"
+        );
+        assert!(
+            kinds.iter().all(|k| matches!(*k, "recorded" | "duplicate")),
+            "{intent}: {kinds:?}"
+        );
+        let id = decisions[0].record().unwrap().id;
+        assert!(
+            decisions.iter().all(|d| d.record().unwrap().id == id),
+            "{intent}: answers name different records"
+        );
+        let stored = block_on(journal.get(id)).unwrap().unwrap();
+        assert_eq!(
+            stored.call_ids.len(),
+            decisions.len(),
+            "{intent}: a call id was lost: {:?}",
+            stored.call_ids
+        );
+    }
+    assert_eq!(
+        block_on(journal.recent(1000)).unwrap().len(),
+        by_intent.len()
+    );
+}
+
+#[test]
+fn sixty_four_proposers_repeating_intents_in_batches_get_one_record_per_intent() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let a = grouping_replica(&url);
+    // 64 proposers, 4 proposals each: 24 intents proposed 10 or 11 times, so batches hold an
+    // intent and its duplicates together, and duplicates meet it again in later batches.
+    let answers = propose_repeated(&a, "a", 64, 4);
+    assert_one_record_per_intent(&a, &answers);
+    let stats = a.group_stats().unwrap();
+    assert!(stats.batches > 0 && stats.batched > 0, "{stats:?}");
+    assert_eq!(stats.batched + stats.alone, 256, "{stats:?}");
+}
+
+#[test]
+fn two_group_committing_replicas_proposing_the_same_intents_record_each_once() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    let (a, b) = (
+        Arc::new(grouping_replica(&url)),
+        Arc::new(grouping_replica(&url)),
+    );
+    let threads: Vec<_> = [("a", a.clone()), ("b", b.clone())]
+        .into_iter()
+        .map(|(name, j)| std::thread::spawn(move || propose_repeated(&j, name, 32, 4)))
+        .collect();
+    let answers: Vec<_> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert_one_record_per_intent(&a, &answers);
+    for j in [&a, &b] {
+        let stats = j.group_stats().unwrap();
+        assert!(stats.batched > 0, "{stats:?}");
+    }
+}
+
+/// An uncommitted transaction of "another replica" that claims a proposal's semantic key for a
+/// record of its own, until it is told to commit.
+struct HeldClaim {
+    commit: std::sync::mpsc::Sender<()>,
+    done: std::thread::JoinHandle<()>,
+}
+
+impl HeldClaim {
+    /// Inserts a RECORDED record for `p` and claims its semantic key, and waits.
+    fn hold(url: &str, p: &Proposal) -> (Self, IntentId) {
+        let id = uuid::Uuid::new_v4();
+        let sql = format!(
+            "BEGIN;
+             INSERT INTO intents (id, semantic_key, scope, attempt_epoch, tool, canonical_args,
+               call_ids, idempotency_key, mutating, fence, attempts, state, timeline, owner,
+               holder, attempt, created_ms, updated_ms)
+             VALUES ('{id}', '{key}', '{scope}', 0, '{tool}', '{args}', '[\"elsewhere\"]',
+               '{idem}', true, 1, 0, 'RECORDED', '[]', 0, 0, 0, 0, 0);
+             INSERT INTO intent_keys (semantic_key, intent_seq)
+               SELECT semantic_key, seq FROM intents WHERE id = '{id}';",
+            key = p.semantic_key.encode(),
+            scope = p.scope,
+            tool = p.tool,
+            args = p.canonical_args,
+            idem = p.semantic_key.idempotency_key(0),
+        );
+        let (commit, told) = std::sync::mpsc::channel();
+        let (held, holding) = std::sync::mpsc::channel();
+        let url = url.to_string();
+        let done = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                let driver = tokio::spawn(connection);
+                client.batch_execute(&sql).await.unwrap();
+                held.send(()).unwrap();
+                let _ = told.recv();
+                client.batch_execute("COMMIT").await.unwrap();
+                drop(client);
+                let _ = driver.await;
+            });
+        });
+        holding.recv().unwrap();
+        (Self { commit, done }, id)
+    }
+
+    fn commit(self) {
+        self.commit.send(()).unwrap();
+        self.done.join().unwrap();
+    }
+}
+
+#[test]
+fn a_batch_whose_claim_another_replica_took_first_still_commits_the_others() {
+    let Some(url) = fresh_postgres_schema() else {
+        return;
+    };
+    // One batch worker (a pool of 2), so proposals queue behind the batch it is in.
+    let a = Arc::new(
+        PostgresJournal::open(
+            &url,
+            PostgresOptions {
+                pool_connections: 2,
+                ..options(60_000)
+            },
+        )
+        .unwrap(),
+    );
+    let (blocker, contended) = (refund(100, "blocker"), refund(101, "contended"));
+    let (first, blocker_elsewhere) = HeldClaim::hold(&url, &blocker);
+    let (second, contended_elsewhere) = HeldClaim::hold(&url, &contended);
+    // The worker waits in the blocker's transaction (its key is held by `first`) ...
+    let waiting = {
+        let a = a.clone();
+        std::thread::spawn(move || block_on(a.propose(blocker)).unwrap())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // ... while eight proposals and the contended one queue behind it: the next batch.
+    let queued = {
+        let a = a.clone();
+        std::thread::spawn(move || {
+            let mut proposals: Vec<_> = (1..=8).map(|n| refund(n, &format!("c{n}"))).collect();
+            proposals.insert(4, contended);
+            block_on(futures::future::join_all(
+                proposals.into_iter().map(|p| a.propose(p)),
+            ))
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    first.commit();
+    // The batch of nine now waits to claim the contended key; the other replica commits first.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    second.commit();
+    let blocked = waiting.join().unwrap();
+    assert_eq!(blocked.kind(), "duplicate");
+    assert_eq!(blocked.record().unwrap().id, blocker_elsewhere);
+    let mut answers: Vec<_> = queued
+        .join()
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let lost = answers.remove(4);
+    assert_eq!(lost.kind(), "duplicate", "{lost:?}");
+    assert_eq!(lost.record().unwrap().id, contended_elsewhere);
+    assert!(answers.iter().all(|d| d.kind() == "recorded"));
+    // Eight new records and the other replica's two: the contended proposal left nothing.
+    assert_eq!(block_on(a.recent(100)).unwrap().len(), 10);
+    let stats = a.group_stats().unwrap();
+    assert!(stats.batched >= 8 && stats.alone >= 2, "{stats:?}");
 }

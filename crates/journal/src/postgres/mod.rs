@@ -13,10 +13,16 @@
 //!   records to the recovery of any other, which takes them with `FOR UPDATE SKIP LOCKED` and
 //!   moves their fences, so the replica that lapsed is fenced out if it wakes up.
 //!   [`Journal::open_records`] is that take: the records recovery must settle now.
-//! - **Group commit** (`group`). Concurrent proposals queue and are decided a batch per
-//!   transaction, one after another, with one `COMMIT` (one WAL flush) for the batch; a
-//!   proposal that loses a claim inside a batch is rolled back to its savepoint and decided
-//!   again alone. [`PostgresOptions::group_commit`] turns it off.
+//! - **Group commit** (`group`, with its set-based statements in `batch`). Concurrent
+//!   proposals queue and are decided a batch per transaction: one statement reads every record
+//!   bearing on the batch, the shared `decide` rules decide each proposal in memory, one
+//!   statement per table writes the batch's records and claims, and one `COMMIT` (one WAL
+//!   flush) ends it — a handful of round trips whatever the batch holds. Proposals of a batch
+//!   never share an intent id, key, content digest or record (a later one waits for after the
+//!   batch), so each gets the answer it would get alone; one that loses a claim to another
+//!   replica is taken back out of the transaction and decided again alone.
+//!   [`PostgresOptions::group_commit`] turns it off; [`PostgresJournal::group_stats`] says
+//!   how large the batches are.
 //! - **Durability** is the server's: a proposal or transition returns after its transaction
 //!   committed (with the server's `synchronous_commit`).
 //! - **Delivery marks** are held in memory and written with the replica's next proposal (or
@@ -36,6 +42,7 @@
 //! kernel's tokio runtime, or `block_on` in a test) and its lease is renewed whatever its callers
 //! do.
 
+mod batch;
 mod deployment;
 mod group;
 mod holds;
@@ -46,6 +53,7 @@ mod rows;
 mod schema;
 mod shared_state;
 
+pub use group::GroupStats;
 pub use reader::{PostgresReader, migrate};
 pub use schema::Migrated;
 
@@ -355,6 +363,11 @@ impl PostgresJournal {
             self.shared.clone(),
             self.handle.clone(),
         ))
+    }
+
+    /// What its group commits have done since it opened; `None` with group commit off.
+    pub fn group_stats(&self) -> Option<GroupStats> {
+        self.group.as_ref().map(|g| g.stats())
     }
 
     /// Whether this replica listens for decisions of held calls now (its listening connection

@@ -85,7 +85,95 @@ pub(crate) async fn propose(
 }
 
 /// A record found for a proposal, with the `seq` its claims point at.
-type Seen = Option<(IntentRecord, i64)>;
+pub(crate) type Seen = Option<(IntentRecord, i64)>;
+
+/// The records found for a proposal, each with the `seq` its claims point at.
+#[derive(Default)]
+pub(crate) struct SeenRecords {
+    pub(crate) by_client_key: Seen,
+    pub(crate) by_id: Seen,
+    pub(crate) by_key: Seen,
+    pub(crate) by_content: Seen,
+}
+
+impl SeenRecords {
+    fn found(&self) -> Found<'_> {
+        fn record(s: &Seen) -> Option<&IntentRecord> {
+            s.as_ref().map(|(r, _)| r)
+        }
+        Found {
+            by_client_key: record(&self.by_client_key),
+            by_id: record(&self.by_id),
+            by_key: record(&self.by_key),
+            by_content: record(&self.by_content),
+        }
+    }
+
+    /// The `seq` of every record found (a record found twice, twice).
+    pub(crate) fn seqs(&self) -> impl Iterator<Item = i64> + '_ {
+        [
+            &self.by_client_key,
+            &self.by_id,
+            &self.by_key,
+            &self.by_content,
+        ]
+        .into_iter()
+        .flatten()
+        .map(|(_, seq)| *seq)
+    }
+}
+
+/// What a proposal's transaction must write, as the records found decide it.
+// Matched once per proposal, and as large as the records it carries: boxing them would add an
+// allocation to every proposal for nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Step {
+    /// Answered from the records found; nothing to write.
+    Answer(ProposeDecision),
+    /// Answered once `record`, found with `expected_fence`, is written with a compare-and-set.
+    Update {
+        decision: ProposeDecision,
+        record: IntentRecord,
+        expected_fence: u64,
+    },
+    /// A new record, answered once it is inserted and its claims are taken.
+    Insert(IntentRecord),
+}
+
+/// Decides `p` in memory from the records found (the shared `decide` rules): what to write,
+/// and the answer once it is written. `id` is the new record's id if one is created.
+pub(crate) fn plan(
+    p: &Proposal,
+    seen: &SeenRecords,
+    id: IntentId,
+    now: u64,
+    me: u64,
+) -> Result<Step, JournalError> {
+    let attempt = match decide::plan_existing(p, seen.found(), now, me)? {
+        Planned::Decided(plan) => {
+            return Ok(match plan.write {
+                None => Step::Answer(plan.decision),
+                Some(Write::Update(record)) => {
+                    let expected_fence = [&seen.by_client_key, &seen.by_key, &seen.by_id]
+                        .into_iter()
+                        .flatten()
+                        .find(|(r, _)| r.id == record.id)
+                        .map(|(r, _)| r.fence)
+                        .expect("an update follows a found record");
+                    Step::Update {
+                        decision: plan.decision,
+                        record,
+                        expected_fence,
+                    }
+                }
+                Some(Write::Insert(_)) => unreachable!("a plan of the records found never inserts"),
+            });
+        }
+        Planned::Fresh { attempt } => attempt,
+    };
+    let record = decide::new_record(p, id, now, me);
+    Ok(Step::Insert(decide::with_attempt(record, attempt, now)))
+}
 
 /// Decides `p` inside `tx` and writes what the decision says; [`Abort::Moved`] when another
 /// replica moved a claim or a fence it read (the caller rolls back and decides again).
@@ -98,77 +186,89 @@ pub(crate) async fn decide_in(
 ) -> Result<ProposeDecision, Abort> {
     let db = &shared.db;
     let me = shared.incarnation;
-    let by_id: Seen = match p.intent_id {
-        Some(id) => find(tx, db, "FROM intents i WHERE i.id = $1", &id.to_string()).await?,
-        None => None,
-    };
-    let content = decide::proposal_content_digest(p);
-    let (by_key, by_content): (Seen, Seen) = if p.mutating {
-        // Independent reads: sent together, they share a round trip (the client pipelines).
-        let key = p.semantic_key.encode();
-        futures::try_join!(
-            find(
-                tx,
-                db,
-                "FROM intent_keys k JOIN intents i ON i.seq = k.intent_seq \
-                 WHERE k.semantic_key = $1",
-                &key,
-            ),
-            find(
-                tx,
-                db,
-                "FROM intent_contents c JOIN intents i ON i.seq = c.intent_seq \
-                 WHERE c.content_digest = $1",
-                &content,
-            ),
-        )?
-    } else {
-        (None, None)
-    };
-    let by_client_key: Seen = match (&p.client_key, p.mutating) {
-        (Some(ck), true) => find_client_key(tx, db, ck).await?,
-        _ => None,
-    };
-    let found = Found {
-        by_client_key: by_client_key.as_ref().map(|(r, _)| r),
-        by_id: by_id.as_ref().map(|(r, _)| r),
-        by_key: by_key.as_ref().map(|(r, _)| r),
-        by_content: by_content.as_ref().map(|(r, _)| r),
-    };
-    let attempt = match decide::plan_existing(p, found, now, me)? {
-        Planned::Decided(plan) => {
-            if let Some(Write::Update(record)) = &plan.write {
-                let fence = [&by_client_key, &by_key, &by_id]
-                    .into_iter()
-                    .flatten()
-                    .find(|(r, _)| r.id == record.id)
-                    .map(|(r, _)| r.fence)
-                    .expect("an update follows a found record");
-                if !rows::update(tx, db, record, fence, me, now).await? {
-                    return Err(Abort::Moved);
-                }
+    let seen = read(tx, db, p).await?;
+    let record = match plan(p, &seen, id, now, me)? {
+        Step::Answer(decision) => return Ok(decision),
+        Step::Update {
+            decision,
+            record,
+            expected_fence,
+        } => {
+            if !rows::update(tx, db, &record, expected_fence, me, now).await? {
+                return Err(Abort::Moved);
             }
-            return Ok(plan.decision);
+            return Ok(decision);
         }
-        Planned::Fresh { attempt } => attempt,
+        Step::Insert(record) => record,
     };
-    let record = decide::with_attempt(decide::new_record(p, id, now, me), attempt, now);
     let Some(seq) = rows::insert(tx, db, &record, me, now).await? else {
         return Err(Abort::Moved);
     };
     if p.mutating {
-        let seen = |s: &Seen| s.as_ref().map(|(_, seq)| *seq);
+        let seen_seq = |s: &Seen| s.as_ref().map(|(_, seq)| *seq);
         let key = p.semantic_key.encode();
+        let content = decide::proposal_content_digest(p);
         futures::try_join!(
-            claim(tx, db, Claim::Key(&key), seen(&by_key), seq),
-            claim(tx, db, Claim::Content(&content), seen(&by_content), seq),
+            claim(tx, db, Claim::Key(&key), seen_seq(&seen.by_key), seq),
+            claim(
+                tx,
+                db,
+                Claim::Content(&content),
+                seen_seq(&seen.by_content),
+                seq
+            ),
         )?;
         if let Some(ck) = &p.client_key {
-            claim(tx, db, Claim::ClientKey(ck, now), seen(&by_client_key), seq).await?;
+            let old = seen_seq(&seen.by_client_key);
+            claim(tx, db, Claim::ClientKey(ck, now), old, seq).await?;
             forget_oldest_keys(tx, db, &ck.principal).await?;
         }
     }
     Ok(ProposeDecision::Recorded(record))
+}
+
+/// The records that bear on `p`, locked for this transaction: by the host's intent id, and for
+/// a write by semantic key, content digest and the caller's key.
+async fn read(tx: &Transaction<'_>, db: &Db, p: &Proposal) -> Result<SeenRecords, Abort> {
+    let by_id: Seen = match p.intent_id {
+        Some(id) => find(tx, db, "FROM intents i WHERE i.id = $1", &id.to_string()).await?,
+        None => None,
+    };
+    if !p.mutating {
+        return Ok(SeenRecords {
+            by_id,
+            ..SeenRecords::default()
+        });
+    }
+    // Independent reads: sent together, they share a round trip (the client pipelines).
+    let key = p.semantic_key.encode();
+    let content = decide::proposal_content_digest(p);
+    let (by_key, by_content) = futures::try_join!(
+        find(
+            tx,
+            db,
+            "FROM intent_keys k JOIN intents i ON i.seq = k.intent_seq \
+             WHERE k.semantic_key = $1",
+            &key,
+        ),
+        find(
+            tx,
+            db,
+            "FROM intent_contents c JOIN intents i ON i.seq = c.intent_seq \
+             WHERE c.content_digest = $1",
+            &content,
+        ),
+    )?;
+    let by_client_key: Seen = match &p.client_key {
+        Some(ck) => find_client_key(tx, db, ck).await?,
+        None => None,
+    };
+    Ok(SeenRecords {
+        by_client_key,
+        by_id,
+        by_key,
+        by_content,
+    })
 }
 
 /// One record found through `from_where` (a `FROM … WHERE … = $1` clause over `intents i`),

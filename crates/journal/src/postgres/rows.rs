@@ -7,6 +7,7 @@ use crate::JournalError;
 use crate::record::{IntentId, IntentRecord};
 use deadpool_postgres::GenericClient;
 use ring0_core::{IntentState, SemanticKey};
+use std::collections::{HashMap, HashSet};
 use tokio_postgres::Row;
 
 /// The columns [`from_row`] reads, as a macro so statements are built with `concat!`.
@@ -143,6 +144,143 @@ pub(crate) async fn update(
         .await
         .map_err(|e| db.sql(e))?;
     Ok(changed == 1)
+}
+
+/// One column of a multi-row statement: `f` of every row, as an array parameter.
+fn column<T, U>(rows: &[T], f: impl Fn(&T) -> U) -> Vec<U> {
+    rows.iter().map(f).collect()
+}
+
+/// The statement of [`insert_many`]: one row per element of its arrays.
+const INSERT_MANY: &str = concat!(
+    "INSERT INTO intents (",
+    cols!(),
+    ", holder, created_ms, updated_ms)
+         SELECT u.id, u.semantic_key, u.scope, u.attempt_epoch, u.tool, u.canonical_args,
+                u.call_ids, u.idempotency_key, u.mutating, u.fence, u.attempts, u.state,
+                u.timeline, u.receipt, u.snapshot, u.owner, u.attempt, NULL,
+                u.client_principal, u.client_key, $20, $21, $21
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[],
+                     $6::text[], $7::text[], $8::text[], $9::bool[], $10::bigint[],
+                     $11::bigint[], $12::text[], $13::text[], $14::text[], $15::text[],
+                     $16::bigint[], $17::bigint[], $18::text[], $19::text[])
+           AS u(id, semantic_key, scope, attempt_epoch, tool, canonical_args, call_ids,
+                idempotency_key, mutating, fence, attempts, state, timeline, receipt,
+                snapshot, owner, attempt, client_principal, client_key)
+         ON CONFLICT (id) DO NOTHING RETURNING id, seq"
+);
+
+/// Inserts new records held by `holder`, all in one statement, and returns the `seq` of each
+/// inserted, by id. A record whose id was inserted first (by another replica, for a
+/// host-supplied id) is not among them. The caller maps the error (see the `group` module).
+pub(crate) async fn insert_many(
+    client: &impl GenericClient,
+    records: &[&IntentRecord],
+    holder: u64,
+    now: u64,
+) -> Result<HashMap<IntentId, i64>, tokio_postgres::Error> {
+    if records.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let statement = client.prepare_cached(INSERT_MANY).await?;
+    let inserted = client
+        .query(
+            &statement,
+            &[
+                &column(records, |r| r.id.to_string()),
+                &column(records, |r| r.semantic_key.encode()),
+                &column(records, |r| r.scope.clone()),
+                &column(records, |r| to_i64(r.attempt_epoch)),
+                &column(records, |r| r.tool.clone()),
+                &column(records, |r| r.canonical_args.clone()),
+                &column(records, |r| json(&r.call_ids)),
+                &column(records, |r| r.idempotency_key.clone()),
+                &column(records, |r| r.mutating),
+                &column(records, |r| to_i64(r.fence)),
+                &column(records, |r| i64::from(r.attempts)),
+                &column(records, |r| r.state.as_str().to_string()),
+                &column(records, |r| json(&r.timeline)),
+                &column(records, |r| r.receipt.as_ref().map(json)),
+                &column(records, |r| r.snapshot.as_ref().map(json)),
+                &column(records, |r| to_i64(r.owner)),
+                &column(records, |r| i64::from(r.attempt)),
+                &column(records, |r| {
+                    crate::record::principal_column(r).map(str::to_string)
+                }),
+                &column(records, |r| r.client_key.as_ref().map(|k| k.key.clone())),
+                &to_i64(holder),
+                &to_i64(now),
+            ],
+        )
+        .await?;
+    let mut seqs = HashMap::with_capacity(inserted.len());
+    for row in inserted {
+        let (id, seq): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+        // The ids were sent from records: one that does not parse back was not among them.
+        if let Ok(id) = IntentId::parse_str(&id) {
+            seqs.insert(id, seq);
+        }
+    }
+    Ok(seqs)
+}
+
+/// Writes changed records, each if its fence is still the one paired with it, all in one
+/// statement (the compare-and-set of [`update`] for many): the ids of those written. The
+/// caller maps the error (see the `group` module).
+pub(crate) async fn update_many(
+    client: &impl GenericClient,
+    records: &[(&IntentRecord, u64)],
+    holder: u64,
+    now: u64,
+) -> Result<HashSet<IntentId>, tokio_postgres::Error> {
+    if records.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let statement = client
+        .prepare_cached(
+            "UPDATE intents i SET call_ids = u.call_ids, fence = u.fence, attempts = u.attempts,
+               state = u.state, timeline = u.timeline, receipt = u.receipt,
+               snapshot = u.snapshot, updated_ms = $12, owner = u.owner,
+               delivered_ms = CASE WHEN u.delivered THEN i.delivered_ms END,
+               holder = CASE WHEN i.fence <> u.fence THEN $13 ELSE i.holder END
+             FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[],
+                         $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bool[],
+                         $11::bigint[])
+               AS u(id, call_ids, fence, attempts, state, timeline, receipt, snapshot, owner,
+                    delivered, expected_fence)
+             WHERE i.id = u.id AND i.fence = u.expected_fence
+             RETURNING i.id",
+        )
+        .await?;
+    let written = client
+        .query(
+            &statement,
+            &[
+                &column(records, |(r, _)| r.id.to_string()),
+                &column(records, |(r, _)| json(&r.call_ids)),
+                &column(records, |(r, _)| to_i64(r.fence)),
+                &column(records, |(r, _)| i64::from(r.attempts)),
+                &column(records, |(r, _)| r.state.as_str().to_string()),
+                &column(records, |(r, _)| json(&r.timeline)),
+                &column(records, |(r, _)| r.receipt.as_ref().map(json)),
+                &column(records, |(r, _)| r.snapshot.as_ref().map(json)),
+                &column(records, |(r, _)| to_i64(r.owner)),
+                &column(records, |(r, _)| r.delivered),
+                &column(records, |(_, fence)| to_i64(*fence)),
+                &to_i64(now),
+                &to_i64(holder),
+            ],
+        )
+        .await?;
+    let mut ids = HashSet::with_capacity(written.len());
+    for row in written {
+        let id: String = row.try_get(0)?;
+        // The ids were sent from records: one that does not parse back was not among them.
+        if let Ok(id) = IntentId::parse_str(&id) {
+            ids.insert(id);
+        }
+    }
+    Ok(ids)
 }
 
 /// Builds a record from a row; anything that does not parse is corruption, reported with the id.
