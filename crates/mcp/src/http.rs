@@ -270,6 +270,11 @@ async fn gate(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
             if deleted && let Some(end) = &gate.session_end {
                 end(crate::server::session_scope_of(old.as_bytes()));
             }
+            if deleted && response.status() == StatusCode::ACCEPTED {
+                // rmcp answers an ended session with 202; the session is gone, not pending,
+                // and clients (the Python SDK among them) take only 200 or 204 for success.
+                return StatusCode::NO_CONTENT.into_response();
+            }
         }
     }
     response

@@ -71,6 +71,11 @@ pub fn python_report(cmd: &mut Command) -> Value {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("Session termination failed"),
+        "the client's DELETE of its session was not taken as success:\n{stderr}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("one JSON line")
 }
