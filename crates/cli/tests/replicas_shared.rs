@@ -1,7 +1,8 @@
 //! What a client carries from one replica to another behind a load balancer: a 2026-07-28
 //! `requestState` (sealed with the deployment's shared key, bound to the call and principal,
-//! answered on any replica) and a sessionful session (recorded in the shared journal, served by
-//! any replica, deleted for all). Two `ring0 serve --http` replicas on one PostgreSQL journal;
+//! answered on any replica), a sessionful session (recorded in the shared journal, served by
+//! any replica, deleted for all), and the tools a conversation loaded in the catalog's search
+//! mode (listed by every replica). Two `ring0 serve --http` replicas on one PostgreSQL journal;
 //! effects are counted by the upstream `cx__record` (tests/fixtures/counting_upstream.py).
 
 mod common;
@@ -616,4 +617,118 @@ fn a_session_deleted_through_another_replica_ends_its_jobs_there_except_detached
     }
     assert!(detached.is_some(), "a detached job outlives its session");
     drop(a);
+}
+
+/// The catalog in search mode with no pinned core: `cx__record` is listed only once loaded.
+const SEARCH_MODE: &str = "[catalog]\nmode = \"search\"\npinned = []\n";
+
+/// The names of a `tools/list` answer.
+fn listed(answer: &Value) -> Vec<String> {
+    answer["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a listing: {answer}"))
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The `load_tools` call of `names`.
+fn load_tools(id: u64, names: &[&str], meta: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "load_tools", "arguments": {"names": names}, "_meta": meta}})
+}
+
+#[test]
+fn a_tool_loaded_through_one_replica_is_listed_and_callable_in_the_session_on_another() {
+    let Some(url) = test_database() else { return };
+    let Some(peers) = peers() else { return };
+    let journal = schema_in(&url);
+    let extra = format!("{}\n{SEARCH_MODE}", alice_and_bob_tokens());
+    let dir = workspace(&peers, "A2", &extra);
+    let a = replica(dir.path(), "a", &journal);
+    let b = replica(dir.path(), "b", &journal);
+    let (head, _) = post(
+        &a.addr,
+        &[("Authorization", ALICE)],
+        &initialize_request(1, "2025-06-18"),
+    );
+    let session = session_id(&head);
+    in_session(
+        &a.addr,
+        &session,
+        ALICE,
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}});
+    let (_, before) = in_session(&b.addr, &session, ALICE, &list);
+    assert_eq!(listed(&before), ["search_tools", "load_tools"], "{before}");
+    let (_, loaded) = in_session(
+        &a.addr,
+        &session,
+        ALICE,
+        &load_tools(3, &["cx__record"], json!({})),
+    );
+    assert_eq!(loaded["result"]["isError"], json!(false), "{loaded}");
+    assert!(loaded.to_string().contains("cx__record"), "{loaded}");
+    // Replica B lists what the session loaded through A, in the same place.
+    let (_, after) = in_session(&b.addr, &session, ALICE, &list);
+    assert_eq!(
+        listed(&after),
+        ["search_tools", "load_tools", "cx__record"],
+        "{after}"
+    );
+    let call = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+        "params": {"name": "cx__record", "arguments": {"text": "loaded-on-a"},
+                   "_meta": {"io.ring0/idempotency-key": "k-loaded"}}});
+    let (_, answer) = in_session(&b.addr, &session, ALICE, &call);
+    assert_eq!(answer["result"]["isError"], json!(false), "{answer}");
+    assert_eq!(effects_by_text(dir.path()).get("loaded-on-a"), Some(&1));
+    // Another session of the same principal loaded nothing.
+    let (head, _) = post(
+        &b.addr,
+        &[("Authorization", ALICE)],
+        &initialize_request(5, "2025-06-18"),
+    );
+    let (_, other) = in_session(&b.addr, &session_id(&head), ALICE, &list);
+    assert_eq!(listed(&other), ["search_tools", "load_tools"], "{other}");
+}
+
+/// A stateless 2026-07-28 request of `method` as `who`, with its `name` header when given.
+fn stateless(addr: &str, who: &str, method: &str, name: Option<&str>, message: &Value) -> Value {
+    let mut headers = vec![
+        ("Authorization", who),
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", method),
+    ];
+    if let Some(name) = name {
+        headers.push(("Mcp-Name", name));
+    }
+    post(addr, &headers, message).1
+}
+
+#[test]
+fn a_tool_loaded_by_a_stateless_request_on_one_replica_is_listed_by_the_next_on_another() {
+    let Some(url) = test_database() else { return };
+    let Some(peers) = peers() else { return };
+    let journal = schema_in(&url);
+    let extra = format!("{}\n{SEARCH_MODE}", alice_and_bob_tokens());
+    let dir = workspace(&peers, "A2", &extra);
+    let a = replica(dir.path(), "a", &journal);
+    let b = replica(dir.path(), "b", &journal);
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+                      "params": {"_meta": modern_meta(false)}});
+    let load = load_tools(2, &["cx__record"], modern_meta(false));
+    let loaded = stateless(&a.addr, ALICE, "tools/call", Some("load_tools"), &load);
+    assert_eq!(loaded["result"]["isError"], json!(false), "{loaded}");
+    let after = stateless(&b.addr, ALICE, "tools/list", None, &list);
+    assert_eq!(
+        listed(&after),
+        ["search_tools", "load_tools", "cx__record"],
+        "the next request, on another replica, lists the load: {after}"
+    );
+    let called = stateless_call(&b.addr, ALICE, "stateless-on-b", json!({}));
+    assert_eq!(called["result"]["isError"], json!(false), "{called}");
+    // Another principal's scope is its own.
+    let bobs = stateless(&b.addr, BOB, "tools/list", None, &list);
+    assert_eq!(listed(&bobs), ["search_tools", "load_tools"], "{bobs}");
 }

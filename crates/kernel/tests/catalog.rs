@@ -152,8 +152,8 @@ fn search_finds_a_granted_tool_by_what_it_does_and_never_an_ungranted_one() {
     );
 }
 
-#[test]
-fn an_unlisted_tool_is_never_found_listed_or_loaded() {
+#[tokio::test]
+async fn an_unlisted_tool_is_never_found_listed_or_loaded() {
     let kernel = builder()
         .catalog(search_config(&["wx__alerts"]))
         .unlisted("wx__alerts")
@@ -167,12 +167,12 @@ fn an_unlisted_tool_is_never_found_listed_or_loaded() {
             .all(|h| h.name != "wx__alerts")
     );
     assert!(!names(&session.listing()).contains(&"wx__alerts".to_string()));
-    let out = session.load_tools(&["wx__alerts".into()]);
+    let out = session.load_tools(&["wx__alerts".into()]).await.unwrap();
     assert_eq!(out.not_found, ["wx__alerts"]);
 }
 
-#[test]
-fn loaded_tools_are_listed_after_the_core_in_load_order_and_announced() {
+#[tokio::test]
+async fn loaded_tools_are_listed_after_the_core_in_load_order_and_announced() {
     let kernel = builder()
         .catalog(search_config(&["read_file"]))
         .authorizer(grants())
@@ -180,7 +180,10 @@ fn loaded_tools_are_listed_after_the_core_in_load_order_and_announced() {
     let loaded = LoadedTools::new();
     let mut changes = loaded.subscribe();
     let session = kernel.open_session(SessionConfig::new("s").loaded_tools(loaded.clone()));
-    let out = session.load_tools(&["wx__forecast".into(), "billing__refund".into()]);
+    let out = session
+        .load_tools(&["wx__forecast".into(), "billing__refund".into()])
+        .await
+        .unwrap();
     assert_eq!(
         names(&out.loaded.iter().collect::<Vec<_>>()),
         ["wx__forecast"]
@@ -188,7 +191,7 @@ fn loaded_tools_are_listed_after_the_core_in_load_order_and_announced() {
     assert_eq!(out.not_found, ["billing__refund"], "ungranted: not found");
     assert!(changes.has_changed().unwrap());
     changes.mark_unchanged();
-    session.load_tools(&["wx__alerts".into()]);
+    session.load_tools(&["wx__alerts".into()]).await.unwrap();
     // Another kernel session of the same conversation lists what this one loaded.
     let next = kernel.open_session(SessionConfig::new("s").loaded_tools(loaded));
     assert_eq!(
@@ -203,12 +206,12 @@ fn loaded_tools_are_listed_after_the_core_in_load_order_and_announced() {
     );
     // Loading a tool again changes nothing and announces nothing.
     changes.mark_unchanged();
-    next.load_tools(&["wx__forecast".into()]);
+    next.load_tools(&["wx__forecast".into()]).await.unwrap();
     assert!(!changes.has_changed().unwrap());
 }
 
-#[test]
-fn a_session_keeps_at_most_the_loaded_tools_limit() {
+#[tokio::test]
+async fn a_session_keeps_at_most_the_loaded_tools_limit() {
     let mut b = Kernel::builder();
     for i in 0..=LOADED_TOOLS_MAX {
         b = b
@@ -225,9 +228,19 @@ fn a_session_keeps_at_most_the_loaded_tools_limit() {
     let session = kernel.open_session(SessionConfig::new("s"));
     for chunk in (0..LOADED_TOOLS_MAX).collect::<Vec<_>>().chunks(16) {
         let names: Vec<String> = chunk.iter().map(|i| format!("t{i}")).collect();
-        assert!(session.load_tools(&names).over_limit.is_empty());
+        assert!(
+            session
+                .load_tools(&names)
+                .await
+                .unwrap()
+                .over_limit
+                .is_empty()
+        );
     }
-    let out = session.load_tools(&[format!("t{LOADED_TOOLS_MAX}")]);
+    let out = session
+        .load_tools(&[format!("t{LOADED_TOOLS_MAX}")])
+        .await
+        .unwrap();
     assert_eq!(out.over_limit, [format!("t{LOADED_TOOLS_MAX}")]);
 }
 
@@ -395,15 +408,15 @@ fn a_turn_with_ring0_search_carries_the_listing_in_the_providers_format() {
     assert!(turn.schema_tokens > 0);
 }
 
-#[test]
-fn a_turn_with_the_providers_search_defers_everything_but_the_core_and_the_loaded() {
+#[tokio::test]
+async fn a_turn_with_the_providers_search_defers_everything_but_the_core_and_the_loaded() {
     use ring0_kernel::catalog::{OPENAI_TOOL_SEARCH_TYPE, TurnSearch};
     let kernel = builder()
         .catalog(search_config(&["read_file"]))
         .authorizer(grants())
         .build();
     let session = kernel.open_session(SessionConfig::new("s"));
-    session.load_tools(&["wx__alerts".into()]);
+    session.load_tools(&["wx__alerts".into()]).await.unwrap();
     let turn = session.catalog_for_turn(ProviderFormat::OpenAiResponses, TurnSearch::Provider);
     let by_name = |n: &str| turn.tools.iter().find(|t| t["name"] == n).cloned();
     assert_eq!(by_name("read_file").unwrap().get("defer_loading"), None);
@@ -427,4 +440,154 @@ fn a_turn_with_the_providers_search_defers_everything_but_the_core_and_the_loade
         turn.schema_tokens,
         ours.schema_tokens
     );
+}
+
+/// Loaded sets as a deployment's database keeps them, for replicas in one process; `down`
+/// fails every request, as an unreachable database does.
+#[derive(Default)]
+struct SharedSets {
+    sets: std::sync::Mutex<std::collections::HashMap<(String, String), Vec<String>>>,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl SharedSets {
+    fn check(&self) -> Result<(), ring0_journal::JournalError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ring0_journal::JournalError::Storage(
+                "the database is down".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl ring0_journal::SharedState for SharedSets {
+    async fn rate_take(
+        &self,
+        _: &str,
+        _: u32,
+        _: std::time::Duration,
+    ) -> Result<ring0_journal::RateTaken, ring0_journal::JournalError> {
+        unreachable!("the catalog takes no rate cells")
+    }
+    async fn approval_remember(
+        &self,
+        _: &str,
+        _: &str,
+        _: Option<std::time::Duration>,
+    ) -> Result<(), ring0_journal::JournalError> {
+        unreachable!("the catalog remembers no approvals")
+    }
+    async fn approval_remembered(
+        &self,
+        _: &str,
+    ) -> Result<Option<String>, ring0_journal::JournalError> {
+        unreachable!("the catalog remembers no approvals")
+    }
+    async fn pins_publish(
+        &self,
+        _: &[ring0_journal::shared::PinApproval],
+    ) -> Result<(), ring0_journal::JournalError> {
+        unreachable!("the catalog publishes no pins")
+    }
+    async fn pins_since(
+        &self,
+        _: i64,
+    ) -> Result<Vec<(i64, ring0_journal::shared::PinApproval)>, ring0_journal::JournalError> {
+        unreachable!("the catalog publishes no pins")
+    }
+    async fn loaded_add(
+        &self,
+        principal: &str,
+        scope: &str,
+        names: &[String],
+        names_max: usize,
+        mut fits: ring0_journal::shared::LoadedFits,
+    ) -> Result<ring0_journal::shared::LoadedAdd, ring0_journal::JournalError> {
+        self.check()?;
+        let mut sets = self.sets.lock().unwrap();
+        let set = sets.entry((principal.into(), scope.into())).or_default();
+        let added = ring0_journal::shared::loaded_decide(set, names, names_max, &mut *fits);
+        Ok(ring0_journal::shared::LoadedAdd {
+            added,
+            names: set.clone(),
+        })
+    }
+    async fn loaded_names(
+        &self,
+        principal: &str,
+        scope: &str,
+    ) -> Result<Vec<String>, ring0_journal::JournalError> {
+        self.check()?;
+        let sets = self.sets.lock().unwrap();
+        Ok(sets
+            .get(&(principal.to_string(), scope.to_string()))
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+#[tokio::test]
+async fn a_load_through_one_replica_is_listed_by_another_sharing_the_set() {
+    let state = Arc::new(SharedSets::default());
+    let replica = || {
+        builder()
+            .catalog(search_config(&["read_file"]))
+            .authorizer(grants())
+            .build()
+    };
+    let (a, b) = (replica(), replica());
+    let on_a = LoadedTools::shared(state.clone(), "local", "conv");
+    let on_b = LoadedTools::shared(state.clone(), "local", "conv");
+    let (mut changes_a, changes_b) = (on_a.subscribe(), on_b.subscribe());
+    let session_a = a.open_session(SessionConfig::new("conv").loaded_tools(on_a));
+    let loaded = call(&session_a, LOAD_TOOL, json!({"names": ["wx__alerts"]})).await;
+    assert_eq!(loaded["loaded"][0]["name"], "wx__alerts", "{loaded}");
+    assert!(
+        changes_a.has_changed().unwrap(),
+        "announced where it loaded"
+    );
+    changes_a.mark_unchanged();
+    on_b.refresh().await.unwrap();
+    let session_b = b.open_session(SessionConfig::new("conv").loaded_tools(on_b.clone()));
+    assert_eq!(
+        names(&session_b.listing()),
+        ["read_file", SEARCH_TOOL, LOAD_TOOL, "wx__alerts"]
+    );
+    assert!(!changes_b.has_changed().unwrap());
+    // A load through B is held by the same set: A lists both once it reads it again.
+    session_b
+        .load_tools(&["wx__forecast".into()])
+        .await
+        .unwrap();
+    let again = LoadedTools::shared(state, "local", "conv");
+    again.refresh().await.unwrap();
+    assert_eq!(again.names(), ["wx__alerts", "wx__forecast"]);
+}
+
+#[tokio::test]
+async fn a_shared_set_that_cannot_be_reached_refuses_the_load_and_lists_only_the_core() {
+    let state = Arc::new(SharedSets::default());
+    let kernel = builder()
+        .catalog(search_config(&["read_file"]))
+        .authorizer(grants())
+        .build();
+    let loaded = LoadedTools::shared(state.clone(), "local", "conv");
+    let session = kernel.open_session(SessionConfig::new("conv").loaded_tools(loaded.clone()));
+    session.load_tools(&["wx__forecast".into()]).await.unwrap();
+    state.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let refused = call(&session, LOAD_TOOL, json!({"names": ["wx__alerts"]})).await;
+    let error = &refused["error"];
+    assert_eq!(error["kind"], "loaded_tools_unavailable", "{refused}");
+    assert_eq!(error["retryable"], true, "{refused}");
+    assert!(loaded.refresh().await.is_err());
+    assert_eq!(
+        names(&session.listing()),
+        ["read_file", SEARCH_TOOL, LOAD_TOOL],
+        "the core and the meta-tools, nothing kept by this replica alone"
+    );
+    state.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    loaded.refresh().await.unwrap();
+    assert_eq!(loaded.names(), ["wx__forecast"]);
 }

@@ -251,8 +251,8 @@ fn search_kernel(tools: Vec<ToolSpec>, budgets: SchemaBudgets) -> Kernel {
     .build()
 }
 
-#[test]
-fn a_load_that_would_take_the_listing_over_its_budget_is_refused() {
+#[tokio::test]
+async fn a_load_that_would_take_the_listing_over_its_budget_is_refused() {
     let small = tool("small", "A small tool.", json!({}));
     let big = tool("big", &"Many words here. ".repeat(60), json!({}));
     let probe = search_kernel(vec![small.clone(), big.clone()], SchemaBudgets::default());
@@ -277,7 +277,10 @@ fn a_load_that_would_take_the_listing_over_its_budget_is_refused() {
     let kernel = search_kernel(vec![small, big], budgets);
     let loaded = LoadedTools::new();
     let session = kernel.open_session(SessionConfig::new("s").loaded_tools(loaded.clone()));
-    let outcome = session.load_tools(&["big".into(), "small".into()]);
+    let outcome = session
+        .load_tools(&["big".into(), "small".into()])
+        .await
+        .unwrap();
     assert_eq!(outcome.over_budget, ["big"]);
     let names: Vec<&str> = outcome.loaded.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["small"]);

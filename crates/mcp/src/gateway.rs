@@ -540,7 +540,11 @@ impl Gateway {
             counter: AtomicU64::new(0),
             changes,
             session_end: options.session_end,
-            loaded_sets: ring0_kernel::catalog::LoadedSets::new(),
+            // Replicas of a shared journal share every conversation's loaded tools through it.
+            loaded_sets: match options.journal.shared_state() {
+                Some(state) => ring0_kernel::catalog::LoadedSets::shared(state),
+                None => ring0_kernel::catalog::LoadedSets::new(),
+            },
         });
         let http_client = if options.upstreams.iter().any(|u| u.url.is_some()) {
             Some(crate::upstream::http::client()?)
@@ -604,7 +608,8 @@ impl Gateway {
     }
 
     /// The tools loaded in search mode by the stateless requests of `principal` in `scope`
-    /// (kept across catalog generations; see [`ring0_kernel::catalog::LoadedSets`]).
+    /// (kept across catalog generations, and by every replica of a shared journal; see
+    /// [`ring0_kernel::catalog::LoadedSets`]).
     pub fn loaded_tools(
         &self,
         principal: &ring0_core::Principal,
@@ -634,6 +639,11 @@ impl Gateway {
 
     pub fn journal(&self) -> &Arc<dyn Journal> {
         &self.inner.journal
+    }
+
+    /// Writes one line to the gateway's log.
+    pub(crate) fn log_line(&self, line: &str) {
+        self.inner.log.line(line);
     }
 
     pub fn upstreams(&self) -> Vec<Arc<Upstream>> {

@@ -952,6 +952,25 @@ mod tests {
                 .filter(|(seq, _)| *seq > after)
                 .collect())
         }
+        async fn loaded_add(
+            &self,
+            _: &str,
+            _: &str,
+            _: &[String],
+            _: usize,
+            _: ring0_journal::shared::LoadedFits,
+        ) -> Result<ring0_journal::shared::LoadedAdd, ring0_journal::JournalError> {
+            Err(ring0_journal::JournalError::Storage(
+                "no loaded sets here".into(),
+            ))
+        }
+        async fn loaded_names(
+            &self,
+            _: &str,
+            _: &str,
+        ) -> Result<Vec<String>, ring0_journal::JournalError> {
+            Ok(Vec::new())
+        }
     }
 
     #[tokio::test]

@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use ring0_core::limits::CALL_ID_BYTES_MAX;
 use ring0_core::receipt::CallOutcome;
 use ring0_core::{Authority, ProposedArguments, ProposedCall, Round, ToolSpec};
-use ring0_kernel::catalog::LoadedTools;
+use ring0_kernel::catalog::{CatalogMode, LoadedTools};
 use ring0_kernel::{
     AuthAdmission, AuthDecision, AuthRequest, Authorizer, CallExtensions, RoundOptions, Session,
     SessionConfig, SessionInfo,
@@ -286,7 +286,9 @@ pub struct GatewayServer {
     /// Tells the gateway's front end when the last handle of a sessionful session is gone.
     ending: Arc<SessionEnding>,
     /// The tools this session loaded in search mode: every kernel session it opens (one per
-    /// call, across catalog generations) lists them.
+    /// call, across catalog generations) lists them. With a shared journal, a sessionful HTTP
+    /// session's set is kept there under its session scope, so every replica serving the
+    /// session lists the same tools.
     loaded: Arc<LoadedTools>,
 }
 
@@ -466,12 +468,19 @@ impl GatewayServer {
     /// own set; for a stateless 2026-07-28 request, which has no session to keep one, the set
     /// of its kernel scope (the one its `_meta` names, else its principal's), kept by the
     /// gateway, so a `load_tools` in one request is listed by the next of the same scope.
+    /// With a shared journal both are kept there: a sessionful session's under the scope its
+    /// `Mcp-Session-Id` names ([`http_session_scope`]), the same on every replica.
     fn loaded_for(&self, scope: &str, context: &RequestContext<RoleServer>) -> Arc<LoadedTools> {
         if is_stateless_http(context) {
-            self.gw.loaded_tools(&self.principal, scope)
-        } else {
-            self.loaded.clone()
+            return self.gw.loaded_tools(&self.principal, scope);
         }
+        if !self.loaded.is_shared()
+            && let Some(state) = self.gw.journal().shared_state()
+            && let Some(session) = http_session_scope(context)
+        {
+            self.loaded.share(state, &self.principal.id, &session);
+        }
+        self.loaded.clone()
     }
 
     /// The upstreams this session's grants open: those with a tool in its catalog that is not
@@ -493,7 +502,7 @@ impl GatewayServer {
             .collect()
     }
 
-    fn list(
+    async fn list(
         &self,
         cursor: Option<&str>,
         context: &RequestContext<RoleServer>,
@@ -508,7 +517,16 @@ impl GatewayServer {
             .into_iter()
             .collect();
         let scope = self.scope_of(&read_identity(&metas)?, context);
-        let session = self.open(&generation, &scope, &self.loaded_for(&scope, context));
+        let loaded = self.loaded_for(&scope, context);
+        if generation.kernel.catalog().mode() == CatalogMode::Search
+            && let Err(e) = loaded.refresh().await
+        {
+            self.gw.log_line(&format!(
+                "listing only the pinned core and the meta-tools for principal {}: {e}",
+                self.principal.id
+            ));
+        }
+        let session = self.open(&generation, &scope, &loaded);
         // The session's listing: in search mode its pinned core, the meta-tools and what it
         // loaded, in a stable order; otherwise every tool it may see.
         let names: Vec<String> = session
@@ -1013,7 +1031,7 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let cursor = request.as_ref().and_then(|r| r.cursor.clone());
-        let value = self.list(cursor.as_deref(), &context)?;
+        let value = self.list(cursor.as_deref(), &context).await?;
         let raw = adapt_to_era(value.clone(), RawKind::ListTools, is_modern(&context));
         typed(self.raw.stand_in(raw, value))
     }

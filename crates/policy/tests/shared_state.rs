@@ -81,6 +81,21 @@ impl SharedState for MemoryState {
     ) -> Result<Vec<(i64, ring0_journal::shared::PinApproval)>, JournalError> {
         Ok(Vec::new())
     }
+
+    async fn loaded_add(
+        &self,
+        _: &str,
+        _: &str,
+        _: &[String],
+        _: usize,
+        _: ring0_journal::shared::LoadedFits,
+    ) -> Result<ring0_journal::shared::LoadedAdd, JournalError> {
+        Err(JournalError::Storage("no loaded sets here".into()))
+    }
+
+    async fn loaded_names(&self, _: &str, _: &str) -> Result<Vec<String>, JournalError> {
+        Ok(Vec::new())
+    }
 }
 
 /// Approves every call for the session, counting the people it asked.

@@ -159,6 +159,17 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         approved_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
         UNIQUE (upstream, kind, name, pin)
     );",
+    // 11: the tools each conversation loaded in the catalog's search mode (`crate::shared`),
+    // one row per (principal, scope) with the names in load order, last used on the
+    // database's clock (microseconds).
+    "CREATE TABLE loaded_tool_sets (
+        principal TEXT   NOT NULL,
+        scope     TEXT   NOT NULL,
+        names     TEXT[] NOT NULL,
+        used_us   BIGINT NOT NULL,
+        PRIMARY KEY (principal, scope)
+    );
+    CREATE INDEX loaded_tool_sets_by_use ON loaded_tool_sets (used_us);",
 ];
 
 /// The schema versions a migration went between: what the database had, and what it has now.

@@ -1,7 +1,8 @@
 //! The decision state replicas share ([`crate::shared::SharedState`]) in the journal's
-//! database: remembered approvals (`remembered_approvals`) and GCRA rate buckets
-//! (`rate_buckets`), both on the database server's clock, which every replica shares (as the
-//! leases are).
+//! database: remembered approvals (`remembered_approvals`), GCRA rate buckets
+//! (`rate_buckets`), approved pins (`pin_approvals`) and loaded tool sets
+//! (`loaded_tool_sets`), timed on the database server's clock, which every replica shares (as
+//! the leases are).
 //!
 //! A rate cell is taken by one statement, `INSERT … ON CONFLICT DO UPDATE … RETURNING`: the
 //! bucket's theoretical arrival time (TAT) moves by one interval when the cell fits in the
@@ -9,12 +10,21 @@
 //! number of replicas are serialized and the limit holds across them. A bucket whose TAT passed
 //! is full again, the same as no row: the heartbeat prunes those, and lapsed remembered
 //! approvals.
+//!
+//! A loaded set is added to in one transaction whose first statement, an upsert, makes the row
+//! (or empties a lapsed one) and locks it: the names it returns are decided on in Rust (the
+//! caller's budget needs the tools' schemas) and written back before the lock is released, so
+//! adds through any number of replicas are serialized. Sets idle for
+//! [`LOADED_SET_IDLE_MS`] read as empty and are pruned by the heartbeat; a new set makes room
+//! by forgetting the least recently used beyond [`LOADED_SETS_MAX`].
 
 use super::{Db, Shared};
 use crate::JournalError;
 use crate::limits::POSTGRES_TAKE_BATCH_MAX;
 use crate::shared::{
-    PINS_LISTED_MAX, PinApproval, REMEMBERED_APPROVALS_MAX, RateTaken, SharedState, check_key,
+    LOADED_SET_IDLE_MS, LOADED_SETS_MAX, LoadedAdd, LoadedAdded, LoadedFits, PINS_LISTED_MAX,
+    PinApproval, REMEMBERED_APPROVALS_MAX, RateTaken, SharedState, check_key, check_loaded,
+    loaded_decide,
 };
 use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
@@ -53,6 +63,9 @@ impl PostgresSharedState {
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
+
+/// [`LOADED_SET_IDLE_MS`] in microseconds, the unit of `loaded_tool_sets.used_us`.
+const LOADED_SET_IDLE_US: i64 = LOADED_SET_IDLE_MS as i64 * 1000;
 
 #[async_trait]
 impl SharedState for PostgresSharedState {
@@ -234,6 +247,101 @@ impl SharedState for PostgresSharedState {
         })
         .await
     }
+
+    async fn loaded_add(
+        &self,
+        principal: &str,
+        scope: &str,
+        names: &[String],
+        names_max: usize,
+        mut fits: LoadedFits,
+    ) -> Result<LoadedAdd, JournalError> {
+        check_key(principal)?;
+        check_key(scope)?;
+        check_loaded(names, names_max)?;
+        let (principal, scope, adding) = (principal.to_string(), scope.to_string(), names.to_vec());
+        self.run(move |shared| async move {
+            let db = &shared.db;
+            let mut client = shared.client().await?;
+            let tx = client.transaction().await.map_err(|e| db.sql(e))?;
+            // Makes the set, or marks it used (emptied when it lapsed), and locks its row until
+            // the commit: concurrent adds to it wait here.
+            let row = tx
+                .query_one(
+                    concat!(
+                        "WITH now AS (SELECT ",
+                        now_us!(),
+                        " AS us)
+                         INSERT INTO loaded_tool_sets AS s (principal, scope, names, used_us)
+                         SELECT $1, $2, '{}', now.us FROM now
+                         ON CONFLICT (principal, scope) DO UPDATE SET
+                           names = CASE WHEN s.used_us < excluded.used_us - $3
+                                   THEN '{}'::text[] ELSE s.names END,
+                           used_us = excluded.used_us
+                         RETURNING names"
+                    ),
+                    &[&principal, &scope, &LOADED_SET_IDLE_US],
+                )
+                .await
+                .map_err(|e| db.sql(e))?;
+            let mut set: Vec<String> = row.try_get(0).map_err(|e| db.sql(e))?;
+            if set.is_empty() {
+                // A new set (or one made new): room for it, the least recently used forgotten.
+                tx.execute(
+                    "DELETE FROM loaded_tool_sets WHERE (principal, scope) IN (
+                       SELECT principal, scope FROM loaded_tool_sets
+                       ORDER BY used_us DESC OFFSET $1)",
+                    &[&LOADED_SETS_MAX],
+                )
+                .await
+                .map_err(|e| db.sql(e))?;
+            }
+            let added = loaded_decide(&mut set, &adding, names_max, &mut *fits);
+            if added.contains(&LoadedAdded::Added) {
+                tx.execute(
+                    "UPDATE loaded_tool_sets SET names = $3 WHERE principal = $1 AND scope = $2",
+                    &[&principal, &scope, &set],
+                )
+                .await
+                .map_err(|e| db.sql(e))?;
+            }
+            tx.commit().await.map_err(|e| db.sql(e))?;
+            Ok(LoadedAdd { added, names: set })
+        })
+        .await
+    }
+
+    async fn loaded_names(
+        &self,
+        principal: &str,
+        scope: &str,
+    ) -> Result<Vec<String>, JournalError> {
+        check_key(principal)?;
+        check_key(scope)?;
+        let (principal, scope) = (principal.to_string(), scope.to_string());
+        self.run(move |shared| async move {
+            let client = shared.client().await?;
+            let row = client
+                .query_opt(
+                    concat!(
+                        "WITH now AS (SELECT ",
+                        now_us!(),
+                        " AS us)
+                         UPDATE loaded_tool_sets SET used_us = now.us FROM now
+                         WHERE principal = $1 AND scope = $2 AND used_us >= now.us - $3
+                         RETURNING names"
+                    ),
+                    &[&principal, &scope, &LOADED_SET_IDLE_US],
+                )
+                .await
+                .map_err(|e| shared.db.sql(e))?;
+            Ok(match row {
+                Some(row) => row.try_get(0).map_err(|e| shared.db.sql(e))?,
+                None => Vec::new(),
+            })
+        })
+        .await
+    }
 }
 
 /// Longest field of a published pin (the upstream's alias, a definition's name, the pin).
@@ -251,7 +359,7 @@ fn check_pin(p: &PinApproval) -> Result<(), JournalError> {
     Ok(())
 }
 
-/// Forgets full rate buckets and lapsed remembered approvals, at most
+/// Forgets full rate buckets, lapsed remembered approvals and idle loaded sets, at most
 /// [`POSTGRES_TAKE_BATCH_MAX`] of each a call (the heartbeat's).
 pub(crate) async fn prune(client: &impl GenericClient, db: &Db) -> Result<(), JournalError> {
     client
@@ -275,6 +383,18 @@ pub(crate) async fn prune(client: &impl GenericClient, db: &Db) -> Result<(), Jo
                 " ORDER BY until_us LIMIT $1)"
             ),
             &[&POSTGRES_TAKE_BATCH_MAX],
+        )
+        .await
+        .map_err(|e| db.sql(e))?;
+    client
+        .execute(
+            concat!(
+                "DELETE FROM loaded_tool_sets WHERE (principal, scope) IN (
+                   SELECT principal, scope FROM loaded_tool_sets WHERE used_us < ",
+                now_us!(),
+                " - $2 ORDER BY used_us LIMIT $1)"
+            ),
+            &[&POSTGRES_TAKE_BATCH_MAX, &LOADED_SET_IDLE_US],
         )
         .await
         .map_err(|e| db.sql(e))?;

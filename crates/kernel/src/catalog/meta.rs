@@ -8,7 +8,8 @@
 //! so no host can forge or read it.
 
 use super::{
-    Catalog, LOAD_NAMES_MAX, LoadedTools, QUERY_BYTES_MAX, SEARCH_LIMIT_DEFAULT, SEARCH_LIMIT_MAX,
+    Catalog, LOAD_NAMES_MAX, LoadedTools, LoadedUnavailable, QUERY_BYTES_MAX, SEARCH_LIMIT_DEFAULT,
+    SEARCH_LIMIT_MAX, VisibleFn,
 };
 use crate::policy::{AuthAdmission, AuthDecision, AuthRequest, Authorizer, SessionInfo};
 use crate::registry::{RegistrationError, Registry};
@@ -34,7 +35,7 @@ pub(crate) fn is_meta(name: &str) -> bool {
 pub(crate) struct CatalogCall {
     pub catalog: Arc<Catalog>,
     pub loaded: Arc<LoadedTools>,
-    pub visible: Arc<dyn Fn(&ToolSpec) -> bool + Send + Sync>,
+    pub visible: VisibleFn,
 }
 
 fn search_spec() -> ToolSpec {
@@ -114,7 +115,11 @@ impl Tool for MetaTool {
                     .flatten()
                     .filter_map(|n| n.as_str().map(str::to_string))
                     .collect();
-                let outcome = call.catalog.load(&names, &call.loaded, visible);
+                let outcome = call
+                    .catalog
+                    .load(&names, &call.loaded, call.visible.clone())
+                    .await
+                    .map_err(unavailable)?;
                 let loaded: Vec<Value> = outcome
                     .loaded
                     .iter()
@@ -146,6 +151,15 @@ impl Tool for MetaTool {
             }
         }
     }
+}
+
+/// A load refused because the conversation's shared set could not be reached: nothing was
+/// loaded, and the model is told so in a form it can act on (try again).
+fn unavailable(e: LoadedUnavailable) -> ToolError {
+    let message = e.to_string();
+    ToolError::not_applied(message.clone()).with_observation(Observation::json(json!({
+        "error": {"kind": "loaded_tools_unavailable", "message": message, "retryable": true}
+    })))
 }
 
 /// Grants the meta-tools (A0 reads that show only what the session may see) to every session

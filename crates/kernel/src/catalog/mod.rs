@@ -42,10 +42,16 @@ pub use turn::{ANTHROPIC_TOOL_SEARCH_TYPE, OPENAI_TOOL_SEARCH_TYPE, TurnCatalog,
 
 use crate::registry::{RegisteredTool, Registry};
 use ring0_core::ToolSpec;
+use ring0_journal::SharedState;
+use ring0_journal::shared::{LoadedAdd, LoadedAdded, LoadedFits, loaded_decide};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// What a session may see, as the catalog asks it (owned: a shared set's budget is decided
+/// where the journal runs it).
+pub type VisibleFn = Arc<dyn Fn(&ToolSpec) -> bool + Send + Sync>;
 
 /// The built-ins a coding agent uses most: listed in search mode unless configured otherwise.
 pub const PINNED_DEFAULT: &[&str] = &[
@@ -258,10 +264,37 @@ pub struct LoadOutcome {
 /// The tools a conversation loaded, in load order: shared by every kernel session a host opens
 /// for one conversation (an MCP client session opens one per call), so a load in one call is
 /// listed by the next. Hosts watch [`LoadedTools::subscribe`] to announce the new listing.
-#[derive(Debug)]
+///
+/// A set is kept in memory ([`LoadedTools::new`]) or, for replicas of one deployment, in the
+/// journal's shared state ([`LoadedTools::shared`], [`LoadedTools::share`]): then any replica
+/// lists what a load through another added, once it called [`LoadedTools::refresh`]. A shared
+/// set that cannot be reached refuses loads ([`LoadedUnavailable`]) rather than keep them here
+/// alone, and reads as empty, so the listing falls back to the pinned core and the meta-tools.
 pub struct LoadedTools {
+    /// A memory set's names; a shared set's as last read or written here.
     names: Mutex<Vec<String>>,
     changed: tokio::sync::watch::Sender<u64>,
+    /// Where the set is kept when replicas share it (bound once).
+    shared: OnceLock<SharedSet>,
+}
+
+/// A loaded set kept in a deployment's shared state, under (principal id, scope).
+struct SharedSet {
+    state: Arc<dyn SharedState>,
+    principal: String,
+    scope: String,
+}
+
+impl std::fmt::Debug for LoadedTools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedTools")
+            .field("names", &self.names())
+            .field(
+                "shared",
+                &self.shared.get().map(|s| (&s.principal, &s.scope)),
+            )
+            .finish()
+    }
 }
 
 impl Default for LoadedTools {
@@ -269,42 +302,117 @@ impl Default for LoadedTools {
         Self {
             names: Mutex::new(Vec::new()),
             changed: tokio::sync::watch::channel(0).0,
+            shared: OnceLock::new(),
         }
     }
 }
 
+/// A loaded set kept in the deployment's shared state could not be read or added to: a load
+/// is refused (never kept by one replica alone), a listing shows no loaded tools.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the tools this conversation loaded are kept in the deployment's database, which could not \
+     be reached ({0}); try again shortly"
+)]
+pub struct LoadedUnavailable(pub String);
+
 impl LoadedTools {
+    /// A set kept in memory.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
 
-    /// Loaded names, in load order.
+    /// A set kept in `state` under (`principal` id, `scope`), shared by every replica of it.
+    pub fn shared(state: Arc<dyn SharedState>, principal: &str, scope: &str) -> Arc<Self> {
+        let set = Self::default();
+        set.share(state, principal, scope);
+        Arc::new(set)
+    }
+
+    /// Keeps this set in `state` under (`principal` id, `scope`) from now on, for a host that
+    /// learns a conversation's shared name after making its set (an MCP session, from its first
+    /// request's session id). Only the first binding counts: a conversation keeps its name.
+    pub fn share(&self, state: Arc<dyn SharedState>, principal: &str, scope: &str) {
+        let _ = self.shared.set(SharedSet {
+            state,
+            principal: principal.to_string(),
+            scope: scope.to_string(),
+        });
+    }
+
+    /// Whether the set is kept in a deployment's shared state.
+    pub fn is_shared(&self) -> bool {
+        self.shared.get().is_some()
+    }
+
+    /// Loaded names, in load order: a shared set's as last read or written here (see
+    /// [`LoadedTools::refresh`]).
     pub fn names(&self) -> Vec<String> {
         self.names.lock().expect("loaded tools").clone()
     }
 
-    /// Bumped each time a tool is added.
+    /// Reads a shared set's names as the deployment holds them now (a memory set's are always
+    /// current). When they cannot be read, the set reads as empty until the next refresh.
+    pub async fn refresh(&self) -> Result<(), LoadedUnavailable> {
+        let Some(shared) = self.shared.get() else {
+            return Ok(());
+        };
+        let read = shared
+            .state
+            .loaded_names(&shared.principal, &shared.scope)
+            .await;
+        let mut names = self.names.lock().expect("loaded tools");
+        match read {
+            Ok(read) => {
+                *names = read;
+                Ok(())
+            }
+            Err(e) => {
+                names.clear();
+                Err(LoadedUnavailable(e.to_string()))
+            }
+        }
+    }
+
+    /// Bumped each time a tool is added through this set (not when a refresh finds another
+    /// replica's load).
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changed.subscribe()
     }
 
-    /// Adds `name` unless present, when `fits` (asked with the names loaded so far, under the
-    /// set's lock, so two loads of one conversation cannot both squeeze past a budget) allows.
-    fn add(&self, name: &str, fits: impl FnOnce(&[String]) -> bool) -> Added {
-        let mut names = self.names.lock().expect("loaded tools");
-        if names.iter().any(|n| n == name) {
-            return Added::Yes;
+    /// Adds `adding` in order by [`loaded_decide`]: each unless present, within
+    /// [`LOADED_TOOLS_MAX`], when `fits` (asked with the names held so far, under the set's
+    /// lock: in memory, or the shared row's) allows. One answer per name.
+    async fn add(
+        &self,
+        adding: &[String],
+        mut fits: LoadedFits,
+    ) -> Result<Vec<LoadedAdded>, LoadedUnavailable> {
+        let added = match self.shared.get() {
+            None => {
+                let mut names = self.names.lock().expect("loaded tools");
+                loaded_decide(&mut names, adding, LOADED_TOOLS_MAX, &mut *fits)
+            }
+            Some(shared) => {
+                let LoadedAdd { added, names } = shared
+                    .state
+                    .loaded_add(
+                        &shared.principal,
+                        &shared.scope,
+                        adding,
+                        LOADED_TOOLS_MAX,
+                        fits,
+                    )
+                    .await
+                    .map_err(|e| LoadedUnavailable(e.to_string()))?;
+                *self.names.lock().expect("loaded tools") = names;
+                added
+            }
+        };
+        if added.contains(&LoadedAdded::Added) {
+            self.changed.send_modify(|v| *v += 1);
         }
-        if names.len() >= LOADED_TOOLS_MAX {
-            return Added::OverLimit;
-        }
-        if !fits(&names) {
-            return Added::OverBudget;
-        }
-        names.push(name.to_string());
-        drop(names);
-        self.changed.send_modify(|v| *v += 1);
-        Added::Yes
+        Ok(added)
     }
 }
 
@@ -318,18 +426,36 @@ pub const LOADED_SET_IDLE_MS: u64 = crate::scope::SCOPE_IDLE_MS;
 /// scope): MCP's stateless 2026-07-28 requests are each a session of their own, so what one
 /// request loads is kept here for the next request of the same scope. Bounded: at most
 /// [`LOADED_SETS_MAX`]; when full, sets idle for [`LOADED_SET_IDLE_MS`] are forgotten, then the
-/// least recently used one (a forgotten set only means its tools must be loaded again).
+/// least recently used one (a forgotten set only means its tools must be loaded again). Made
+/// with [`LoadedSets::shared`], every set is a shared one ([`LoadedTools::shared`]), and what
+/// is kept here is only the handle that announces this replica's loads.
 #[derive(Default)]
 pub struct LoadedSets {
     sets: Mutex<HashMap<ScopeKey, (Arc<LoadedTools>, std::time::Instant)>>,
+    shared: Option<Arc<dyn SharedState>>,
 }
+
+// The shared sets keep the bounds of the memory ones: one name, one limit.
+const _: () = assert!(LOADED_TOOLS_MAX <= ring0_journal::shared::LOADED_NAMES_MAX);
+const _: () = assert!(LOAD_NAMES_MAX <= ring0_journal::shared::LOADED_NAMES_MAX);
+const _: () = assert!(LOADED_SETS_MAX as i64 == ring0_journal::shared::LOADED_SETS_MAX);
+const _: () = assert!(LOADED_SET_IDLE_MS == ring0_journal::shared::LOADED_SET_IDLE_MS);
 
 /// (principal id, scope).
 type ScopeKey = (String, String);
 
 impl LoadedSets {
+    /// Sets kept in memory.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Sets kept in `state`, shared by every replica of a deployment.
+    pub fn shared(state: Arc<dyn SharedState>) -> Self {
+        Self {
+            shared: Some(state),
+            ..Self::default()
+        }
     }
 
     /// The set of (principal, scope), made empty on first use.
@@ -353,7 +479,10 @@ impl LoadedSets {
         {
             sets.remove(&oldest);
         }
-        let set = LoadedTools::new();
+        let set = match &self.shared {
+            Some(state) => LoadedTools::shared(state.clone(), principal, scope),
+            None => LoadedTools::new(),
+        };
         sets.insert(key, (set.clone(), now));
         set
     }
@@ -366,13 +495,6 @@ impl LoadedSets {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// What [`LoadedTools::add`] did.
-enum Added {
-    Yes,
-    OverLimit,
-    OverBudget,
 }
 
 /// The catalog of one kernel: its mode, pinned core and index.
@@ -564,43 +686,84 @@ impl Catalog {
     }
 
     /// Adds the visible indexed tools among `names` to `loaded` and returns their specs. A tool
-    /// that would take the listing over [`SchemaBudgets::listing_tokens_max`] is refused.
-    pub fn load(
-        &self,
+    /// that would take the listing over [`SchemaBudgets::listing_tokens_max`] is refused. A
+    /// shared set that cannot be reached refuses the whole load.
+    pub async fn load(
+        self: &Arc<Self>,
         names: &[String],
         loaded: &LoadedTools,
-        visible: impl Fn(&ToolSpec) -> bool,
-    ) -> LoadOutcome {
-        let mut out = LoadOutcome::default();
+        visible: VisibleFn,
+    ) -> Result<LoadOutcome, LoadedUnavailable> {
+        /// What one asked name is, before the set is asked.
+        enum Asked {
+            NotFound,
+            Pinned(usize),
+            Adding(usize),
+        }
         let mut seen = BTreeSet::new();
+        let mut asked = Vec::new();
+        let mut adding = Vec::new();
         for name in names.iter().take(LOAD_NAMES_MAX) {
             if !seen.insert(name.as_str()) {
                 continue;
             }
-            let Some(&position) = self
+            let found = self
                 .positions
                 .get(name)
-                .filter(|&&i| visible(&self.tools[i].spec))
-            else {
-                out.not_found.push(name.clone());
-                continue;
+                .copied()
+                .filter(|&i| visible(&self.tools[i].spec));
+            let what = match found {
+                None => Asked::NotFound,
+                Some(i) if self.pinned.iter().any(|p| p == name) => Asked::Pinned(i),
+                Some(i) => {
+                    adding.push(name.clone());
+                    Asked::Adding(i)
+                }
             };
-            let spec = &self.tools[position].spec;
-            if self.pinned.iter().any(|p| p == name) {
-                out.loaded.push(spec.clone());
-                continue;
-            }
-            let fits = |names: &[String]| {
-                self.search_listing_tokens(names, &visible) + self.tokens[position]
-                    <= self.budgets.listing_tokens_max
-            };
-            match loaded.add(name, fits) {
-                Added::Yes => out.loaded.push(spec.clone()),
-                Added::OverLimit => out.over_limit.push(name.clone()),
-                Added::OverBudget => out.over_budget.push(name.clone()),
-            }
+            asked.push((name, what));
         }
-        out
+        let mut answers = if adding.is_empty() {
+            Vec::new()
+        } else {
+            loaded.add(&adding, self.fits(visible)).await?
+        }
+        .into_iter();
+        let mut out = LoadOutcome::default();
+        for (name, what) in asked {
+            let position = match what {
+                Asked::NotFound => {
+                    out.not_found.push(name.clone());
+                    continue;
+                }
+                Asked::Pinned(i) => i,
+                Asked::Adding(i) => match answers.next() {
+                    Some(LoadedAdded::Added | LoadedAdded::Present) => i,
+                    Some(LoadedAdded::OverLimit) => {
+                        out.over_limit.push(name.clone());
+                        continue;
+                    }
+                    Some(LoadedAdded::OverBudget) | None => {
+                        out.over_budget.push(name.clone());
+                        continue;
+                    }
+                },
+            };
+            out.loaded.push(self.tools[position].spec.clone());
+        }
+        Ok(out)
+    }
+
+    /// Whether one more tool fits a listing that holds `held` loaded tools: the budget a load
+    /// is decided on, under the set's lock.
+    fn fits(self: &Arc<Self>, visible: VisibleFn) -> LoadedFits {
+        let catalog = self.clone();
+        Box::new(move |held, name| {
+            let Some(&position) = catalog.positions.get(name) else {
+                return false;
+            };
+            catalog.search_listing_tokens(held, |s| visible(s)) + catalog.tokens[position]
+                <= catalog.budgets.listing_tokens_max
+        })
     }
 
     /// Schema tokens of search mode's listing with `loaded`: the visible pinned core, the
@@ -705,8 +868,16 @@ impl crate::Session {
         move |spec| self.authorizer.visible(&self.info, spec)
     }
 
+    /// [`Self::visible_here`], owned.
+    fn visible_owned(&self) -> VisibleFn {
+        let authorizer = self.authorizer.clone();
+        let info = self.info.clone();
+        Arc::new(move |spec| authorizer.visible(&info, spec))
+    }
+
     /// What this session lists, in a stable order (see [`Catalog::listing`]): in search mode
-    /// the pinned core, the meta-tools and the tools it loaded; otherwise every tool it may see.
+    /// the pinned core, the meta-tools and the tools it loaded (a shared set's as last
+    /// refreshed, [`LoadedTools::refresh`]); otherwise every tool it may see.
     pub fn listing(&self) -> Vec<&ToolSpec> {
         let loaded = self.config.loaded_tools.names();
         self.kernel
@@ -722,10 +893,11 @@ impl crate::Session {
     }
 
     /// Loads tools by name into this session's listing (what [`LOAD_TOOL`] does).
-    pub fn load_tools(&self, names: &[String]) -> LoadOutcome {
+    pub async fn load_tools(&self, names: &[String]) -> Result<LoadOutcome, LoadedUnavailable> {
         self.kernel
             .catalog
-            .load(names, &self.config.loaded_tools, self.visible_here())
+            .load(names, &self.config.loaded_tools, self.visible_owned())
+            .await
     }
 
     /// The tools this session (and every session sharing its set) loaded.
@@ -740,12 +912,10 @@ impl crate::Session {
     ) -> crate::tool::CallExtensions {
         let mut extensions = options.extensions.clone();
         if self.kernel.catalog.mode() == CatalogMode::Search {
-            let authorizer = self.authorizer.clone();
-            let info = self.info.clone();
             extensions.insert(CatalogCall {
                 catalog: self.kernel.catalog.clone(),
                 loaded: self.config.loaded_tools.clone(),
-                visible: Arc::new(move |spec| authorizer.visible(&info, spec)),
+                visible: self.visible_owned(),
             });
         }
         extensions
@@ -756,11 +926,14 @@ impl crate::Session {
 mod tests {
     use super::*;
 
-    #[test]
-    fn loaded_sets_share_a_scope_keep_scopes_apart_and_stay_bounded() {
+    #[tokio::test]
+    async fn loaded_sets_share_a_scope_keep_scopes_apart_and_stay_bounded() {
         let sets = LoadedSets::new();
         let first = sets.get("alice", "conv-1");
-        first.add("wx__forecast", |_| true);
+        first
+            .add(&["wx__forecast".into()], Box::new(|_, _| true))
+            .await
+            .unwrap();
         assert_eq!(sets.get("alice", "conv-1").names(), ["wx__forecast"]);
         assert!(sets.get("alice", "conv-2").names().is_empty());
         assert!(
