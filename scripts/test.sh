@@ -9,6 +9,8 @@ command -v python3 >/dev/null || need_apt+=(python3)
 # The sandbox and egress product tests drive real programs inside the sandbox.
 command -v curl >/dev/null || need_apt+=(curl)
 command -v git >/dev/null || need_apt+=(git)
+# The web console's browser tests drive Debian's headless Chromium (at /usr/bin/chromium).
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
 if ((${#need_apt[@]})); then
     apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
 fi
