@@ -12,7 +12,7 @@ command -v git >/dev/null || need_apt+=(git)
 # The web console's browser tests drive Debian's headless Chromium (at /usr/bin/chromium).
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 if ((${#need_apt[@]})); then
-    apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 # Real MCP peers (reference servers, Inspector CLI, conformance suite, Python SDK) for the
